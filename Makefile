@@ -16,4 +16,4 @@ demo: $(STAMP)
 	$(VENV)/bin/ppoflow demo $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -x -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
