@@ -1,1 +1,67 @@
+"""ppoflow.algos: the PPO math as pure torch functions (no I/O, no torch.distributed).
 
+Modules:
+    masked      masked_sum / masked_mean / masked_var / masked_whiten
+    logits      entropy_from_logits, logprobs_from_logits
+    losses      agg_loss, compute_policy_loss, compute_value_loss, compute_entropy_loss
+    advantages  GAE, GRPO, RLOO, REINFORCE++ (+ baseline), the ADV_ESTIMATORS registry
+    kl          kl_penalty, Fixed/AdaptiveKLController, apply_kl_penalty
+"""
+
+from algos.advantages import (
+    ADV_ESTIMATORS,
+    compute_advantage,
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_advantage,
+    compute_reinforce_plus_plus_baseline_advantage,
+    compute_rloo_outcome_advantage,
+    get_adv_estimator,
+    register_adv_estimator,
+)
+from algos.kl import (
+    KL_PENALTY_KINDS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    get_kl_controller,
+    kl_penalty,
+)
+from algos.logits import entropy_from_logits, logprobs_from_logits
+from algos.losses import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    compute_entropy_loss,
+    compute_policy_loss,
+    compute_value_loss,
+)
+from algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "KL_PENALTY_KINDS",
+    "LOSS_AGG_MODES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "agg_loss",
+    "apply_kl_penalty",
+    "compute_advantage",
+    "compute_entropy_loss",
+    "compute_gae_advantage_return",
+    "compute_grpo_outcome_advantage",
+    "compute_policy_loss",
+    "compute_reinforce_plus_plus_advantage",
+    "compute_reinforce_plus_plus_baseline_advantage",
+    "compute_rloo_outcome_advantage",
+    "compute_value_loss",
+    "entropy_from_logits",
+    "get_adv_estimator",
+    "get_kl_controller",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "register_adv_estimator",
+]
