@@ -1,0 +1,199 @@
+"""ActorRolloutRefWorker: the policy side of PPO in one worker class (seed section 2.1).
+
+Config given to the group: ``{"config": ExperimentConfig as JSON dict (or string), "role": ...}``
+with role one of
+
+    actor_rollout_ref   trained actor + rollout engine + frozen reference (the hybrid engine)
+    actor_rollout       trained actor + rollout engine
+    actor               trained actor only
+    rollout             rollout engine + an FSDP copy of the policy (no optimizer) for old log-probs
+    ref                 frozen reference only
+
+Driver-callable methods (see ``infra.launch.WorkerGroup.call``):
+
+    init_model()                              ONE_TO_ALL   -> per-rank {role, mesh, params, seconds}
+    generate_sequences(prompts)               DP_COMPUTE_PROTO -> rollout + "old_log_probs"
+    compute_log_prob(data, calculate_entropy) DP_COMPUTE_PROTO -> "old_log_probs" (+ "entropys")
+    compute_ref_log_prob(data)                DP_COMPUTE_PROTO -> "ref_log_prob"
+    update_actor(data)                        DP_COMPUTE_PROTO -> metrics dict (same on every rank)
+    save_checkpoint(url, extra=None)          ONE_TO_ALL   -> url
+    load_checkpoint(url, with_optimizer=True) ONE_TO_ALL   -> the saved ``extra`` dict
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import torch
+
+from infra.config import ExperimentConfig, FSDPConfig
+from infra.dataproto import DataProto
+from workers.actor import DataParallelPPOActor
+from workers.base import Dispatch, Worker, register
+from workers.fsdp_utils import (apply_fsdp, build_mesh, build_optimizer, enable_gradient_checkpointing,
+                                load_hf_model, mesh_info, move_optimizer_state)
+from workers.modeling import PolicyLM
+
+__all__ = ["ActorRolloutRefWorker", "ROLES", "parse_worker_config"]
+
+ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "rollout", "ref")
+
+
+def parse_worker_config(config: dict[str, Any], roles: tuple[str, ...], default_role: str) -> tuple[ExperimentConfig, str]:
+    """``{"config": dict | json str, "role": str}`` -> (ExperimentConfig, role), validated."""
+    if "config" not in config:
+        raise KeyError("the worker config needs a 'config' entry (ExperimentConfig.model_dump(mode='json'))")
+    raw = config["config"]
+    cfg = ExperimentConfig.model_validate_json(raw) if isinstance(raw, str) else ExperimentConfig.model_validate(raw)
+    role = config.get("role", default_role)
+    if role not in roles:
+        raise ValueError(f"unknown role {role!r}; allowed: {', '.join(roles)}")
+    return cfg, role
+
+
+class ActorRolloutRefWorker(Worker):
+    """Actor (FSDP policy + AdamW), rollout engine and reference policy on the ranks of one group."""
+
+    def __init__(self, config: dict[str, Any]):
+        super().__init__(config)
+        self.cfg, self.role = parse_worker_config(config, ROLES, "actor_rollout_ref")
+        self.is_actor = self.role in ("actor_rollout_ref", "actor_rollout", "actor")
+        self.is_rollout = self.role in ("actor_rollout_ref", "actor_rollout", "rollout")
+        self.is_ref = self.role in ("actor_rollout_ref", "ref")
+        self.actor: DataParallelPPOActor | None = None
+        self.ref: DataParallelPPOActor | None = None
+        self.rollout: Any = None
+        self.tokenizer: Any = None
+        self._meshes: dict[int, Any] = {}
+
+    # ------------------------------------------------------------------ building
+    def _mesh(self, fsdp_cfg: FSDPConfig):
+        """One device mesh per shard size, shared by the actor and the reference."""
+        size = fsdp_cfg.fsdp_size if fsdp_cfg.fsdp_size != -1 else self.world_size
+        if size not in self._meshes:
+            self._meshes[size] = build_mesh(fsdp_cfg, self.world_size, self.device.type)
+        return self._meshes[size]
+
+    def _build_policy(self, fsdp_cfg: FSDPConfig, trainable: bool) -> tuple[PolicyLM, dict[str, Any]]:
+        """Load the base model on every rank (same seed), wrap it in ``PolicyLM``, shard it."""
+        torch.manual_seed(self.cfg.seed)
+        hf = load_hf_model(self.cfg.model, "causal_lm")
+        if trainable and self.cfg.model.enable_gradient_checkpointing:
+            enable_gradient_checkpointing(hf)
+        if not trainable:
+            hf.requires_grad_(False)
+        module = PolicyLM(hf)
+        mesh = self._mesh(fsdp_cfg)
+        apply_fsdp(module, mesh, fsdp_cfg, self.device)
+        return module, mesh_info(mesh, module)
+
+    def _build_rollout(self) -> Any:
+        """The generation engine of ``rollout.engine`` around the actor's FSDP module."""
+        from transformers import AutoTokenizer
+
+        from workers.rollout import build_rollout
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.tokenizer,
+                                                       trust_remote_code=self.cfg.model.trust_remote_code)
+        return build_rollout(self.cfg, self.actor.module, self.tokenizer)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        """Build what the role needs: the actor (FSDP module, AdamW, LR schedule), the rollout
+        engine, the frozen reference. Returns a JSON summary of this rank's layout."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        info: dict[str, Any] = {"rank": self.rank, "role": self.role}
+        common = dict(rollout_n=cfg.rollout.n, dp_size=self.dp_size, device=self.device,
+                      default_temperature=cfg.rollout.temperature, seed=cfg.seed)
+        if self.is_actor or self.is_rollout:
+            module, info["actor"] = self._build_policy(cfg.actor.fsdp, trainable=self.is_actor)
+            optimizer = scheduler = None
+            if self.is_actor:
+                optimizer, scheduler = build_optimizer(module, cfg.actor.optim)
+            self.actor = DataParallelPPOActor(cfg.actor, module, optimizer, scheduler, **common)
+        if self.is_ref:
+            module, info["ref"] = self._build_policy(cfg.ref.fsdp, trainable=False)
+            self.ref = DataParallelPPOActor(cfg.actor, module, **common,
+                                            log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu)
+        if self.is_rollout:
+            self.rollout = self._build_rollout()
+        info["init_s"] = round(time.perf_counter() - t0, 3)
+        return info
+
+    def _need(self, what: str) -> Any:
+        """The actor / ref / rollout, or a clear error naming the role that lacks it."""
+        obj = getattr(self, what)
+        if obj is None:
+            raise RuntimeError(f"{what} is not available in role {self.role!r} (or init_model was not called)")
+        return obj
+
+    # ------------------------------------------------------------------ compute
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample ``rollout.n`` responses per prompt, then recompute ``old_log_probs`` (B*n, R) with
+        the FSDP actor (seed 2.1.3): the PPO ratio's denominator comes from the trained model."""
+        rollout = self._need("rollout")
+        out = rollout.generate_sequences(prompts)
+        out.meta_info.setdefault("temperature", self.cfg.rollout.temperature)
+        log_probs, _ = self._need("actor").compute_log_prob(out)
+        out.batch["old_log_probs"] = log_probs
+        return out
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:
+        """``old_log_probs`` (B, R) (+ ``entropys`` (B, R)) of ``responses`` under the actor."""
+        log_probs, entropy = self._need("actor").compute_log_prob(data, calculate_entropy=calculate_entropy)
+        tensors = {"old_log_probs": log_probs}
+        if entropy is not None:
+            tensors["entropys"] = entropy
+        return DataProto.from_dict(tensors, meta_info={"temperature": self.actor._temperature(data)})
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` (B, R) of ``responses`` under the frozen reference policy."""
+        log_probs, _ = self._need("ref").compute_log_prob(data)
+        return DataProto.from_dict({"ref_log_prob": log_probs})
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """PPO update of the actor on this rank's share; returns the (globally reduced) metrics."""
+        actor = self._need("actor")
+        if actor.optimizer is None:
+            raise RuntimeError(f"role {self.role!r} has no trainable actor")
+        offload = self.cfg.actor.fsdp.optimizer_offload and not self.cfg.actor.fsdp.param_offload
+        if offload:
+            move_optimizer_state(actor.optimizer, self.device)
+        t0 = time.perf_counter()
+        metrics = actor.update_policy(data)
+        metrics["perf/update_actor_s"] = time.perf_counter() - t0
+        if offload:
+            move_optimizer_state(actor.optimizer, "cpu")
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, url: str, extra: dict[str, Any] | None = None) -> str:
+        """Sharded DCP checkpoint of the actor (model, optimizer, LR schedule) at ``url``."""
+        from infra.checkpoint import save_checkpoint
+
+        actor = self._need("actor")
+        return save_checkpoint(url, actor.module, actor.optimizer, actor.lr_scheduler, extra=extra)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, url: str, with_optimizer: bool = True) -> dict[str, Any]:
+        """Load the actor from ``url`` (any world size / mesh); returns the checkpoint's ``extra``."""
+        from infra.checkpoint import load_checkpoint
+
+        actor = self._need("actor")
+        optimizer = actor.optimizer if with_optimizer else None
+        scheduler = actor.lr_scheduler if with_optimizer else None
+        return load_checkpoint(url, actor.module, optimizer, scheduler)
+
+    def shutdown(self) -> None:
+        """Drop the engines, modules and optimizer state before the process group goes away."""
+        self.rollout = self.actor = self.ref = None
+        self._meshes.clear()
+        gc.collect()

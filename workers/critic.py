@@ -1,0 +1,121 @@
+"""DataParallelPPOCritic: values and clipped value-loss updates of an FSDP-sharded critic
+(``workers.modeling.ValueModel``). Same batching and exact gradient accumulation as the actor.
+
+    critic = DataParallelPPOCritic(cfg.critic, module, optimizer, scheduler,
+                                   rollout_n=cfg.rollout.n, dp_size=world_size, device=device)
+    values = critic.compute_values(data)        # (B, R): values[:, t] = V(s_t), 0 off the mask
+    metrics = critic.update_critic(data)        # {"critic/vf_loss": ...}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from algos import compute_value_loss, masked_mean
+from infra.config import CriticConfig
+from workers.actor import agg_count, mini_batch_rows, response_mask_of, row_slices, summarize_steps, to_device
+from workers.fsdp_utils import clip_and_step, global_sum, reshard_all
+
+__all__ = ["DataParallelPPOCritic"]
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+class DataParallelPPOCritic:
+    """PPO value estimates and updates for one rank of an FSDP critic.
+
+    Args:
+        config: the ``critic`` section.
+        module: an FSDP-sharded ``ValueModel`` (the root).
+        rollout_n: responses per prompt (a mini-batch is ``ppo_mini_batch_size * rollout_n`` rows).
+        dp_size: data-parallel ranks sharing a mini-batch.
+    """
+
+    def __init__(self, config: CriticConfig, module: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 lr_scheduler: Any = None, *, rollout_n: int = 1, dp_size: int = 1,
+                 device: torch.device | str = "cpu", seed: int = 0):
+        self.config, self.module = config, module
+        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self.device, self.dp_size, self.seed = torch.device(device), dp_size, seed
+        rows = config.ppo_mini_batch_size * rollout_n
+        if rows % dp_size:
+            raise ValueError(f"critic.ppo_mini_batch_size * rollout.n = {rows} rows must be divisible by the "
+                             f"data-parallel size {dp_size}")
+        self.mini_batch_size = rows // dp_size
+
+    def _values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(b, R) float32 values of one micro-batch."""
+        return self.module(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                           position_ids=mb["position_ids"], response_length=mb["responses"].shape[1])
+
+    @torch.no_grad()
+    def compute_values(self, data) -> torch.Tensor:
+        """Values on the response positions, ``forward_micro_batch_size_per_gpu`` rows at a time.
+
+        Returns:
+            (B, R) float32 on the CPU: ``values[:, t] = V(s_t)`` before response token ``t``;
+            0 where the response mask is 0.
+        """
+        self.module.eval()
+        keys = [k for k in (*MODEL_INPUTS, "response_mask") if k in data.batch]
+        batch = {k: data.batch[k] for k in keys}
+        out = []
+        for sl in row_slices(len(data), self.config.forward_micro_batch_size_per_gpu):
+            mb = to_device(batch, sl, self.device)
+            values = self._values(mb)
+            out.append(torch.where(response_mask_of(mb) != 0, values, 0.0).cpu())
+        reshard_all(self.module)
+        return torch.cat(out)
+
+    def _train_mini_batch(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, float]:
+        """Gradient accumulation over the micro-batches of one mini-batch, then one optimizer step."""
+        cfg = self.config
+        (total,) = global_sum([agg_count(response_mask_of(batch)[rows], cfg.loss_agg_mode)], self.device)
+        sums: dict[str, float] = {}
+        for sl in row_slices(len(rows), cfg.ppo_micro_batch_size_per_gpu):
+            mb = to_device(batch, rows[sl], self.device)
+            mask = response_mask_of(mb)
+            vpreds = self._values(mb)
+            vf_loss, vf_clipfrac = compute_value_loss(vpreds, mb["returns"], mb["values"], mask,
+                                                      cfg.cliprange_value, cfg.loss_agg_mode)
+            weight = agg_count(mask, cfg.loss_agg_mode) / total if total > 0 else 0.0
+            (vf_loss * (weight * self.dp_size)).backward()
+            metrics = {"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": vf_clipfrac.item(),
+                       "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item()}
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + weight * value
+        keys = sorted(sums)
+        reduced = dict(zip(keys, global_sum([sums[k] for k in keys], self.device)))
+        lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm, stepped = clip_and_step(self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip)
+        return {**reduced, "critic/grad_norm": grad_norm, "critic/lr": lr, "critic/skipped_steps": float(not stepped)}
+
+    def update_critic(self, data) -> dict[str, float]:
+        """PPO epochs x mini-batches x micro-batches of the clipped value loss
+        (``algos.compute_value_loss`` with ``cliprange_value``), one optimizer step per mini-batch.
+
+        Args:
+            data: DataProto with the model inputs, ``values`` (rollout-time, the clip centre) and
+                ``returns`` (B, R), optionally ``response_mask``.
+
+        Returns:
+            metrics averaged over the optimizer steps (identical on every rank): ``critic/vf_loss``,
+            ``critic/vf_clipfrac``, ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/lr``,
+            ``critic/skipped_steps``, ``critic/optimizer_steps``.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("this critic has no optimizer")
+        cfg = self.config
+        keys = [*MODEL_INPUTS, "values", "returns"] + [k for k in ("response_mask",) if k in data.batch]
+        missing = [k for k in keys if k not in data.batch]
+        if missing:
+            raise KeyError(f"update_critic needs columns {missing} (have {sorted(data.batch)})")
+        batch = {k: data.batch[k] for k in keys}
+        self.module.train()
+        steps = [self._train_mini_batch(batch, rows) for rows in
+                 mini_batch_rows(len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle, self.seed)]
+        self.module.eval()
+        return summarize_steps(steps, "critic")

@@ -1,0 +1,105 @@
+"""CriticWorker: the value model of PPO (seed section 2.2) on the ranks of one group.
+
+Config: ``{"config": ExperimentConfig as JSON dict (or string)}``. The critic is a one-label
+token-classification model (no head dropout) loaded from ``critic.model``, or from the actor's
+base model (a causal LM checkpoint: the ``score`` head then starts from ``cfg.seed``).
+
+    init_model()                      ONE_TO_ALL        -> per-rank {mesh, params, seconds}
+    compute_values(data)              DP_COMPUTE_PROTO  -> "values" (B, R)
+    update_critic(data)               DP_COMPUTE_PROTO  -> metrics dict (same on every rank)
+    save_checkpoint(url, extra=None)  ONE_TO_ALL        -> url
+    load_checkpoint(url, with_optimizer=True) ONE_TO_ALL -> the saved ``extra`` dict
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import torch
+
+from infra.dataproto import DataProto
+from workers.actor_rollout_ref_worker import parse_worker_config
+from workers.base import Dispatch, Worker, register
+from workers.critic import DataParallelPPOCritic
+from workers.fsdp_utils import (apply_fsdp, build_mesh, build_optimizer, enable_gradient_checkpointing,
+                                load_hf_model, mesh_info, move_optimizer_state)
+from workers.modeling import ValueModel
+
+__all__ = ["CriticWorker"]
+
+
+class CriticWorker(Worker):
+    """FSDP critic + AdamW; values and clipped value-loss updates."""
+
+    def __init__(self, config: dict[str, Any]):
+        super().__init__(config)
+        self.cfg, self.role = parse_worker_config(config, ("critic",), "critic")
+        self.critic: DataParallelPPOCritic | None = None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        """Load the value model on every rank (same seed), shard it, build AdamW + LR schedule."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        model_cfg = cfg.critic_model
+        torch.manual_seed(cfg.seed)
+        hf = load_hf_model(model_cfg, "token_classification")
+        if model_cfg.enable_gradient_checkpointing:
+            enable_gradient_checkpointing(hf)
+        module = ValueModel(hf)
+        mesh = build_mesh(cfg.critic.fsdp, self.world_size, self.device.type)
+        apply_fsdp(module, mesh, cfg.critic.fsdp, self.device)
+        optimizer, scheduler = build_optimizer(module, cfg.critic.optim)
+        self.critic = DataParallelPPOCritic(cfg.critic, module, optimizer, scheduler, rollout_n=cfg.rollout.n,
+                                            dp_size=self.dp_size, device=self.device, seed=cfg.seed)
+        return {"rank": self.rank, "role": "critic", "critic": mesh_info(mesh, module),
+                "init_s": round(time.perf_counter() - t0, 3)}
+
+    def _need(self) -> DataParallelPPOCritic:
+        if self.critic is None:
+            raise RuntimeError("init_model was not called")
+        return self.critic
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` (B, R): ``V(s_t)`` before each response token, 0 off the response mask."""
+        return DataProto.from_dict({"values": self._need().compute_values(data)})
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """Clipped value-loss update on this rank's share; returns the (globally reduced) metrics."""
+        critic = self._need()
+        offload = self.cfg.critic.fsdp.optimizer_offload and not self.cfg.critic.fsdp.param_offload
+        if offload:
+            move_optimizer_state(critic.optimizer, self.device)
+        t0 = time.perf_counter()
+        metrics = critic.update_critic(data)
+        metrics["perf/update_critic_s"] = time.perf_counter() - t0
+        if offload:
+            move_optimizer_state(critic.optimizer, "cpu")
+        return metrics
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, url: str, extra: dict[str, Any] | None = None) -> str:
+        """Sharded DCP checkpoint of the critic (model, optimizer, LR schedule) at ``url``."""
+        from infra.checkpoint import save_checkpoint
+
+        critic = self._need()
+        return save_checkpoint(url, critic.module, critic.optimizer, critic.lr_scheduler, extra=extra)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, url: str, with_optimizer: bool = True) -> dict[str, Any]:
+        """Load the critic from ``url`` (any world size / mesh); returns the checkpoint's ``extra``."""
+        from infra.checkpoint import load_checkpoint
+
+        critic = self._need()
+        if with_optimizer:
+            return load_checkpoint(url, critic.module, critic.optimizer, critic.lr_scheduler)
+        return load_checkpoint(url, critic.module)
+
+    def shutdown(self) -> None:
+        """Drop the module and optimizer before the process group goes away."""
+        self.critic = None
+        gc.collect()

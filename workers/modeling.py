@@ -1,0 +1,177 @@
+"""FSDP root modules around Hugging Face models: per-token log-probs for the policy, per-token
+values for the critic, computed only on the response positions.
+
+Both wrappers hold the HF model's own children under their HF attribute names (``model``,
+``lm_head``, ``score``), so ``named_parameters()`` gives exactly the names of the HF checkpoint
+(and of vLLM's weight loader): ``model.layers.0.self_attn.q_proj.weight``, ... They are meant to be
+the FSDP root: the root owns the embeddings, final norm and the (tied) head.
+
+Layout of a batch (docs/internals.md): ``input_ids`` (B, P+R) = left-padded prompt + right-padded
+response; the hidden state at position ``P+t-1`` predicts response token ``t``, so
+``hidden[:, -R-1:-1]`` lines up with ``responses`` (B, R).
+
+The policy never builds the (B, T, V) logits tensor: log-probs (and entropy) come from the final
+hidden states in chunks of ``chunk_size`` tokens; with gradients enabled each chunk runs under
+activation checkpointing, so backward recomputes that chunk's logits instead of keeping them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["PolicyLM", "ValueModel", "chunked_log_probs"]
+
+DEFAULT_CHUNK = 1024
+
+
+def _token_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                 temperature: float, with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, ...]:
+    """Log-prob of ``labels`` (and entropy) under ``softmax((hidden @ weight.T + bias) / T)``.
+
+    Args:
+        hidden: (N, H) final hidden states.
+        weight: (V, H) output embedding; bias: (V,) or None.
+        labels: (N,) token ids.
+
+    Returns:
+        ``(log_probs (N,), entropy (N,))`` in float32; entropy is empty (0,) if not asked for.
+    """
+    logits = F.linear(hidden, weight, bias).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    log_probs = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return log_probs, logits.new_zeros(0)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        probs = torch.exp(logits - lse.unsqueeze(-1))
+        entropy = lse - (probs * logits).sum(dim=-1)
+    return log_probs, entropy
+
+
+def chunked_log_probs(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, temperature: float = 1.0,
+                      with_entropy: bool = False, entropy_grad: bool = False,
+                      chunk_size: int = DEFAULT_CHUNK) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropy) through ``head``, ``chunk_size`` tokens at a time.
+
+    Peak extra memory is one (chunk_size, V) float32 logits block. Under autograd each chunk is
+    checkpointed (non-reentrant): only its inputs are saved, backward recomputes its logits.
+
+    Args:
+        hidden: (N, H); head: the LM head (``weight`` (V, H), optional ``bias``); labels: (N,).
+        entropy_grad: let gradients flow through the entropy (needed for an entropy bonus).
+
+    Returns:
+        ``(log_probs (N,), entropy (N,) or None)``, float32.
+    """
+    outs_lp, outs_ent = [], []
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+    for start in range(0, hidden.shape[0], chunk_size):
+        args = (hidden[start:start + chunk_size], head.weight, head.bias, labels[start:start + chunk_size],
+                temperature, with_entropy, entropy_grad)
+        lp, ent = checkpoint(_token_stats, *args, use_reentrant=False) if grad else _token_stats(*args)
+        outs_lp.append(lp)
+        outs_ent.append(ent)
+    if not outs_lp:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(outs_lp), (torch.cat(outs_ent) if with_entropy else None)
+
+
+def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Place (N,) values at the N true positions of a (B, R) bool mask; zeros elsewhere."""
+    return values.new_zeros(mask.shape).masked_scatter(mask, values)
+
+
+def _response_hidden(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     position_ids: torch.Tensor, response_length: int) -> torch.Tensor:
+    """Final hidden states that predict each response token: (B, R, H)."""
+    out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return hidden[:, -response_length - 1:-1]
+
+
+class PolicyLM(nn.Module):
+    """Causal LM wrapper whose forward gives the log-probs of the response tokens.
+
+    Holds the HF model's base (``model``) and output embedding (``lm_head``) as children; the HF
+    model object itself is kept unregistered in ``hf_model`` (for ``generate`` and its config).
+    Only plain linear heads are supported (no logit soft-capping / scaling).
+    """
+
+    hf_key_prefix = ""  # parameter names already are HF names (for infra.checkpoint)
+
+    def __init__(self, hf_model: nn.Module, chunk_size: int = DEFAULT_CHUNK):
+        super().__init__()
+        cfg = hf_model.config
+        for attr in ("final_logit_softcapping", "logit_scale"):
+            if getattr(cfg, attr, None) not in (None, 1.0):
+                raise NotImplementedError(f"{type(hf_model).__name__} uses {attr}: not supported by PolicyLM")
+        self.base_prefix = hf_model.base_model_prefix
+        setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
+        self.lm_head = hf_model.get_output_embeddings()
+        self.config = cfg
+        self.chunk_size = chunk_size
+        object.__setattr__(self, "hf_model", hf_model)
+
+    @property
+    def base(self) -> nn.Module:
+        return getattr(self, self.base_prefix)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                responses: torch.Tensor, response_mask: torch.Tensor | None = None, temperature: float = 1.0,
+                with_entropy: bool = False, entropy_grad: bool = False) -> dict[str, torch.Tensor]:
+        """Log-probs of ``responses`` given the prefix, with temperature.
+
+        Args:
+            input_ids, attention_mask, position_ids: (B, P+R).
+            responses: (B, R), the last R columns of ``input_ids``.
+            response_mask: (B, R); if given, only those tokens are computed (zeros elsewhere).
+
+        Returns:
+            ``{"log_probs": (B, R)}`` (+ ``"entropy": (B, R)`` with ``with_entropy``), float32.
+        """
+        resp_len = responses.shape[1]
+        hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, resp_len)
+        mask = (torch.ones_like(responses, dtype=torch.bool) if response_mask is None
+                else response_mask.bool())
+        lp, ent = chunked_log_probs(hidden[mask], self.lm_head, responses[mask], temperature,
+                                    with_entropy, entropy_grad, self.chunk_size)
+        out = {"log_probs": _scatter(lp, mask)}
+        if with_entropy:
+            out["entropy"] = _scatter(ent, mask)
+        return out
+
+
+class ValueModel(nn.Module):
+    """Critic wrapper around an HF token-classification model with one label.
+
+    ``forward`` returns (B, R) values on the response positions: ``values[:, t] = V(s_t)``, the
+    value of the state just before response token ``t`` (hidden state at position ``P+t-1``).
+    The head's dropout is not applied (the critic is deterministic).
+    """
+
+    hf_key_prefix = ""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        if getattr(hf_model.config, "num_labels", 1) != 1:
+            raise ValueError(f"a critic needs num_labels=1, got {hf_model.config.num_labels}")
+        self.base_prefix = hf_model.base_model_prefix
+        setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
+        self.score = hf_model.score
+        self.config = hf_model.config
+        object.__setattr__(self, "hf_model", hf_model)
+
+    @property
+    def base(self) -> nn.Module:
+        return getattr(self, self.base_prefix)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                response_length: int) -> torch.Tensor:
+        """Values (B, R), float32, for every response position (mask them downstream)."""
+        hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, response_length)
+        return self.score(hidden).squeeze(-1).float()
