@@ -1,0 +1,134 @@
+"""Export a ppoflow (DCP) checkpoint as a Hugging Face model directory.
+
+    export_hf("runs/exp/checkpoints/actor/000012", "export/actor-12", base_model_path=cfg.model.path)
+    AutoModelForCausalLM.from_pretrained("export/actor-12")      # same logits as the saving model
+
+The config, generation config, tokenizer and chat template are copied from the base model
+directory (every file that is not a weight file); the weights come from the checkpoint as
+safetensors (``model.safetensors``, or shards + ``model.safetensors.index.json`` above
+``max_shard_bytes``). Tied models get no ``lm_head.weight`` (transformers and vLLM re-tie it).
+Before writing, the checkpoint's tensor names and shapes are checked against the architecture in
+the base config (built on the meta device), so a wrong checkpoint fails here, not silently later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import torch
+
+from infra.checkpoint import load_full_state_dict
+
+__all__ = ["export_hf"]
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".index.json")
+
+
+def _expected_state(base_model_path: str, trust_remote_code: bool) -> tuple[dict[str, torch.Size], bool]:
+    """(name -> shape of every tensor the architecture saves, tie_word_embeddings)."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(base_model_path, trust_remote_code=trust_remote_code)
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    cls = getattr(transformers, arch, None) if arch else None
+    if cls is None:
+        raise ValueError(f"{base_model_path}/config.json names no architecture transformers knows (architectures="
+                         f"{getattr(config, 'architectures', None)}); export_hf needs it to check the weights")
+    text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    tied = bool(getattr(text_cfg, "tie_word_embeddings", False))
+    with torch.device("meta"):
+        model = cls._from_config(config)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    if tied:
+        shapes.pop("lm_head.weight", None)
+    return shapes, tied
+
+
+def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    return shards
+
+
+def export_hf(checkpoint_url: str, out_dir: str, base_model_path: str, *, dtype: str | None = None,
+              storage_options: dict | None = None, max_shard_bytes: int = 5 * 2**30,
+              trust_remote_code: bool = False) -> str:
+    """Write a Hugging Face directory at local ``out_dir`` from a published checkpoint.
+
+    Args:
+        checkpoint_url: a checkpoint written by ``infra.checkpoint.save_checkpoint``.
+        out_dir: local directory (created; existing weight files in it are replaced).
+        base_model_path: the local HF directory the run started from (config + tokenizer source).
+        dtype: cast floating tensors (e.g. ``"bfloat16"``) and record it in config.json;
+            None keeps the checkpoint's dtype.
+        max_shard_bytes: safetensors shard size.
+
+    Returns:
+        ``out_dir``.
+    """
+    from safetensors.torch import save_file
+
+    if not os.path.isdir(base_model_path):
+        raise FileNotFoundError(f"base model directory {base_model_path} does not exist; export_hf copies the config "
+                                "and tokenizer from a local HF directory (the run's model.path)")
+    if os.path.abspath(out_dir) == os.path.abspath(base_model_path):
+        raise ValueError(f"export_hf: out_dir {out_dir} is the base model directory; choose another directory")
+    shapes, tied = _expected_state(base_model_path, trust_remote_code)
+    tensors = load_full_state_dict(checkpoint_url, storage_options=storage_options)
+    if tied:
+        tensors.pop("lm_head.weight", None)
+    missing = sorted(set(shapes) - set(tensors))
+    unexpected = sorted(set(tensors) - set(shapes))
+    wrong = sorted(k for k in set(shapes) & set(tensors) if tuple(shapes[k]) != tuple(tensors[k].shape))
+    if missing or unexpected or wrong:
+        raise ValueError(f"checkpoint {checkpoint_url} does not match the architecture of {base_model_path}: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}, wrong shape {wrong[:5]}; "
+                         "export it against the base model the run was trained from")
+    if dtype is not None:
+        target = getattr(torch, dtype)
+        tensors = {k: v.to(target) if v.is_floating_point() else v for k, v in tensors.items()}
+    os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(out_dir):
+        if name.endswith(_WEIGHT_SUFFIXES):
+            os.remove(os.path.join(out_dir, name))
+    for name in os.listdir(base_model_path):
+        src = os.path.join(base_model_path, name)
+        if os.path.isfile(src) and not name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copyfile(src, os.path.join(out_dir, name))
+    if dtype is not None:
+        _set_config_dtype(os.path.join(out_dir, "config.json"), dtype)
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    shards = _shards(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+        return out_dir
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(out_dir, fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index: dict[str, Any] = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=2)
+    return out_dir
+
+
+def _set_config_dtype(path: str, dtype: str) -> None:
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["dtype"] = dtype
+    if "torch_dtype" in cfg:
+        cfg["torch_dtype"] = dtype
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)

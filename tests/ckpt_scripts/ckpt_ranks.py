@@ -1,0 +1,117 @@
+"""torchrun script for tests/test_checkpoint.py: real gloo ranks saving and loading checkpoints.
+
+    torchrun --nproc-per-node=2 ckpt_ranks.py save WORK     # 1-D FSDP over 2 ranks
+    torchrun --nproc-per-node=4 ckpt_ranks.py hsdp WORK     # 2x2 (replicate, shard) mesh
+
+WORK holds ``base/`` (the tiny HF model) and ``c1/`` (a checkpoint saved by one plain process after
+step 1). Mode ``save`` writes ``c2/`` (2 ranks, after step 1), the reference tensors ``w1``
+(weights after step 1), ``ref2`` (after an uninterrupted step 2) and ``logits`` of batch 9 after
+step 1, then checks 2->2 (RNG restored, bit-exact continuation), 1->2, and S3 when CKPT_S3_URL is
+set. Mode ``hsdp`` loads ``c2/`` into a 2x2 mesh (2->4), continues one step and saves ``c4/``.
+Rank 0 writes ``results_<mode>.json``; the test asserts on it.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from infra.checkpoint import load_checkpoint, load_full_state_dict, save_checkpoint
+from tests.ckpt_scripts.common import Timer, batch, full_params, make_optim, max_diff, train_step, write_results
+
+
+def build(work: str, shape: tuple[int, ...]):
+    """The tiny model under FSDP2 (per layer, then the root) on a mesh of ``shape``, + AdamW."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(work, "base"))
+    names = ("fsdp",) if len(shape) == 1 else ("replicate", "shard")
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt, sched = make_optim(model)
+    return model, opt, sched
+
+
+def mode_save(work: str, rank: int, world: int, res: dict) -> None:
+    c1, c2 = os.path.join(work, "c1"), os.path.join(work, "c2")
+    model, opt, sched = build(work, (world,))
+    train_step(model, opt, sched, 1, rank, world)
+    w1 = full_params(model)
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch(9)).logits.detach().clone()
+    with Timer(res, "save_s"):
+        save_checkpoint(c2, model, opt, sched, extra={"iteration": 1, "step": 1})
+    rand_after_save = torch.rand(8)
+    s3 = os.environ.get("CKPT_S3_URL")
+    if s3:
+        with Timer(res, "s3_save_s"):
+            save_checkpoint(s3, model, opt, sched, extra={"iteration": 1, "where": "s3"})
+    train_step(model, opt, sched, 2, rank, world)
+    ref2 = full_params(model)
+
+    with Timer(res, "load_s"):
+        res["extra_2to2"] = load_checkpoint(c2, model, opt, sched)
+    res["rng_2to2_restored"] = bool(torch.equal(torch.rand(8), rand_after_save))
+    res["w_2to2"] = max_diff(full_params(model), w1)
+    res["lr_after_load"] = opt.param_groups[0]["lr"]
+    train_step(model, opt, sched, 2, rank, world)
+    res["step_2to2"] = max_diff(full_params(model), ref2)
+
+    if s3:
+        with Timer(res, "s3_load_s"):
+            res["extra_s3"] = load_checkpoint(s3, model, opt, sched)
+        res["w_s3"] = max_diff(full_params(model), w1)
+        train_step(model, opt, sched, 2, rank, world)
+        res["step_s3"] = max_diff(full_params(model), ref2)
+
+    load_checkpoint(c1, model, opt, sched)
+    res["w_1to2"] = max_diff(full_params(model), load_full_state_dict(c1))
+    train_step(model, opt, sched, 2, rank, world)
+    step2_from_c1 = full_params(model)
+    if rank == 0:
+        save_file(step2_from_c1, os.path.join(work, "step2_from_c1.safetensors"))
+        save_file(w1, os.path.join(work, "w1.safetensors"))
+        save_file(ref2, os.path.join(work, "ref2.safetensors"))
+        save_file({"logits": logits}, os.path.join(work, "logits.safetensors"))
+
+
+def mode_hsdp(work: str, rank: int, world: int, res: dict) -> None:
+    model, opt, sched = build(work, (2, world // 2))
+    with Timer(res, "load_s"):
+        res["extra_2to4"] = load_checkpoint(os.path.join(work, "c2"), model, opt, sched)
+    res["w_2to4"] = max_diff(full_params(model), load_file(os.path.join(work, "w1.safetensors")))
+    train_step(model, opt, sched, 2, rank, world)
+    w = full_params(model)
+    res["step_2to4"] = max_diff(w, load_file(os.path.join(work, "ref2.safetensors")))
+    with Timer(res, "save_s"):
+        save_checkpoint(os.path.join(work, "c4"), model, opt, sched, extra={"iteration": 2})
+    if rank == 0:
+        save_file(w, os.path.join(work, "w4.safetensors"))
+
+
+def main() -> None:
+    mode, work = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    res: dict = {"world": world}
+    {"save": mode_save, "hsdp": mode_hsdp}[mode](work, rank, world, res)
+    if rank == 0:
+        write_results(os.path.join(work, f"results_{mode}.json"), res)
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Checkpoints (infra.checkpoint, infra.hf_export) on real gloo ranks and in-process.
+
+One module fixture builds the tiny model, saves a 1-process checkpoint ``c1`` after step 1, then
+runs two torchrun jobs (tests/ckpt_scripts/ckpt_ranks.py): 2 ranks (save ``c2``; 2->2, 1->2 and
+S3 round trips) and 4 ranks as a 2x2 HSDP mesh (2->4, save ``c4``). The tests assert on their
+results and do the 2->1 / 4->1 loads, export and failure cases in this process.
+Tolerances: same world size bit-exact; across world sizes the gradients are reduced in another
+order, so the step after a load is compared to 1e-6.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from infra import checkpoint as ck
+from infra.tiny_models import save_tiny_model
+from tests.ckpt_scripts.common import batch, full_params, make_optim, max_diff, train_step
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tests", "ckpt_scripts", "ckpt_ranks.py")
+TOL = 1e-6
+
+
+def torchrun(nprocs: int, *args: str, env: dict | None = None, timeout: float = 240) -> float:
+    """Run the rank script under torchrun; fail with its output tail. Returns the wall time."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+           "--max-restarts=0", SCRIPT, *args]
+    full_env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                "OMP_NUM_THREADS": "1", **(env or {})}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"torchrun {args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return time.perf_counter() - t0
+
+
+def plain_model(work: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(os.path.join(work, "base"))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, s3_server):
+    """The shared work dir after the in-process c1 save and both torchrun jobs."""
+    torch.set_num_threads(1)
+    work = str(tmp_path_factory.mktemp("ckpt"))
+    save_tiny_model(os.path.join(work, "base"))
+    model = plain_model(work)
+    opt, sched = make_optim(model)
+    train_step(model, opt, sched, 1)
+    ck.save_checkpoint(os.path.join(work, "c1"), model, opt, sched, extra={"iteration": 1})
+    train_step(model, opt, sched, 2)
+    save_file(full_params(model), os.path.join(work, "ref2_1rank.safetensors"))
+    s3_url = s3_server["url"] + "/ckpt/ranks2"
+    wall = {"save": torchrun(2, "save", work, env={"CKPT_S3_URL": s3_url})}
+    wall["hsdp"] = torchrun(4, "hsdp", work)
+    results = {m: json.load(open(os.path.join(work, f"results_{m}.json"))) for m in ("save", "hsdp")}
+    print(f"\ncheckpoint timings: torchrun wall {wall}; in-rank {results}")
+    return {"work": work, "results": results, "s3_url": s3_url}
+
+
+def test_two_ranks_round_trip_is_bit_exact(run):
+    res = run["results"]["save"]
+    assert res["extra_2to2"] == {"iteration": 1, "step": 1}
+    assert res["w_2to2"] == 0.0
+    assert res["step_2to2"] == 0.0, "the AdamW step after a 2->2 load must equal the uninterrupted step"
+    assert res["rng_2to2_restored"], "same world size: each rank's RNG state comes back"
+    assert res["lr_after_load"] == pytest.approx(1e-3 * 2 / 3)
+
+
+def test_one_rank_checkpoint_loads_on_two(run):
+    res = run["results"]["save"]
+    assert res["w_1to2"] == 0.0
+    work = run["work"]
+    after = load_file(os.path.join(work, "step2_from_c1.safetensors"))
+    diff = max_diff(after, load_file(os.path.join(work, "ref2_1rank.safetensors")))
+    print(f"\n1->2: next step vs uninterrupted 1-rank run: max |diff| {diff:.2e}")
+    assert diff <= TOL
+
+
+def test_two_rank_checkpoint_loads_on_one(run, caplog):
+    work = run["work"]
+    model = plain_model(work)
+    opt, sched = make_optim(model)
+    torch.manual_seed(123)
+    expected_rand = torch.rand(4)
+    torch.manual_seed(123)
+    with caplog.at_level(logging.WARNING, logger="ppoflow.checkpoint"):
+        extra = ck.load_checkpoint(os.path.join(work, "c2"), model, opt, sched)
+    assert extra == {"iteration": 1, "step": 1}
+    assert "RNG states are not restored" in caplog.text
+    assert torch.equal(torch.rand(4), expected_rand), "world size differs: RNG left untouched"
+    assert max_diff(full_params(model), load_file(os.path.join(work, "w1.safetensors"))) == 0.0
+    train_step(model, opt, sched, 2)
+    ref2 = load_file(os.path.join(work, "ref2.safetensors"))
+    diff = max_diff(full_params(model), ref2)
+    print(f"\n2->1: next step vs uninterrupted 2-rank run: max |diff| {diff:.2e}")
+    assert diff <= TOL
+    # The tolerance discriminates: without the optimizer state the next step is far off.
+    fresh = plain_model(work)
+    ck.load_checkpoint(os.path.join(work, "c2"), fresh)
+    opt, sched = make_optim(fresh)
+    train_step(fresh, opt, sched, 2)
+    assert max_diff(full_params(fresh), ref2) > 1e-4
+
+
+def test_hsdp_two_by_two_mesh(run):
+    res = run["results"]["hsdp"]
+    assert res["extra_2to4"] == {"iteration": 1, "step": 1}
+    assert res["w_2to4"] == 0.0
+    assert res["step_2to4"] <= TOL
+    # ... and what the 2x2 mesh saved loads into one plain process.
+    work = run["work"]
+    model = plain_model(work)
+    assert ck.load_checkpoint(os.path.join(work, "c4"), model) == {"iteration": 2}
+    assert max_diff(full_params(model), load_file(os.path.join(work, "w4.safetensors"))) == 0.0
+
+
+def test_s3_round_trip_on_ranks_and_with_storage_options(run, s3_server, monkeypatch):
+    res = run["results"]["save"]
+    assert res["extra_s3"] == {"iteration": 1, "where": "s3"}
+    assert res["w_s3"] == 0.0 and res["step_s3"] == 0.0
+    assert ck.is_complete(run["s3_url"])
+    # Explicit storage options reach DCP's fsspec writer/reader (no AWS_ENDPOINT_URL in the env).
+    import s3fs
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    s3fs.S3FileSystem.clear_instance_cache()
+    opts = {"endpoint_url": s3_server["endpoint_url"], "key": "testing", "secret": "testing"}
+    work = run["work"]
+    model = plain_model(work)
+    ck.load_checkpoint(os.path.join(work, "c2"), model)
+    url = s3_server["url"] + "/ckpt/options"
+    ck.save_checkpoint(url, model, extra={"k": 1}, storage_options=opts)
+    fresh = plain_model(work)
+    assert ck.load_checkpoint(url, fresh, storage_options=opts) == {"k": 1}
+    assert max_diff(full_params(fresh), full_params(model)) == 0.0
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_load_full_state_dict_equals_full_params(run):
+    work = run["work"]
+    w1 = load_file(os.path.join(work, "w1.safetensors"))
+    full = ck.load_full_state_dict(os.path.join(work, "c2"))
+    assert set(full) == set(w1) and max_diff(full, w1) == 0.0
+    some = ck.load_full_state_dict(os.path.join(work, "c2"), keys=["model.norm.weight", "lm_head.weight"])
+    assert set(some) == {"model.norm.weight", "lm_head.weight"}
+    with pytest.raises(KeyError, match="Hugging Face names"):
+        ck.load_full_state_dict(os.path.join(work, "c2"), keys=["hf.model.norm.weight"])
+
+
+def test_export_hf_gives_the_same_logits(run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    work = run["work"]
+    out = ck.export_hf(os.path.join(work, "c2"), str(tmp_path / "hf"), os.path.join(work, "base"))
+    names = sorted(os.listdir(out))
+    assert "model.safetensors" in names and "tokenizer_config.json" in names and "config.json" in names
+    assert "lm_head.weight" not in load_file(os.path.join(out, "model.safetensors")), "tied: no lm_head"
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch(9)).logits
+    saved = load_file(os.path.join(work, "logits.safetensors"))["logits"]
+    assert float((logits - saved).abs().max()) <= 1e-5
+    with pytest.raises(ValueError, match="does not match the architecture"):
+        save_tiny_model(str(tmp_path / "other"), hidden_size=128, num_heads=4)
+        ck.export_hf(os.path.join(work, "c2"), str(tmp_path / "bad"), str(tmp_path / "other"))
+
+
+def test_incomplete_checkpoint_is_refused(run, tmp_path):
+    broken = str(tmp_path / "broken")
+    shutil.copytree(os.path.join(run["work"], "c2"), broken)
+    os.remove(os.path.join(broken, ck.MARKER))
+    assert not ck.is_complete(broken)
+    model = plain_model(run["work"])
+    with pytest.raises(ck.IncompleteCheckpointError, match="interrupted before publish.*previous iteration"):
+        ck.load_checkpoint(broken, model)
+    with pytest.raises(ck.IncompleteCheckpointError):
+        ck.load_full_state_dict(broken)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        ck.load_checkpoint(str(tmp_path / "nothing"), model)
+
+
+def test_in_process_memory_url_wrapper_names_and_overwrite(run):
+    """memory:// works; a wrapper's prefix is stripped; a second save to a URL replaces the first."""
+    from transformers import PreTrainedModel
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, hf: PreTrainedModel):
+            super().__init__()
+            self.hf = hf
+
+    work = run["work"]
+    wrapped = Wrapper(plain_model(work))
+    opt, sched = make_optim(wrapped)
+    train_step(wrapped.hf, opt, sched, 1)
+    url = "memory://ppoflow-ckpt-test/wrapped"
+    ck.save_checkpoint(url, wrapped, opt, sched, extra={"v": 1})
+    train_step(wrapped.hf, opt, sched, 2)
+    ck.save_checkpoint(url, wrapped, opt, sched, extra={"v": 2})
+    full = ck.load_full_state_dict(url)
+    assert "model.embed_tokens.weight" in full and not any(k.startswith("hf.") for k in full)
+    plain = plain_model(work)
+    opt2, sched2 = make_optim(plain)
+    assert ck.load_checkpoint(url, plain, opt2, sched2) == {"v": 2}
+    assert max_diff(full_params(plain), {k[3:]: v for k, v in full_params(wrapped).items()}) == 0.0
+    train_step(wrapped.hf, opt, sched, 3)
+    train_step(plain, opt2, sched2, 3)
+    assert max_diff(full_params(plain), {k[3:]: v for k, v in full_params(wrapped).items()}) == 0.0
+
+
+def test_bad_inputs_fail_clearly(run, tmp_path):
+    work = run["work"]
+    model = plain_model(work)
+    with pytest.raises(ck.CheckpointError, match="cannot be stored as JSON"):
+        ck.save_checkpoint(str(tmp_path / "x"), model, extra={"t": torch.zeros(1)})
+    assert not ck.is_complete(str(tmp_path / "x"))
+    ck.save_checkpoint(str(tmp_path / "model_only"), model)
+    opt, _ = make_optim(model)
+    with pytest.raises(ck.CheckpointError, match="no optimizer state"):
+        ck.load_checkpoint(str(tmp_path / "model_only"), model, opt)
+    from infra.tiny_models import save_tiny_model as stm
+
+    stm(str(tmp_path / "bigger"), hidden_size=128, num_heads=4)
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(ck.CheckpointError, match="failed"):
+        ck.load_checkpoint(str(tmp_path / "model_only"), AutoModelForCausalLM.from_pretrained(str(tmp_path / "bigger")))
