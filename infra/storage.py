@@ -1,0 +1,272 @@
+"""Object storage for ppoflow, on top of fsspec.
+
+Every URL fsspec understands works: plain paths (relative ones resolve against the current
+directory), ``file://`` URLs, ``s3://`` through s3fs and ``memory://`` in tests.
+
+S3 endpoint and credentials come from the standard AWS environment variables
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``),
+which botocore (and so s3fs) honours itself, or from storage options: per call
+(``storage_options=``) or per protocol (:func:`set_default_storage_options`); per-call options win.
+
+Atomic publication (readers never see a partial file):
+
+* local files: write ``.<name>.tmp-<random>`` in the target directory, then ``os.replace``;
+* ``s3://``: write the final key directly. An S3 object only becomes visible when its single
+  PUT or its multipart upload completes, so a reader sees the old object or the whole new one.
+  On an exception the upload is aborted (``S3File.discard``) and nothing is published. This
+  avoids the copy + delete a temporary key would cost (a full server-side copy of the object);
+* any other protocol (``memory://``, ...): write a temporary name next to the target, then
+  ``fs.mv`` it into place.
+
+Temporary names match :data:`TEMP_MARKER` and are hidden from :func:`listdir`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from typing import IO, Any, Iterator
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+__all__ = [
+    "set_default_storage_options",
+    "get_default_storage_options",
+    "url_to_fs",
+    "is_local",
+    "is_s3",
+    "join",
+    "exists",
+    "read_bytes",
+    "write_bytes_atomic",
+    "read_json",
+    "write_json_atomic",
+    "listdir",
+    "rm",
+    "open_atomic",
+    "atomic_local_path",
+    "TEMP_MARKER",
+]
+
+#: Substring present in every temporary name this module writes.
+TEMP_MARKER = ".tmp-"
+
+_DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {}
+
+
+def set_default_storage_options(protocol: str, options: dict | None) -> None:
+    """Set the storage options used for every URL of ``protocol`` (e.g. ``"s3"``).
+
+    ``options`` are fsspec filesystem keyword arguments, e.g.
+    ``{"endpoint_url": "http://127.0.0.1:9000", "key": ..., "secret": ...}`` for s3
+    (s3fs also accepts ``client_kwargs``). ``None`` or ``{}`` removes the defaults.
+    """
+    protocol = protocol.rstrip(":/").lower()
+    if options:
+        _DEFAULT_OPTIONS[protocol] = dict(options)
+    else:
+        _DEFAULT_OPTIONS.pop(protocol, None)
+
+
+def get_default_storage_options(protocol: str) -> dict:
+    """Return a copy of the default storage options of ``protocol`` (empty when none)."""
+    return dict(_DEFAULT_OPTIONS.get(protocol.rstrip(":/").lower(), {}))
+
+
+def _protocol_of(url: str) -> str:
+    if "://" in url:
+        return url.split("://", 1)[0].lower()
+    return "file"
+
+
+def url_to_fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """Return ``(filesystem, path inside it)`` for ``url``.
+
+    Options are the protocol's defaults updated with ``storage_options``. Local paths come back
+    absolute.
+    """
+    url = os.fspath(url)
+    options = {**get_default_storage_options(_protocol_of(url)), **(storage_options or {})}
+    return fsspec.core.url_to_fs(url, **options)
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """True when ``fs`` is the local filesystem (paths are OS paths)."""
+    return isinstance(fs, LocalFileSystem)
+
+
+def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
+    """True when ``fs`` is an S3 filesystem (s3fs)."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return any(p in ("s3", "s3a") for p in protocols)
+
+
+def join(base_url: str, *parts: str) -> str:
+    """Join URL or path parts with ``/`` (``join("s3://b/exp", "iterations", "000001")``)."""
+    out = os.fspath(base_url)
+    for part in parts:
+        part = os.fspath(part).strip("/")
+        if not part:
+            continue
+        out = part if not out else out.rstrip("/") + "/" + part
+    return out
+
+
+def exists(url: str, storage_options: dict | None = None) -> bool:
+    """True when a file or directory exists at ``url``."""
+    fs, path = url_to_fs(url, storage_options)
+    if not is_local(fs):
+        fs.invalidate_cache(path)  # another process may have written it since we last listed
+    return fs.exists(path)
+
+
+def read_bytes(url: str, storage_options: dict | None = None) -> bytes:
+    """Return the whole content of the file at ``url``."""
+    fs, path = url_to_fs(url, storage_options)
+    return fs.cat_file(path)
+
+
+def _temp_name(path: str) -> str:
+    head, _, name = path.rpartition("/")
+    temp = f".{name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}"
+    return f"{head}/{temp}" if head else temp
+
+
+@contextlib.contextmanager
+def open_atomic(url: str, storage_options: dict | None = None, *, fsync: bool = False) -> Iterator[IO[bytes]]:
+    """Context manager yielding a writable binary file that is published at ``url`` on success.
+
+    On an exception inside the ``with`` block nothing is published and no temporary file is
+    left behind; the exception propagates. Parent directories are created as needed. See the
+    module docstring for how each protocol publishes atomically. ``fsync=True`` (local files
+    only) makes the content and the rename durable before returning (for manifests).
+    """
+    fs, path = url_to_fs(url, storage_options)
+    if is_local(fs):
+        with _open_atomic_local(path, fsync) as f:
+            yield f
+    elif is_s3(fs):
+        with _open_atomic_s3(fs, path) as f:
+            yield f
+    else:
+        with _open_atomic_generic(fs, path) as f:
+            yield f
+
+
+@contextlib.contextmanager
+def atomic_local_path(path: str) -> Iterator[str]:
+    """Yield a temporary path next to local ``path``; on success it is renamed onto ``path``.
+
+    For writers that want a native file (e.g. ``pyarrow.OSFile``) instead of a Python one. On an
+    exception the temporary file is removed and nothing is published.
+    """
+    path = os.path.abspath(os.fspath(path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temp = _temp_name(path)
+    try:
+        yield temp
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+@contextlib.contextmanager
+def _open_atomic_local(path: str, fsync: bool) -> Iterator[IO[bytes]]:
+    with atomic_local_path(path) as temp:
+        with open(temp, "wb") as f:
+            yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+    if fsync:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _open_atomic_s3(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes]]:
+    f = fs.open(path, "wb")
+    try:
+        yield f
+    except BaseException:
+        # Abort the multipart upload (if one started) and never PUT the buffer.
+        f.discard()
+        f.closed = True
+        raise
+    f.close()
+
+
+@contextlib.contextmanager
+def _open_atomic_generic(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes]]:
+    parent = fs._parent(path)
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    temp = _temp_name(path)
+    try:
+        with fs.open(temp, "wb") as f:
+            yield f
+        fs.mv(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError, OSError):
+            if fs.exists(temp):
+                fs.rm(temp)
+        raise
+
+
+def write_bytes_atomic(url: str, data: bytes, storage_options: dict | None = None, *, fsync: bool = False) -> None:
+    """Write ``data`` at ``url``; readers see the old content or all of ``data``, never a part."""
+    with open_atomic(url, storage_options, fsync=fsync) as f:
+        f.write(data)
+
+
+def read_json(url: str, storage_options: dict | None = None) -> Any:
+    """Read and parse the JSON document at ``url``."""
+    raw = read_bytes(url, storage_options)
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{url}: not valid JSON ({exc}); rewrite it with write_json_atomic()") from exc
+
+
+def write_json_atomic(url: str, obj: Any, storage_options: dict | None = None) -> None:
+    """Serialise ``obj`` as indented JSON and write it atomically (and durably, if local) at ``url``."""
+    try:
+        text = json.dumps(obj, indent=2, allow_nan=True)
+    except TypeError as exc:
+        raise TypeError(f"write_json_atomic({url!r}): object is not JSON-serialisable: {exc}") from exc
+    write_bytes_atomic(url, (text + "\n").encode("utf-8"), storage_options, fsync=True)
+
+
+def listdir(url: str, storage_options: dict | None = None) -> list[str]:
+    """Sorted names (not paths) of the entries directly under ``url``; temporary files hidden.
+
+    A missing directory raises ``FileNotFoundError``.
+    """
+    fs, path = url_to_fs(url, storage_options)
+    if not is_local(fs):
+        fs.invalidate_cache(path)
+    entries = fs.ls(path, detail=False)
+    base = path.rstrip("/")
+    names = []
+    for entry in entries:
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if entry.rstrip("/") == base or not name:
+            continue
+        if name.startswith(".") and TEMP_MARKER in name:
+            continue
+        names.append(name)
+    return sorted(set(names))
+
+
+def rm(url: str, recursive: bool = False, storage_options: dict | None = None) -> None:
+    """Remove the file (or with ``recursive=True`` the directory tree) at ``url``."""
+    fs, path = url_to_fs(url, storage_options)
+    fs.rm(path, recursive=recursive)

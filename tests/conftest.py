@@ -1,0 +1,1 @@
+from tests.s3_server import s3_server  # noqa
