@@ -240,13 +240,17 @@ def test_actor_log_prob_and_update_match_single_process(tiny):
 
 
 def test_critic_values_and_update_match_single_process(tiny):
+    # the critic also runs the activation-checkpointing and CPU-offload paths: same numbers expected
     cfg = make_config(tiny["dir"])
+    cfg.critic.model = {"path": tiny["dir"], "enable_gradient_checkpointing": True}
+    cfg.critic.fsdp.param_offload = True
     batch, tmp = tiny["batch"], tiny["tmp"]
     data_url = save_batch(batch, str(tmp / "rollout_c.arrow"))
     t0 = time.perf_counter()
     with start_group(CRITIC, cfg, 2) as group:
         infos = group.call("init_model")
         assert infos[1]["critic"]["mesh_shape"] == [2]
+        assert infos[1]["critic"]["gradient_checkpointing"] and infos[1]["critic"]["param_offload"]
         values = DataProto.load(group.call("compute_values", data_url)).batch["values"]
         metrics = group.call("update_critic", data_url)
         ckpt = str(tmp / "critic_ckpt")

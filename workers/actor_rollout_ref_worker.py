@@ -87,7 +87,9 @@ class ActorRolloutRefWorker(Worker):
         module = PolicyLM(hf)
         mesh = self._mesh(fsdp_cfg)
         apply_fsdp(module, mesh, fsdp_cfg, self.device)
-        return module, mesh_info(mesh, module)
+        info = {**mesh_info(mesh, module), "gradient_checkpointing": bool(hf.is_gradient_checkpointing),
+                "param_offload": fsdp_cfg.param_offload}
+        return module, info
 
     def _build_rollout(self) -> Any:
         """The generation engine of ``rollout.engine`` around the actor's FSDP module."""

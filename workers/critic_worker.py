@@ -54,7 +54,9 @@ class CriticWorker(Worker):
         optimizer, scheduler = build_optimizer(module, cfg.critic.optim)
         self.critic = DataParallelPPOCritic(cfg.critic, module, optimizer, scheduler, rollout_n=cfg.rollout.n,
                                             dp_size=self.dp_size, device=self.device, seed=cfg.seed)
-        return {"rank": self.rank, "role": "critic", "critic": mesh_info(mesh, module),
+        info = {**mesh_info(mesh, module), "gradient_checkpointing": bool(hf.is_gradient_checkpointing),
+                "param_offload": cfg.critic.fsdp.param_offload}
+        return {"rank": self.rank, "role": "critic", "critic": info,
                 "init_s": round(time.perf_counter() - t0, 3)}
 
     def _need(self) -> DataParallelPPOCritic:

@@ -283,7 +283,7 @@ def mesh_info(mesh: DeviceMesh, module: nn.Module) -> dict[str, Any]:
     """JSON description of the sharding: mesh shape and dim names, placements of a parameter,
     number of parameters (full) and of local (sharded) elements on this rank."""
     first = next(iter(module.parameters()), None)
-    placements = [str(p) for p in first.placements] if isinstance(first, DTensor) else []
+    placements = [repr(p) for p in first.placements] if isinstance(first, DTensor) else []
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
     return {"mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.mesh_dim_names or ()),
             "placements": placements, "num_params": sum(p.numel() for p in module.parameters()),
