@@ -1,0 +1,264 @@
+"""One run at a time per experiment: a lock object at the experiment root (``lock.json``).
+
+    with ExperimentLock(paths.lock, run_id=flow_run_id):
+        ...                                   # run iterations; lock.check() before committing
+
+The lock holds ``{run_id, host, pid, pid_start, token, acquired_at, heartbeat_at}``. A background
+thread refreshes ``heartbeat_at`` every ``heartbeat_s``. A second run finds the lock and is refused
+with :class:`ExperimentLocked` (naming the owner and what to do), unless the lock is stale:
+
+- its owner was on this host and its pid is gone (or reused: the process start time differs),
+- its heartbeat is older than ``stale_after_s`` (an owner on another host that died),
+- or it belongs to the same run id (a retried flow run whose previous attempt died).
+
+A stale lock is taken over. How atomic each step is depends on the storage:
+
+- local files: created with ``link(2)`` of a fully written temp file (fails if the lock exists);
+  heartbeats replace it after checking the token; a takeover renames the stale lock aside first,
+  so of two runs taking over at once only one gets it.
+- ``s3://``: created with a conditional PUT (``If-None-Match: *``); heartbeats and takeovers are
+  conditional on the ETag last seen (``If-Match``), so a lock is never overwritten blindly.
+  Releasing deletes it after checking the token (S3 has no conditional delete in s3fs).
+- other fsspec protocols (``memory://``, ...): check-then-write, *not* atomic; good for tests.
+
+If the heartbeat thread finds the lock owned by someone else (it was taken over after a long
+stall), :attr:`lost` becomes True and :meth:`check` raises: the flow stops before committing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from infra import storage
+
+__all__ = ["ExperimentLock", "ExperimentLocked", "HEARTBEAT_S", "STALE_AFTER_S"]
+
+HEARTBEAT_S = 15.0
+STALE_AFTER_S = 120.0
+
+
+class ExperimentLocked(RuntimeError):
+    """Another live run holds the experiment (or took it over from this run)."""
+
+
+def _pid_start(pid: int) -> str | None:
+    """The process start time (clock ticks since boot) from /proc, to detect pid reuse."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return start is None or _pid_start(pid) in (None, start)
+
+
+class ExperimentLock:
+    """The lock on one experiment (see the module docstring)."""
+
+    def __init__(self, url: str, run_id: str, *, heartbeat_s: float = HEARTBEAT_S,
+                 stale_after_s: float = STALE_AFTER_S, log: Callable[[str], None] | None = None):
+        self.url, self.run_id = url, str(run_id)
+        self.heartbeat_s, self.stale_after_s = float(heartbeat_s), float(stale_after_s)
+        self.log = log or (lambda msg: None)
+        self.fs, self.path = storage.url_to_fs(url)
+        self.kind = "local" if storage.is_local(self.fs) else (
+            "s3" if "s3" in (self.fs.protocol if isinstance(self.fs.protocol, (list, tuple))
+                             else (self.fs.protocol,)) else "other")
+        self.token = uuid.uuid4().hex
+        self.etag: str | None = None
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._held = False
+
+    # ------------------------------------------------------------------ content
+    def _content(self, acquired_at: float | None = None) -> bytes:
+        now = time.time()
+        pid = os.getpid()
+        return json.dumps({
+            "run_id": self.run_id, "host": socket.gethostname(), "pid": pid,
+            "pid_start": _pid_start(pid), "token": self.token,
+            "acquired_at": acquired_at or now, "heartbeat_at": now}).encode()
+
+    def _read(self) -> tuple[dict[str, Any] | None, str | None]:
+        """(content, etag) of the lock on storage, or (None, None) if there is none."""
+        try:
+            if self.kind == "s3":
+                etag = self.fs.info(self.path, refresh=True).get("ETag")
+                return json.loads(self.fs.cat_file(self.path)), etag
+            return json.loads(self.fs.cat_file(self.path)), None
+        except FileNotFoundError:
+            return None, None
+        except (ValueError, json.JSONDecodeError):
+            return {"run_id": "?", "heartbeat_at": 0.0}, None  # unreadable: treat as stale
+
+    # ------------------------------------------------------------------ primitives
+    def _create(self, data: bytes) -> bool:
+        """Create the lock if absent; False if it exists."""
+        if self.kind == "local":
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.{uuid.uuid4().hex[:8]}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            try:
+                os.link(tmp, self.path)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        if self.kind == "s3":
+            try:
+                out = self.fs.pipe_file(self.path, data, mode="create")
+            except FileExistsError:
+                return False
+            self.etag = (out or {}).get("ETag") if isinstance(out, dict) else None
+            return True
+        if self.fs.exists(self.path):
+            return False
+        self.fs.pipe_file(self.path, data)
+        return True
+
+    def _replace(self, data: bytes, etag: str | None) -> bool:
+        """Overwrite the lock, conditionally on ``etag`` on S3; False if the condition failed."""
+        if self.kind == "s3":
+            try:
+                out = self.fs.pipe_file(self.path, data, IfMatch=etag) if etag else \
+                    self.fs.pipe_file(self.path, data)
+            except (FileNotFoundError, OSError):
+                return False
+            self.etag = (out or {}).get("ETag") if isinstance(out, dict) else None
+            return True
+        storage.write_bytes_atomic(self.url, data)
+        return True
+
+    def _remove_stale(self, seen: dict[str, Any], etag: str | None) -> bool:
+        """Remove the stale lock ``seen``; False if it changed meanwhile."""
+        if self.kind == "s3":
+            return self._replace(self._content(), etag)  # takeover in one conditional write
+        if self.kind == "local":
+            aside = f"{self.path}.stale-{uuid.uuid4().hex[:8]}"
+            try:
+                os.rename(self.path, aside)
+            except FileNotFoundError:
+                return True
+            with open(aside, "rb") as f:
+                grabbed = json.loads(f.read() or b"{}")
+            if grabbed.get("token") != seen.get("token"):
+                try:  # not the lock we judged stale: put it back unless a new one exists
+                    os.link(aside, self.path)
+                except FileExistsError:
+                    pass
+                os.unlink(aside)
+                return False
+            os.unlink(aside)
+            return True
+        self.fs.rm(self.path)
+        return True
+
+    # ------------------------------------------------------------------ API
+    def stale_reason(self, owner: dict[str, Any]) -> str | None:
+        """Why ``owner``'s lock may be taken over, or None if its owner looks alive."""
+        if owner.get("run_id") == self.run_id:
+            return f"it belongs to this same run ({self.run_id}), from an earlier attempt"
+        age = time.time() - float(owner.get("heartbeat_at") or 0.0)
+        if owner.get("host") == socket.gethostname() and owner.get("pid") is not None:
+            if not _pid_alive(int(owner["pid"]), owner.get("pid_start")):
+                return f"its process {owner['pid']} on this host is gone"
+        if age > self.stale_after_s:
+            return f"its last heartbeat was {age:.0f} s ago (> {self.stale_after_s:.0f} s)"
+        return None
+
+    def acquire(self) -> "ExperimentLock":
+        """Take the lock, taking over a stale one; raise :class:`ExperimentLocked` otherwise."""
+        for _ in range(5):
+            if self._create(self._content()):
+                return self._started()
+            owner, etag = self._read()
+            if owner is None:
+                continue  # released between our attempts
+            reason = self.stale_reason(owner)
+            if reason is None:
+                age = time.time() - float(owner.get("heartbeat_at") or 0.0)
+                raise ExperimentLocked(
+                    f"experiment lock {self.url} is held by flow run {owner.get('run_id')} on host "
+                    f"{owner.get('host')} (pid {owner.get('pid')}), last heartbeat {age:.0f} s ago: "
+                    f"two runs of one experiment must not overlap. Wait for that run to finish or "
+                    f"cancel it (prefect flow-run cancel {owner.get('run_id')}); if it died on "
+                    f"another host its lock expires {self.stale_after_s:.0f} s after its last "
+                    f"heartbeat (or delete {self.url} once you are sure it is dead).")
+            self.log(f"taking over the stale experiment lock of run {owner.get('run_id')}: {reason}")
+            if self.kind == "s3":
+                if self._remove_stale(owner, etag):
+                    return self._started()
+            elif self._remove_stale(owner, etag):
+                continue
+        raise ExperimentLocked(f"could not take the experiment lock {self.url}: it kept changing "
+                               f"hands; another run is starting on this experiment")
+
+    def _started(self) -> "ExperimentLock":
+        self._held, self.lost = True, False
+        self._acquired_at = time.time()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="ppoflow-lock-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.heartbeat()
+            except Exception as exc:  # noqa: BLE001 - storage hiccup: try again next beat
+                self.log(f"experiment lock heartbeat failed: {exc}")
+
+    def heartbeat(self) -> None:
+        """Refresh ``heartbeat_at``; mark the lock lost if someone else owns it now."""
+        owner, etag = self._read()
+        if owner is None or owner.get("token") != self.token or \
+                not self._replace(self._content(self._acquired_at), etag):
+            self.lost = True
+            self._stop.set()
+            self.log(f"experiment lock {self.url} was taken over by run "
+                     f"{(owner or {}).get('run_id')}; this run stops before its next commit")
+
+    def check(self) -> None:
+        """Raise :class:`ExperimentLocked` if the lock was lost (call before committing)."""
+        if self.lost or not self._held:
+            raise ExperimentLocked(f"this run no longer holds the experiment lock {self.url}; "
+                                   f"another run took the experiment over, so nothing is committed")
+
+    def release(self) -> None:
+        """Stop the heartbeat and delete the lock if it is still this run's. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if not self._held:
+            return
+        self._held = False
+        owner, _ = self._read()
+        if owner is not None and owner.get("token") == self.token:
+            try:
+                self.fs.rm(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> "ExperimentLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

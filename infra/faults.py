@@ -1,0 +1,121 @@
+"""Fault injection for chaos drills and tests: make a task fail, or a rank die, on purpose.
+
+Set the environment variable ``PPOFLOW_FAULT`` in the process that runs the flow to a
+comma-separated list of entries:
+
+    task:<task>:before         the Prefect task <task> raises FaultInjected before doing any work
+    task:<task>:after          ... after its output is written (the retry must find and reuse it)
+    rank_exit:<method>:<rank>  rank <rank> of a worker group calls os._exit(17) when <method> starts
+    rank_raise:<method>:<rank> rank <rank> raises RuntimeError when <method> starts
+
+Each entry fires once per process, so the task's retry (or the rebuilt group) passes. Append
+``:always`` to an entry to make it fire every time (e.g. to exhaust a task's retries and fail the
+flow run, then resume it with ``prefect flow-run retry`` or by running the flow again).
+
+Task names: ``init``, ``generate``, ``ref_log_prob``, ``values``, ``rm_score``, ``advantage``,
+``update_actor``, ``update_critic``, ``commit``. Worker methods are those of the worker classes
+(``generate_sequences``, ``compute_log_prob``, ``update_actor``, ``compute_values``, ...).
+
+    PPOFLOW_FAULT=task:advantage:after,rank_exit:update_actor:1 ppoflow run experiment.yaml
+
+The rank entries reach the ranks through :func:`rank_fault_env` (the worker group's ``env``);
+an entry is spent when a call of that method fails (:func:`note_rank_failure`), after which
+rebuilt groups no longer receive it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+__all__ = ["ENV_VAR", "FaultInjected", "Fault", "parse", "maybe_fail", "rank_fault_env",
+           "note_rank_failure", "reset"]
+
+ENV_VAR = "PPOFLOW_FAULT"
+TASK_POINTS = ("before", "after")
+RANK_KINDS = ("rank_exit", "rank_raise")
+
+_fired: set[str] = set()
+_lock = threading.Lock()
+
+
+class FaultInjected(RuntimeError):
+    """Raised by a task at a point named in ``PPOFLOW_FAULT`` (an intended, retryable failure)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One parsed entry: ``kind`` is task / rank_exit / rank_raise; ``target`` the task or method;
+    ``where`` the point (before/after) or the rank number as a string."""
+
+    kind: str
+    target: str
+    where: str
+    always: bool
+    text: str
+
+    @property
+    def rank_spec(self) -> str:
+        """The entry in the form the rank side understands (without ``:always``)."""
+        return f"{self.kind}:{self.target}:{self.where}"
+
+
+def parse(spec: str | None) -> list[Fault]:
+    """Parse a ``PPOFLOW_FAULT`` value; ValueError naming the bad entry and the allowed forms."""
+    faults = []
+    for item in filter(None, (s.strip() for s in (spec or "").split(","))):
+        parts = item.split(":")
+        always = len(parts) == 4 and parts[3] == "always"
+        if always:
+            parts = parts[:3]
+        ok = len(parts) == 3 and (
+            (parts[0] == "task" and parts[2] in TASK_POINTS)
+            or (parts[0] in RANK_KINDS and parts[2].isdigit()))
+        if not ok:
+            raise ValueError(
+                f"{ENV_VAR}: bad entry {item!r}; allowed: task:<task>:before|after, "
+                f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank> (each optionally + ':always')")
+        faults.append(Fault(parts[0], parts[1], parts[2], always, item))
+    return faults
+
+
+def _current() -> list[Fault]:
+    return parse(os.environ.get(ENV_VAR))
+
+
+def maybe_fail(task: str, point: str) -> None:
+    """Raise :class:`FaultInjected` if ``PPOFLOW_FAULT`` names ``task`` at ``point`` (and the entry
+    has not fired yet in this process, unless it says ``:always``)."""
+    for fault in _current():
+        if fault.kind == "task" and fault.target == task and fault.where == point:
+            with _lock:
+                if fault.text in _fired and not fault.always:
+                    continue
+                _fired.add(fault.text)
+            raise FaultInjected(f"injected fault ({ENV_VAR}={fault.text}): task {task!r} fails "
+                                f"{point} its work")
+
+
+def rank_fault_env() -> dict[str, str]:
+    """The ``env`` to give a new worker group: the rank entries not yet spent in this process.
+
+    Always sets ``PPOFLOW_FAULT`` (possibly empty), so task entries never reach the ranks."""
+    with _lock:
+        live = [f.rank_spec for f in _current()
+                if f.kind in RANK_KINDS and (f.always or f.text not in _fired)]
+    return {ENV_VAR: ",".join(live)}
+
+
+def note_rank_failure(method: str | None) -> None:
+    """Mark the rank entries for ``method`` as spent (called when a call of it failed)."""
+    with _lock:
+        for f in _current():
+            if f.kind in RANK_KINDS and f.target == method:
+                _fired.add(f.text)
+
+
+def reset() -> None:
+    """Forget which entries fired (each entry fires once more). For tests."""
+    with _lock:
+        _fired.clear()

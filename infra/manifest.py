@@ -1,0 +1,214 @@
+"""The experiment's state on storage: ``manifest.json`` at the experiment root, and its layout.
+
+    <storage.root>/<storage.experiment>/
+        manifest.json                    the last committed iteration (this module)
+        lock.json                        held while a run is active (infra.experiment_lock)
+        configs/<config_hash>.yaml       every config the experiment ran with
+        iterations/000012/               rollout.arrow, ..., metrics.json, manifest.json (a copy)
+        iterations/000012/tasks/*.json   one receipt per finished task
+        checkpoints/actor/000012/        sharded (DCP) checkpoints
+        checkpoints/critic/000012/
+
+The manifest of iteration n says where iteration n+1 starts from: the actor and critic
+checkpoints, the data cursor, the KL controller's coefficient. Iteration 0 is the initial state
+(checkpoints of the base weights). ``commit`` publishes manifest n in two writes: first the copy in
+``iterations/n/manifest.json``, then the root ``manifest.json`` (each write atomic). Until the
+second write lands, iteration n did not happen. To roll an experiment back to iteration k, copy
+``iterations/k/manifest.json`` over the root manifest.
+
+An experiment's identity (base model, tokenizer, critic model) is fixed at iteration 0; a config
+that changes it is refused (:class:`IdentityMismatch`). Everything else may change between runs;
+each new config is stored under ``configs/`` and listed in ``config_history``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from infra import storage
+from infra.config import ConfigError, ExperimentConfig, dump_config
+
+__all__ = ["FORMAT", "ExperimentPaths", "Manifest", "IdentityMismatch", "ManifestConflict",
+           "read_manifest", "check_identity", "record_config", "initial_manifest",
+           "next_manifest", "publish", "now_iso"]
+
+FORMAT = 1
+TREND_KEYS = ("critic/score/mean", "critic/rewards/mean", "response_length/mean", "actor/entropy",
+              "actor/ppo_kl", "actor/pg_loss", "critic/vf_loss", "timing_s/iteration")
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO 8601 with seconds."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class IdentityMismatch(ConfigError):
+    """The config names other weights or another tokenizer than the experiment was built with."""
+
+
+class ManifestConflict(RuntimeError):
+    """The manifest on storage is not the one this commit builds on (another writer, or a
+    manifest from a newer ppoflow)."""
+
+
+class ExperimentPaths:
+    """URLs of everything in one experiment (``experiment_url`` = storage root + experiment)."""
+
+    def __init__(self, experiment_url: str):
+        self.root = experiment_url.rstrip("/")
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> "ExperimentPaths":
+        return cls(cfg.storage.experiment_url)
+
+    @property
+    def manifest(self) -> str:
+        return storage.join(self.root, "manifest.json")
+
+    @property
+    def lock(self) -> str:
+        return storage.join(self.root, "lock.json")
+
+    def config(self, config_hash: str) -> str:
+        return storage.join(self.root, "configs", f"{config_hash}.yaml")
+
+    def iteration(self, n: int) -> str:
+        return storage.join(self.root, "iterations", f"{n:06d}")
+
+    def file(self, n: int, name: str) -> str:
+        """``iterations/{n:06d}/<name>`` (e.g. ``rollout.arrow``, ``metrics.json``)."""
+        return storage.join(self.iteration(n), name)
+
+    def receipt(self, n: int, task: str) -> str:
+        return storage.join(self.iteration(n), "tasks", f"{task}.json")
+
+    def checkpoint(self, role: str, n: int) -> str:
+        """``checkpoints/<role>/{n:06d}`` (role: actor or critic)."""
+        return storage.join(self.root, "checkpoints", role, f"{n:06d}")
+
+
+@dataclass
+class Manifest:
+    """One committed iteration of an experiment (see the module docstring)."""
+
+    experiment: str
+    iteration: int
+    actor_checkpoint: str
+    critic_checkpoint: str | None
+    config_hash: str
+    identity: dict[str, Any]
+    data_cursor: dict[str, int]
+    kl_coef: float | None
+    created_at: str
+    committed_at: str
+    config_history: list[dict[str, Any]] = field(default_factory=list)
+    trend: list[dict[str, Any]] = field(default_factory=list)
+    format: int = FORMAT
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], url: str = "manifest.json") -> "Manifest":
+        fmt = data.get("format", 0)
+        if fmt != FORMAT:
+            raise ManifestConflict(f"{url}: manifest format {fmt}, this ppoflow reads format "
+                                   f"{FORMAT}; use the ppoflow version that wrote it")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ManifestConflict(f"{url}: not a ppoflow manifest ({exc})") from None
+
+
+def read_manifest(paths: ExperimentPaths) -> Manifest | None:
+    """The committed manifest, or None if the experiment was never initialised."""
+    if not storage.exists(paths.manifest):
+        return None
+    return Manifest.from_json(storage.read_json(paths.manifest), paths.manifest)
+
+
+def check_identity(manifest: Manifest, cfg: ExperimentConfig) -> None:
+    """Refuse a config whose base model, tokenizer or critic model differ from the experiment's."""
+    new = cfg.identity()
+    for key in [*new, *(k for k in manifest.identity if k not in new)]:  # model.path first
+        old_v, new_v = manifest.identity.get(key), new.get(key)
+        if old_v != new_v:
+            raise IdentityMismatch(
+                f"experiment {cfg.storage.experiment!r} at {cfg.storage.experiment_url} was built "
+                f"with {key}={old_v!r}, but this config has {key}={new_v!r}. Its checkpoints belong "
+                f"to the old setting, so continuing would corrupt it. To train with the new "
+                f"setting start a new experiment (set storage.experiment to a new name); to continue "
+                f"this one set {key} back to {old_v!r}.")
+
+
+def record_config(paths: ExperimentPaths, cfg: ExperimentConfig) -> str:
+    """Store the config as ``configs/<hash>.yaml`` (once per hash); return its URL."""
+    url = paths.config(cfg.config_hash())
+    if not storage.exists(url):
+        storage.write_bytes_atomic(url, dump_config(cfg).encode())
+    return url
+
+
+def _history(previous: list[dict[str, Any]], n: int, cfg: ExperimentConfig,
+             config_url: str) -> list[dict[str, Any]]:
+    h = cfg.config_hash()
+    if previous and previous[-1]["config_hash"] == h:
+        return list(previous)
+    return [*previous, {"iteration": n, "config_hash": h, "config_url": config_url}]
+
+
+def initial_manifest(cfg: ExperimentConfig, paths: ExperimentPaths, actor_checkpoint: str,
+                     critic_checkpoint: str | None, kl_coef: float | None) -> Manifest:
+    """Manifest 0: the base weights' checkpoints, the data cursor at its start."""
+    now = now_iso()
+    return Manifest(
+        experiment=cfg.storage.experiment, iteration=0, actor_checkpoint=actor_checkpoint,
+        critic_checkpoint=critic_checkpoint, config_hash=cfg.config_hash(),
+        identity=cfg.identity(), data_cursor={"epoch": 0, "offset": 0}, kl_coef=kl_coef,
+        created_at=now, committed_at=now,
+        config_history=_history([], 0, cfg, record_config(paths, cfg)))
+
+
+def next_manifest(prev: Manifest, cfg: ExperimentConfig, paths: ExperimentPaths, *,
+                  actor_checkpoint: str, critic_checkpoint: str | None,
+                  data_cursor: dict[str, int], kl_coef: float | None,
+                  metrics: dict[str, Any]) -> Manifest:
+    """Manifest ``prev.iteration + 1`` after an iteration ran with ``cfg``."""
+    n = prev.iteration + 1
+    row = {"iteration": n, **{k: metrics[k] for k in TREND_KEYS if k in metrics}}
+    return Manifest(
+        experiment=prev.experiment, iteration=n, actor_checkpoint=actor_checkpoint,
+        critic_checkpoint=critic_checkpoint, config_hash=cfg.config_hash(),
+        identity=prev.identity, data_cursor=dict(data_cursor), kl_coef=kl_coef,
+        created_at=prev.created_at, committed_at=now_iso(),
+        config_history=_history(prev.config_history, n, cfg, record_config(paths, cfg)),
+        trend=[*prev.trend, row])
+
+
+def publish(paths: ExperimentPaths, manifest: Manifest) -> None:
+    """Publish ``manifest``: the per-iteration copy, then the root manifest (the commit point).
+
+    The root must hold iteration ``manifest.iteration - 1`` (or nothing, for iteration 0); a
+    root already at ``manifest.iteration`` is accepted when it is this same commit (a retried
+    commit). Anything else raises :class:`ManifestConflict`.
+    """
+    n = manifest.iteration
+    current = read_manifest(paths)
+    if current is not None and current.iteration == n:
+        same = (current.actor_checkpoint == manifest.actor_checkpoint
+                and current.critic_checkpoint == manifest.critic_checkpoint)
+        if same:
+            return
+    expected = None if n == 0 else n - 1
+    found = None if current is None else current.iteration
+    if found != expected:
+        raise ManifestConflict(
+            f"{paths.manifest}: commit of iteration {n} expected the manifest at "
+            f"{'no manifest' if expected is None else f'iteration {expected}'}, found "
+            f"{'none' if found is None else f'iteration {found}'}. Another run may have advanced "
+            f"this experiment; rerun the flow to continue from the manifest on storage.")
+    data = manifest.to_json()
+    storage.write_json_atomic(paths.file(n, "manifest.json"), data)
+    storage.write_json_atomic(paths.manifest, data)

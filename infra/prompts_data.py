@@ -1,0 +1,197 @@
+"""Training prompts: parquet files in veRL's format, batched in a resumable deterministic order.
+
+Each row has:
+    prompt        list of chat messages ``[{"role": "user", "content": "..."}]`` (or a string)
+                  (the column name is ``data.prompt_key``)
+    data_source   str: picks the rule that scores the row (infra.rewards)
+    reward_model  {"ground_truth": ..., "style": "rule"}   (needed for rule rewards)
+    extra_info    dict (optional), passed to reward functions
+
+Order: epoch ``e`` visits the rows in ``permutation(seed, e)`` (or in file order without
+shuffling). A batch takes the next ``batch_size`` rows from the cursor ``{epoch, offset}`` and
+continues into the next epoch when one ends, so every batch is full and the cursor after a batch
+resumes exactly where it stopped: batch k of a run that was interrupted and resumed is batch k
+of a run that never stopped.
+
+Tokenization: the tokenizer's chat template (``data.apply_chat_template``) with the generation
+prompt, then left padding to ``rollout.prompt_length``. Longer prompts are truncated on the
+left (their first tokens are dropped, so the end of the prompt and the generation prompt stay);
+each truncation is counted in the batch's stats and logged as a warning.
+
+    ds = PromptDataset(cfg.data.train_files, prompt_key=cfg.data.prompt_key)
+    rows, next_cursor = ds.take({"epoch": 0, "offset": 0}, 16, seed=0, shuffle=True)
+    proto, stats = ds.tokenize(rows, tokenizer, prompt_length=64, apply_chat_template=True)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from infra import storage
+
+__all__ = ["PromptDataset", "DataError", "Row"]
+
+_LOG = logging.getLogger("ppoflow.data")
+
+
+class DataError(ValueError):
+    """The prompt files are missing, unreadable or lack a required column."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One selected prompt: its epoch and its index in the concatenated files."""
+
+    epoch: int
+    index: int
+
+    @property
+    def uid(self) -> str:
+        """The prompt's id within the experiment: equal for the ``n`` responses to one prompt."""
+        return f"{self.epoch}-{self.index}"
+
+
+class PromptDataset:
+    """The rows of one or more veRL-format parquet files (see the module docstring)."""
+
+    def __init__(self, files: list[str], *, prompt_key: str = "prompt",
+                 require_ground_truth: bool = True, storage_options: dict | None = None):
+        if not files:
+            raise DataError("data.train_files is empty: list at least one parquet file")
+        tables = [self._read(url, storage_options) for url in files]
+        for url, table in zip(files, tables):
+            required = [prompt_key, "data_source"] + (["reward_model"] if require_ground_truth else [])
+            missing = [c for c in required if c not in table.column_names]
+            if missing:
+                raise DataError(
+                    f"{url}: missing column(s) {missing}; found {table.column_names}. veRL's format "
+                    f"needs '{prompt_key}' (chat messages, or set data.prompt_key), 'data_source' and "
+                    f"'reward_model' ({{'ground_truth': ..., 'style': 'rule'}})")
+        keep = [prompt_key, "data_source", "reward_model", "extra_info"]
+        tables = [t.select([c for c in keep if c in t.column_names]) for t in tables]
+        try:
+            self.table = pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise DataError(f"data.train_files {files}: the files' columns do not agree: {exc}") from None
+        if self.table.num_rows == 0:
+            raise DataError(f"data.train_files {files} hold no rows")
+        self.files, self.prompt_key = list(files), prompt_key
+
+    @staticmethod
+    def _read(url: str, storage_options: dict | None) -> pa.Table:
+        try:
+            fs, path = storage.url_to_fs(url, storage_options)
+            with fs.open(path, "rb") as f:
+                return pq.read_table(f)
+        except FileNotFoundError:
+            raise DataError(f"prompt file {url} not found (data.train_files); check the path, "
+                            f"relative paths resolve against the flow's working directory") from None
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DataError(f"prompt file {url} is not a readable parquet file: {exc}") from None
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    # ------------------------------------------------------------------ order
+    def order(self, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
+        """Row indices of ``epoch`` in visiting order (a function of seed and epoch only)."""
+        if not shuffle:
+            return np.arange(len(self))
+        return np.random.default_rng([int(seed), int(epoch)]).permutation(len(self))
+
+    def take(self, cursor: dict[str, int], batch_size: int, *, seed: int,
+             shuffle: bool) -> tuple[list[Row], dict[str, int]]:
+        """The next ``batch_size`` rows from ``cursor`` and the cursor after them."""
+        epoch, offset = int(cursor.get("epoch", 0)), int(cursor.get("offset", 0))
+        if offset >= len(self):  # the files shrank since the cursor was written
+            epoch, offset = epoch + 1, 0
+        rows: list[Row] = []
+        while len(rows) < batch_size:
+            order = self.order(epoch, seed, shuffle)
+            step = min(batch_size - len(rows), len(self) - offset)
+            rows += [Row(epoch, int(i)) for i in order[offset:offset + step]]
+            offset += step
+            if offset == len(self):
+                epoch, offset = epoch + 1, 0
+        return rows, {"epoch": epoch, "offset": offset}
+
+    # ------------------------------------------------------------------ tokens
+    def records(self, rows: list[Row]) -> list[dict[str, Any]]:
+        """The selected rows as Python dicts (in ``rows`` order)."""
+        return self.table.take(pa.array([r.index for r in rows], type=pa.int64())).to_pylist()
+
+    def _text(self, prompt: Any, tokenizer: Any, apply_chat_template: bool) -> str:
+        if isinstance(prompt, str):
+            messages = [{"role": "user", "content": prompt}]
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) for m in prompt):
+            messages = [{"role": m.get("role"), "content": m.get("content")} for m in prompt]
+        else:
+            raise DataError(f"column '{self.prompt_key}' must hold chat messages "
+                            f"([{{'role': ..., 'content': ...}}]) or a string; got {type(prompt).__name__}")
+        if not apply_chat_template:
+            return "\n".join(str(m["content"]) for m in messages)
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise DataError("data.apply_chat_template=true but the tokenizer has no chat template; "
+                            "set data.apply_chat_template=false or use a tokenizer with one")
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def tokenize(self, rows: list[Row], tokenizer: Any, *, prompt_length: int,
+                 apply_chat_template: bool, meta_info: dict | None = None):
+        """A left-padded prompt DataProto for ``rows`` and stats ``{truncated, max_prompt_tokens}``.
+
+        Columns: ``input_ids``, ``attention_mask``, ``position_ids`` (B, prompt_length) and
+        non-tensor ``data_source``, ``ground_truth``, ``extra_info``, ``uid``, ``raw_prompt``.
+        """
+        from infra.dataproto import DataProto
+
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad_id is None:
+            raise DataError("the tokenizer has neither a pad nor an eos token; set one")
+        recs = self.records(rows)
+        ids = torch.full((len(rows), prompt_length), int(pad_id), dtype=torch.long)
+        mask = torch.zeros((len(rows), prompt_length), dtype=torch.long)
+        truncated, longest = 0, 0
+        for i, rec in enumerate(recs):
+            text = self._text(rec[self.prompt_key], tokenizer, apply_chat_template)
+            toks = tokenizer(text, add_special_tokens=False)["input_ids"]
+            longest = max(longest, len(toks))
+            if len(toks) > prompt_length:
+                truncated += 1
+                toks = toks[-prompt_length:]
+            if toks:
+                ids[i, -len(toks):] = torch.tensor(toks, dtype=torch.long)
+                mask[i, -len(toks):] = 1
+        if truncated:
+            _LOG.warning("%d of %d prompts were longer than rollout.prompt_length=%d tokens (longest "
+                         "%d) and lost their first tokens; raise rollout.prompt_length to keep them",
+                         truncated, len(rows), prompt_length, longest)
+        position_ids = torch.clamp(torch.cumsum(mask, dim=1) - 1, min=0)
+        non_tensors = {
+            "data_source": _objects([str(r["data_source"]) for r in recs]),
+            "ground_truth": _objects([_ground_truth(r) for r in recs]),
+            "extra_info": _objects([r.get("extra_info") for r in recs]),
+            "uid": _objects([row.uid for row in rows]),
+            "raw_prompt": _objects([r[self.prompt_key] for r in recs]),
+        }
+        proto = DataProto.from_dict(
+            tensors={"input_ids": ids, "attention_mask": mask, "position_ids": position_ids},
+            non_tensors=non_tensors, meta_info=dict(meta_info or {}))
+        return proto, {"truncated": truncated, "max_prompt_tokens": longest}
+
+
+def _objects(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _ground_truth(rec: dict[str, Any]) -> Any:
+    rm = rec.get("reward_model")
+    return rm.get("ground_truth") if isinstance(rm, dict) else None

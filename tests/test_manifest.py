@@ -1,0 +1,151 @@
+"""Experiment state: the manifest (identity checks, publish protocol) and the experiment lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from infra import storage
+from infra.config import ExperimentConfig
+from infra.experiment_lock import ExperimentLock, ExperimentLocked
+from infra.manifest import (ExperimentPaths, IdentityMismatch, Manifest, ManifestConflict,
+                            check_identity, initial_manifest, next_manifest, publish, read_manifest)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cfg(root: str, **over) -> ExperimentConfig:
+    data = {"model": {"path": "/models/tiny"}, "data": {"train_files": ["x.parquet"]},
+            "storage": {"root": root, "experiment": "exp"}}
+    for key, value in over.items():
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return ExperimentConfig.model_validate(data)
+
+
+def test_manifest_publish_and_advance(tmp_path):
+    cfg = _cfg(str(tmp_path))
+    paths = ExperimentPaths.of(cfg)
+    assert read_manifest(paths) is None
+    m0 = initial_manifest(cfg, paths, paths.checkpoint("actor", 0), paths.checkpoint("critic", 0), 0.001)
+    publish(paths, m0)
+    assert read_manifest(paths) == m0
+    assert storage.exists(paths.file(0, "manifest.json"))
+    assert storage.exists(paths.config(cfg.config_hash()))
+
+    cfg2 = _cfg(str(tmp_path), **{"actor.optim.lr": 3e-6})  # allowed change: recorded
+    m1 = next_manifest(m0, cfg2, paths, actor_checkpoint=paths.checkpoint("actor", 1),
+                       critic_checkpoint=paths.checkpoint("critic", 1),
+                       data_cursor={"epoch": 0, "offset": 16}, kl_coef=0.001,
+                       metrics={"critic/score/mean": 0.5, "other": 1.0})
+    publish(paths, m1)
+    got = read_manifest(paths)
+    assert got.iteration == 1 and got.data_cursor == {"epoch": 0, "offset": 16}
+    assert [h["iteration"] for h in got.config_history] == [0, 1]
+    assert got.config_hash == cfg2.config_hash() != cfg.config_hash()
+    assert got.trend == [{"iteration": 1, "critic/score/mean": 0.5}]
+    publish(paths, m1)  # a retried commit of the same iteration is a no-op
+    with pytest.raises(ManifestConflict, match="expected the manifest at iteration 2, found iteration 1"):
+        publish(paths, m0.__class__(**{**m1.to_json(), "iteration": 3}))
+    # rollback = copy the per-iteration manifest over the root one
+    storage.write_bytes_atomic(paths.manifest, storage.read_bytes(paths.file(0, "manifest.json")))
+    assert read_manifest(paths).iteration == 0
+
+
+@pytest.mark.parametrize("key,value", [("model.path", "/models/other"),
+                                       ("model.tokenizer_path", "/tok/other"),
+                                       ("critic.model", {"path": "/models/critic"})])
+def test_identity_change_is_refused_with_the_fix(tmp_path, key, value):
+    cfg = _cfg(str(tmp_path))
+    paths = ExperimentPaths.of(cfg)
+    m0 = initial_manifest(cfg, paths, "a", "c", None)
+    check_identity(m0, _cfg(str(tmp_path), **{"rollout.n": 4}))  # not identity: fine
+    with pytest.raises(IdentityMismatch) as err:
+        check_identity(m0, _cfg(str(tmp_path), **{key: value}))
+    msg = str(err.value)
+    named = {"model.path": "model.path", "model.tokenizer_path": "model.tokenizer",
+             "critic.model": "critic.model"}[key]
+    assert f"with {named}=" in msg and "storage.experiment" in msg  # the field, the fix
+    assert "/models/tiny" in msg  # the old value
+
+
+def test_manifest_rejects_unknown_format(tmp_path):
+    with pytest.raises(ManifestConflict, match="format"):
+        Manifest.from_json({"format": 99})
+
+
+# ----------------------------------------------------------------------------- lock
+
+def test_lock_refuses_a_live_owner_and_releases(tmp_path):
+    url = str(tmp_path / "exp" / "lock.json")
+    with ExperimentLock(url, "run-a", heartbeat_s=0.05):
+        with pytest.raises(ExperimentLocked, match="run-a") as err:
+            ExperimentLock(url, "run-b").acquire()
+        assert "prefect flow-run cancel run-a" in str(err.value)
+        time.sleep(0.2)  # heartbeats keep it
+        assert json.loads(open(url).read())["run_id"] == "run-a"
+    assert not os.path.exists(url)
+    with ExperimentLock(url, "run-b"):
+        pass
+
+
+def test_lock_taken_over_from_a_dead_pid_and_a_stale_heartbeat(tmp_path):
+    url = str(tmp_path / "lock.json")
+    code = ("import os, sys; from infra.experiment_lock import ExperimentLock; "
+            "ExperimentLock(sys.argv[1], 'dead-run').acquire(); os._exit(0)")  # dies holding it
+    subprocess.run([sys.executable, "-c", code, url], check=True, cwd=ROOT)
+    assert json.loads(open(url).read())["run_id"] == "dead-run"
+    logs = []
+    lock = ExperimentLock(url, "run-b", log=logs.append).acquire()
+    assert "is gone" in logs[0]
+    lock.release()
+    # an owner on another host with an old heartbeat is stale; with a fresh one it is not
+    other = {"run_id": "far", "host": socket.gethostname() + "-x", "pid": 1, "token": "t",
+             "heartbeat_at": time.time()}
+    storage.write_json_atomic(url, other)
+    with pytest.raises(ExperimentLocked):
+        ExperimentLock(url, "run-c", stale_after_s=60).acquire()
+    storage.write_json_atomic(url, {**other, "heartbeat_at": time.time() - 120})
+    ExperimentLock(url, "run-c", stale_after_s=60).acquire().release()
+
+
+def test_lock_lost_is_detected(tmp_path):
+    url = str(tmp_path / "lock.json")
+    lock = ExperimentLock(url, "run-a", heartbeat_s=3600).acquire()
+    lock.check()
+    storage.write_json_atomic(url, {"run_id": "thief", "token": "other", "heartbeat_at": time.time()})
+    lock.heartbeat()
+    with pytest.raises(ExperimentLocked, match="no longer holds"):
+        lock.check()
+    lock.release()
+    assert json.loads(open(url).read())["run_id"] == "thief"  # not ours: left alone
+
+
+def test_lock_on_s3_is_conditional(s3_server):
+    url = f"{s3_server['url']}/lock-test/exp/lock.json"
+    a = ExperimentLock(url, "run-a", heartbeat_s=3600).acquire()
+    with pytest.raises(ExperimentLocked, match="run-a"):
+        ExperimentLock(url, "run-b").acquire()
+    a.heartbeat()
+    a.check()
+    # a stale owner (old heartbeat, other host) is taken over with one conditional write
+    data = json.loads(storage.read_bytes(url))
+    storage.write_bytes_atomic(url, json.dumps({**data, "host": "elsewhere",
+                                                "heartbeat_at": time.time() - 999}).encode())
+    b = ExperimentLock(url, "run-b", stale_after_s=60).acquire()
+    a.heartbeat()
+    with pytest.raises(ExperimentLocked):
+        a.check()
+    a.release()
+    assert json.loads(storage.read_bytes(url))["run_id"] == "run-b"
+    b.release()
+    assert not storage.exists(url)
