@@ -1,0 +1,207 @@
+"""RewardModelWorker: scores rollouts with a sequence-classification reward model (seed 2.2.4).
+
+Config given to the group: ``{"config": ExperimentConfig as JSON dict (or string), "role": "reward_model"}``;
+the model is ``reward.reward_model.model`` (an HF ``*ForSequenceClassification`` with one label).
+
+    init_model()          ONE_TO_ALL        -> per-rank {mesh, params, same_tokenizer, seconds}
+    compute_rm_score(data) DP_COMPUTE_PROTO -> "rm_scores" (B, R) float32
+
+The score of a (prompt, response) is the head's output at the last token of the response; it is
+written at the last valid response position (``response_mask.sum() - 1``, position 0 for an empty
+response) and every other position is 0.
+
+Tokenizers: when the reward model's tokenizer equals the policy's (same name, or same vocabulary,
+special tokens and chat template) the rollout's ``input_ids`` are scored as they are. Otherwise
+each row is decoded to text and re-encoded with the reward model's tokenizer: the conversation is
+the row's ``raw_prompt`` (chat messages or a string) or else the decoded prompt as one user
+message, followed by the decoded response as the assistant message, rendered with the RM's chat
+template when it has one (else prompt text + response text), and cut to
+``reward.reward_model.max_length`` tokens from the right (the end is dropped; the score is taken
+at the last kept token), as veRL does. Rows are scored in micro-batches of
+``reward.reward_model.micro_batch_size_per_gpu``.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from infra.config import ExperimentConfig
+from infra.dataproto import DataProto
+from workers.base import Dispatch, Worker, register
+from workers.fsdp_utils import apply_fsdp, build_mesh, load_hf_model, mesh_info, reshard_all
+
+__all__ = ["RewardModelWorker", "LastTokenScorer", "same_tokenizer"]
+
+
+class LastTokenScorer(nn.Module):
+    """Wraps an HF sequence-classification model: base model + ``score`` head applied to the hidden
+    state of one chosen token per row. Parameter names stay the HF names."""
+
+    hf_key_prefix = ""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        if getattr(hf_model.config, "num_labels", 1) != 1:
+            raise ValueError(f"a reward model needs num_labels=1, got {hf_model.config.num_labels}")
+        if not isinstance(getattr(hf_model, "score", None), nn.Module):
+            raise ValueError(f"{type(hf_model).__name__} has no `score` head; use an HF *ForSequenceClassification "
+                             "model (Llama, Qwen2, Mistral, ...) as the reward model")
+        self.base_prefix = hf_model.base_model_prefix
+        setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
+        self.score = hf_model.score
+        self.config = hf_model.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                last_index: torch.Tensor) -> torch.Tensor:
+        """(B,) float32 score at ``last_index`` (B,) of each row."""
+        base = getattr(self, self.base_prefix)
+        out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_index]
+        return self.score(picked).squeeze(-1).float()
+
+
+def same_tokenizer(a: Any, b: Any) -> bool:
+    """True when token ids of ``a`` mean the same to ``b`` and the chat format is the same."""
+    if a is b:
+        return True
+    return (a.get_vocab() == b.get_vocab() and a.all_special_tokens == b.all_special_tokens
+            and getattr(a, "chat_template", None) == getattr(b, "chat_template", None))
+
+
+class RewardModelWorker(Worker):
+    """FSDP reward model in eval mode (no optimizer) on the ranks of one group."""
+
+    def __init__(self, config: dict[str, Any]):
+        super().__init__(config)
+        if "config" not in config:
+            raise KeyError("the worker config needs a 'config' entry (ExperimentConfig.model_dump(mode='json'))")
+        raw = config["config"]
+        self.cfg = (ExperimentConfig.model_validate_json(raw) if isinstance(raw, str)
+                    else ExperimentConfig.model_validate(raw))
+        self.rm_cfg = self.cfg.reward.reward_model
+        if self.rm_cfg.model is None:
+            raise ValueError("RewardModelWorker needs reward.reward_model.model.path (a sequence-classification model)")
+        self.module: LastTokenScorer | None = None
+        self.rm_tokenizer: Any = None
+        self.policy_tokenizer: Any = None
+        self.same_tokenizer = True
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        """Load both tokenizers and the reward model on every rank, shard it with FSDP, eval mode."""
+        from transformers import AutoTokenizer
+
+        t0 = time.perf_counter()
+        model_cfg = self.rm_cfg.model
+        self.rm_tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer,
+                                                          trust_remote_code=model_cfg.trust_remote_code)
+        if model_cfg.tokenizer == self.cfg.model.tokenizer:
+            self.policy_tokenizer = self.rm_tokenizer
+        else:
+            self.policy_tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.tokenizer,
+                                                                  trust_remote_code=self.cfg.model.trust_remote_code)
+        self.same_tokenizer = same_tokenizer(self.policy_tokenizer, self.rm_tokenizer)
+        torch.manual_seed(self.cfg.seed)
+        module = LastTokenScorer(load_hf_model(model_cfg, "sequence_classification"))
+        mesh = build_mesh(self.rm_cfg.fsdp, self.world_size, self.device.type)
+        apply_fsdp(module, mesh, self.rm_cfg.fsdp, self.device)
+        module.eval()
+        module.requires_grad_(False)
+        self.module = module
+        return {"rank": self.rank, "role": "reward_model", "reward_model": mesh_info(mesh, module),
+                "same_tokenizer": self.same_tokenizer, "init_s": round(time.perf_counter() - t0, 3)}
+
+    # ------------------------------------------------------------------ inputs
+    def _pad_id(self) -> int:
+        tok = self.rm_tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return int(pad) if pad is not None else 0
+
+    def _conversation(self, data: DataProto, i: int, response_text: str) -> list[int]:
+        """RM token ids of row ``i``: its prompt and the decoded response, in the RM's format."""
+        raw = data.non_tensor_batch.get("raw_prompt")
+        prompt = raw[i] if raw is not None else None
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+        else:
+            if not isinstance(prompt, str):
+                p_len = data.batch["prompts"].shape[1]
+                row, mask = data.batch["prompts"][i], data.batch["attention_mask"][i, :p_len].bool()
+                prompt = self.policy_tokenizer.decode(row[mask].tolist(), skip_special_tokens=True)
+            messages = [{"role": "user", "content": prompt}]
+        tok = self.rm_tokenizer
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages + [{"role": "assistant", "content": response_text}],
+                                           tokenize=False)
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tok("\n".join(str(m["content"]) for m in messages) + response_text)["input_ids"]
+        if self.rm_cfg.max_length is not None:
+            ids = ids[:self.rm_cfg.max_length]
+        return ids or [self._pad_id()]
+
+    def _reencoded(self, data: DataProto, response_mask: torch.Tensor) -> list[list[int]]:
+        responses = data.batch["responses"]
+        return [self._conversation(data, i, self.policy_tokenizer.decode(
+                    responses[i][response_mask[i].bool()].tolist(), skip_special_tokens=True))
+                for i in range(len(responses))]
+
+    def _micro_batches(self, data: DataProto, response_mask: torch.Tensor):
+        """Yield (input_ids, attention_mask, position_ids, last_index) per micro-batch."""
+        mb = self.rm_cfg.micro_batch_size_per_gpu
+        if self.same_tokenizer:
+            ids, attn, pos = (data.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+            for s in range(0, len(ids), mb):
+                a = attn[s:s + mb]
+                cols = torch.nonzero(a.sum(0)).flatten()
+                lo, hi = (int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, a.shape[1])
+                a = a[:, lo:hi]
+                last = (a * torch.arange(a.shape[1])).argmax(-1)
+                yield ids[s:s + mb, lo:hi], a, pos[s:s + mb, lo:hi], last
+            return
+        seqs = self._reencoded(data, response_mask)
+        pad = self._pad_id()
+        for s in range(0, len(seqs), mb):
+            chunk = seqs[s:s + mb]
+            width = max(len(x) for x in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            attn = torch.zeros((len(chunk), width), dtype=torch.long)
+            for j, x in enumerate(chunk):
+                ids[j, :len(x)] = torch.tensor(x, dtype=torch.long)
+                attn[j, :len(x)] = 1
+            pos = torch.arange(width).expand(len(chunk), width).contiguous()
+            yield ids, attn, pos, torch.tensor([len(x) - 1 for x in chunk])
+
+    # ------------------------------------------------------------------ scoring
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """``rm_scores`` (B, R) float32: the RM score at the last valid response token, 0 elsewhere."""
+        if self.module is None:
+            raise RuntimeError("init_model was not called")
+        responses = data.batch["responses"]
+        n, r = responses.shape
+        mask = data.batch.get("response_mask")
+        if mask is None:
+            mask = data.batch["attention_mask"][:, -r:]
+        scores = []
+        with torch.no_grad():
+            for ids, attn, pos, last in self._micro_batches(data, mask):
+                dev = self.device
+                scores.append(self.module(ids.to(dev), attn.to(dev), pos.to(dev), last.to(dev)).cpu())
+        reshard_all(self.module)
+        out = torch.zeros((n, r), dtype=torch.float32)
+        if n:
+            where = (mask.sum(-1) - 1).clamp(min=0).long()
+            out[torch.arange(n), where] = torch.cat(scores)
+        return DataProto.from_dict({"rm_scores": out})
+
+    def shutdown(self) -> None:
+        """Drop the FSDP module before the process group goes away."""
+        self.module = None
+        gc.collect()
