@@ -15,8 +15,9 @@ Layout of a checkpoint directory::
     ppoflow_complete.json          publish marker, written last by rank 0; holds everything non-tensor:
                                    optimizer param groups, LR scheduler state, ``extra``, world size
 
-Only tensors go through DCP, so loading never unpickles our data (DCP's ``.metadata`` is DCP's own).
-Model tensors are stored under Hugging Face names: see :func:`hf_key_prefix` for wrappers.
+Only tensors go through DCP: loading never unpickles our data (DCP's ``.metadata`` is DCP's own).
+Model tensors are stored under Hugging Face names (see :func:`hf_key_prefix` for wrappers). An
+optimizer that never stepped is saved and loaded as such (DCP's state init is undone).
 
 Publication: rank 0 removes an old marker, every rank writes, barrier, rank 0 writes the marker
 atomically, barrier. Without the marker a directory was interrupted: loads refuse it with
@@ -123,12 +124,10 @@ def _enc(obj: Any, where: str) -> Any:
 
 
 def _dec(obj: Any) -> Any:
-    if isinstance(obj, list):
-        return [_dec(v) for v in obj]
-    if isinstance(obj, dict):
-        if set(obj) == {"__tuple__"}:
-            return tuple(_dec(v) for v in obj["__tuple__"])
-        return {k: _dec(v) for k, v in obj.items()}
+    if isinstance(obj, dict) and set(obj) == {"__tuple__"}:
+        return tuple(_dec(v) for v in obj["__tuple__"])
+    if isinstance(obj, (list, dict)):
+        return [_dec(v) for v in obj] if isinstance(obj, list) else {k: _dec(v) for k, v in obj.items()}
     return obj
 
 
@@ -158,9 +157,8 @@ class _Names:
         self.prefix = hf_key_prefix(model)
         self.to_hf = {f: f[len(self.prefix):] if self.prefix and f.startswith(self.prefix) else f for f in fqns}
         if len(set(self.to_hf.values())) != len(self.to_hf):
-            raise CheckpointError(f"stripping the prefix {self.prefix!r} from the parameter names of "
-                                  f"{type(model).__name__} makes two names equal; set a distinct "
-                                  "`hf_key_prefix` attribute on the wrapper")
+            raise CheckpointError(f"stripping the prefix {self.prefix!r} from the names of {type(model).__name__} "
+                                  "makes two names equal; set a distinct `hf_key_prefix` attribute on the wrapper")
         self.from_hf = {v: k for k, v in self.to_hf.items()}
 
 
@@ -260,8 +258,7 @@ def read_marker(url: str, storage_options: dict | None = None) -> dict[str, Any]
                                 "storage options / AWS_* credentials)")
     marker = storage.read_json(storage.join(url, MARKER), opts)
     if marker.get("format") != FORMAT:
-        raise CheckpointError(f"{url}: unknown checkpoint format {marker.get('format')!r} (this code reads "
-                              f"{FORMAT!r})")
+        raise CheckpointError(f"{url}: unknown checkpoint format {marker.get('format')!r} (this code reads {FORMAT!r})")
     return marker
 
 
@@ -282,20 +279,23 @@ def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     Returns:
         ``url``, once the checkpoint is published (every rank returns after the marker exists).
     """
-    t0 = time.perf_counter()
-    rank, world = _rank_world()
-    opts = _options(url, storage_options)
+    t0, (rank, world), opts = time.perf_counter(), _rank_world(), _options(url, storage_options)
     marker_url = storage.join(url, MARKER)
+    fresh = optimizer is not None and not optimizer.state  # never stepped: DCP will init its state
     _, osd, names, state, optim_json = _collect(model, optimizer)
     marker: dict[str, Any] = {"format": FORMAT, "world_size": world, "hf_key_prefix": names.prefix,
                               "extra": _enc(dict(extra or {}), "extra"), "optimizer": optim_json, "lr_scheduler": None,
                               "torch": torch.__version__}
+    if optim_json is not None:
+        optim_json["fresh"] = fresh
     if lr_scheduler is not None:
         marker["lr_scheduler"] = _enc(lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
     if rank == 0 and storage.exists(marker_url, opts):
         storage.rm(marker_url, storage_options=opts)
     _barrier()
     _dcp_call("saving", url, dcp.save, state, storage_writer=_writer(url, opts))
+    if fresh:  # get_state_dict ran a zero-grad step to create the state; undo it (step counts matter)
+        optimizer.state.clear()
     storage.write_json_atomic(_rng_url(url, rank), _rng_state(), opts)
     _barrier()
     if rank == 0:
@@ -335,9 +335,7 @@ def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     publish marker), FileNotFoundError (nothing at ``url``) or CheckpointError (the checkpoint does
     not match the model/optimizer, or a read failed).
     """
-    t0 = time.perf_counter()
-    rank, world = _rank_world()
-    opts = _options(url, storage_options)
+    t0, (rank, world), opts = time.perf_counter(), _rank_world(), _options(url, storage_options)
     marker = read_marker(url, opts)
     if optimizer is not None and marker["optimizer"] is None:
         raise CheckpointError(f"checkpoint {url} has no optimizer state (saved with optimizer=None); load "
@@ -350,6 +348,8 @@ def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     if osd is not None:
         _restore_optim(osd, state[_OPTIM], marker["optimizer"], names, url)
         set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
+        if marker["optimizer"].get("fresh"):
+            optimizer.state.clear()
     else:
         set_model_state_dict(model, msd)
     if lr_scheduler is not None:

@@ -238,3 +238,20 @@ def test_bad_inputs_fail_clearly(run, tmp_path):
 
     with pytest.raises(ck.CheckpointError, match="failed"):
         ck.load_checkpoint(str(tmp_path / "model_only"), AutoModelForCausalLM.from_pretrained(str(tmp_path / "bigger")))
+
+
+def test_never_stepped_optimizer_stays_fresh(run, tmp_path):
+    """DCP initialises an empty optimizer state with a zero-grad step; the save and the load undo
+    it, so a checkpoint taken before the first step resumes exactly like an uninterrupted run."""
+    work = run["work"]
+    model = plain_model(work)
+    opt, sched = make_optim(model)
+    ck.save_checkpoint(str(tmp_path / "fresh"), model, opt, sched)
+    assert not opt.state
+    train_step(model, opt, sched, 1)
+    restored = plain_model(work)
+    opt2, sched2 = make_optim(restored)
+    ck.load_checkpoint(str(tmp_path / "fresh"), restored, opt2, sched2)
+    assert not opt2.state
+    train_step(restored, opt2, sched2, 1)
+    assert max_diff(full_params(restored), full_params(model)) == 0.0
