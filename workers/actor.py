@@ -16,14 +16,16 @@ mini-batch in a single process, whatever the micro-batch size, rank count or pad
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
 
 from algos import agg_loss, compute_policy_loss, kl_penalty
-from infra.config import ActorConfig
 from workers.fsdp_utils import clip_and_step, global_sum, reshard_all
+
+if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
+    from infra.config import ActorConfig
 
 __all__ = ["DataParallelPPOActor", "agg_count", "row_slices", "response_mask_of", "to_device",
            "mini_batch_rows", "summarize_steps"]

@@ -9,15 +9,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from algos import compute_value_loss, masked_mean
-from infra.config import CriticConfig
 from workers.actor import agg_count, mini_batch_rows, response_mask_of, row_slices, summarize_steps, to_device
 from workers.fsdp_utils import clip_and_step, global_sum, reshard_all
+
+if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
+    from infra.config import CriticConfig
 
 __all__ = ["DataParallelPPOCritic"]
 

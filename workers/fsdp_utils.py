@@ -20,7 +20,7 @@ builds). The optimizer state then lives on the CPU too.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from infra.config import FSDPConfig, ModelConfig, OptimConfig
+if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
+    from infra.config import FSDPConfig, ModelConfig, OptimConfig
 
 __all__ = [
     "MODEL_KINDS",
