@@ -1,0 +1,389 @@
+"""WorkerGroup: a persistent group of N ranks (torchrun) running one worker class, driven by JSON
+commands from the driver process (a Prefect task, a test, a script).
+
+    with WorkerGroup("workers.fsdp_workers:ActorRolloutRefWorker", nprocs=2, config=cfg,
+                     device="cpu", log=logger.info) as group:
+        group.call("init_model")                               # -> [rank0 result, rank1 result]
+        url = group.call("compute_values", rollout_url, out_url=values_url, micro_batch=4)
+
+How it works:
+- ``start()`` opens a control listener on 127.0.0.1 with a random authkey, then runs
+  ``python -m torch.distributed.run --standalone --nproc-per-node=N --max-restarts=0 --tee 3
+  -m infra.rank_entry`` in its own session (so the whole group can be killed as one). Each rank
+  initialises torch.distributed (gloo on CPU, nccl on CUDA), connects back, says hello, receives
+  the config JSON over the link and builds the worker (imported by its "module:Class" string).
+- Rank output (stdout and stderr, prefixed ``[rankN]:``) is streamed line by line to ``log``; the
+  last 200 lines go into error messages.
+- ``call`` sends one JSON command per rank and waits for every reply while watching the ranks'
+  links (EOF = dead rank) and torchrun's liveness (a pidfd). Data never travels on the link: a
+  DP_COMPUTE_PROTO call moves DataProto chunks as Arrow files in the group's scratch directory.
+  See ``infra.dispatch.Dispatch`` for the modes and ``infra.rank_entry`` for the rank side.
+- Failures: a rank that raises sends its traceback; the driver waits ``grace_s`` for the others
+  (they may be stuck in a collective), kills the process group and raises ``RankFailure``. A rank
+  that dies (EOF, or torchrun exits) gets the group killed and ``RankFailure`` with torchrun's
+  output tail within about a second. A failed group is dead: later calls raise ``WorkerGroupDead``.
+- Ranks exit by themselves when the driver process dies (they watch its pid), and a finalizer
+  (also run at interpreter exit) kills a group that was never shut down.
+
+Fault injection for chaos tests: pass ``env={"PPOFLOW_FAULT": "rank_exit:<method>:<rank>"}`` (the
+rank calls ``os._exit(17)`` at the start of that method) or ``"rank_raise:<method>:<rank>"`` (it
+raises ``RuntimeError("injected fault ...")``); entries may be comma-separated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable
+
+from infra.control import (ControlListener, GroupResources, OutputPump, RankFailure,
+                           WorkerGroupDead, rank_env, recv_json, send_json, torchrun_command,
+                           wait_pidfd)
+from infra.dispatch import Dispatch, merge_results, split_proto
+
+__all__ = ["WorkerGroup", "RankFailure", "WorkerGroupDead", "Dispatch"]
+
+_LOG = logging.getLogger("ppoflow.ranks")
+
+
+class WorkerGroup:
+    """N ranks of ``worker`` ("module:Class", a ``workers.base.Worker`` subclass) under torchrun.
+
+    Args:
+        worker: import path "module:Class" of the worker (imported in the ranks only).
+        nprocs: number of ranks (one per GPU on CUDA).
+        config: JSON-able dict given to the worker's constructor (sent over the link, not env).
+        device: "cpu" (gloo) or "cuda" (nccl).
+        log: called with every output line of the ranks and of torchrun (default: the
+            ``ppoflow.ranks`` logger at INFO).
+        env: extra environment variables for the ranks (e.g. ``PPOFLOW_FAULT``).
+        scratch_dir: parent of the group's temp dir (DataProto chunks, rank logs); removed at
+            shutdown. Default: the system temp dir.
+        grace_s: after a rank raises, how long to wait for the other ranks before killing them.
+        start_timeout_s: how long ``start`` waits for all ranks to connect.
+        call_timeout_s: optional limit for one call (None: wait as long as the ranks live).
+    """
+
+    def __init__(self, worker: str, nprocs: int, config: dict[str, Any] | None = None,
+                 device: str = "cpu", log: Callable[[str], None] | None = None,
+                 env: dict[str, str] | None = None, scratch_dir: str | None = None,
+                 grace_s: float = 5.0, start_timeout_s: float = 120.0,
+                 call_timeout_s: float | None = None):
+        if ":" not in worker:
+            raise ValueError(f"worker must be 'module:Class', got {worker!r}")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if nprocs < 1:
+            raise ValueError(f"nprocs must be >= 1, got {nprocs}")
+        self.worker, self.nprocs, self.device = worker, int(nprocs), device
+        self.config = dict(config or {})
+        self._config_json = json.dumps(self.config)  # fail early on a non-JSON config
+        self.log = log or _LOG.info
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.scratch_parent, self.grace_s = scratch_dir, float(grace_s)
+        self.start_timeout_s, self.call_timeout_s = float(start_timeout_s), call_timeout_s
+        self.pids: list[int] = []            # rank pids, by rank (from the hellos)
+        self.methods: dict[str, Dispatch] = {}
+        self.layout: list[dict[str, Any]] = []  # per rank: dp_rank, dp_size, is_output_rank
+        self.start_s: float | None = None
+        self._res = GroupResources()
+        self._finalizer = weakref.finalize(self, GroupResources.release, self._res)
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._state = "new"                  # new -> running -> failed | closed
+        self._dead_reason = ""
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def alive(self) -> bool:
+        """True while the group is started, has not failed or been shut down, and torchrun runs."""
+        proc = self._res.proc
+        return self._state == "running" and proc is not None and proc.poll() is None
+
+    @property
+    def scratch(self) -> str | None:
+        """The group's temp dir (removed at shutdown)."""
+        return self._res.scratch
+
+    @property
+    def launcher_pid(self) -> int | None:
+        """Pid of the torchrun process (each rank runs in a session of its own below it)."""
+        return self._res.proc.pid if self._res.proc is not None else None
+
+    def output_tail(self, n: int = 200) -> str:
+        """The last ``n`` output lines of the ranks and torchrun."""
+        return self._res.pump.tail(n) if self._res.pump is not None else ""
+
+    def start(self) -> "WorkerGroup":
+        """Launch torchrun, accept the N rank links, send the config, wait until every worker is built."""
+        with self._lock:
+            if self._state != "new":
+                raise RuntimeError(f"WorkerGroup.start() on a group that is {self._state}")
+            self._state = "running"
+            try:
+                self._start()
+            except RankFailure:
+                raise
+            except BaseException:
+                self._die("a failed start")
+                raise
+            return self
+
+    def _start(self) -> None:
+        """The body of ``start``: any exception leaves the caller to kill the group."""
+        t0 = time.monotonic()
+        res = self._res
+        res.scratch = tempfile.mkdtemp(prefix="ppoflow-group-", dir=self.scratch_parent)
+        res.listener = ControlListener()
+        env = rank_env({**os.environ, **self.env}, res.listener, self.worker, self.device,
+                       self.nprocs)
+        res.proc = subprocess.Popen(
+            torchrun_command(self.nprocs, os.path.join(res.scratch, "logs")), env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        res.pidfd = wait_pidfd(res.proc.pid)
+        res.pump = OutputPump(res.proc.stdout, self.log)
+        res.pump.start()
+        self._accept_all(t0 + self.start_timeout_s)
+        for conn in res.conns:
+            conn.send_bytes(b'{"type": "init", "config": ' + self._config_json.encode() + b"}")
+        ready = self._collect("__init__", None)
+        self.methods = {k: Dispatch(v) for k, v in ready[0]["methods"].items()}
+        self._update_layout(ready)
+        self.start_s = time.monotonic() - t0
+
+    def _accept_all(self, deadline: float) -> None:
+        """Accept the N links and read each hello, watching torchrun; fail with the output tail."""
+        by_rank: dict[int, Connection] = {}
+        pids: dict[int, int] = {}
+        pending: list[Connection] = []
+        while len(by_rank) < self.nprocs:
+            now = time.monotonic()
+            if now > deadline:
+                self._fail(f"only {len(by_rank)}/{self.nprocs} ranks connected within "
+                           f"{self.start_timeout_s:.0f} s", None, "__start__", with_tail=True)
+            if self._res.proc.poll() is not None:
+                self._fail(f"torchrun exited (status {self._res.proc.returncode}) before all "
+                           f"ranks connected", None, "__start__", with_tail=True)
+            conn = self._res.listener.accept(min(0.2, deadline - now))
+            if conn is not None:
+                pending.append(conn)
+                self._res.conns.append(conn)
+            for c in [c for c in pending if c.poll(0)]:
+                pending.remove(c)
+                try:
+                    hello = recv_json(c)
+                except (EOFError, OSError):
+                    self._fail("a rank closed its link before saying hello", None, "__start__",
+                               with_tail=True, settle=True)
+                by_rank[int(hello["rank"])] = c
+                pids[int(hello["rank"])] = int(hello["pid"])
+        self._res.conns = [by_rank[r] for r in range(self.nprocs)]
+        self.pids = self._res.rank_pids = [pids[r] for r in range(self.nprocs)]
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Ask the ranks to exit cleanly (worker.shutdown(), free, barrier, destroy the process
+        group, os._exit(0)); kill whatever is left after ``timeout_s``; remove the scratch dir.
+        Idempotent; safe on a failed group."""
+        with self._lock:
+            if self._state == "running" and self.alive:
+                cid = next(self._ids)
+                try:
+                    for conn in self._res.conns:
+                        send_json(conn, {"type": "shutdown", "id": cid})
+                    self._res.proc.wait(timeout=timeout_s)
+                except (OSError, subprocess.TimeoutExpired):
+                    self.log(f"[ppoflow] ranks did not exit within {timeout_s} s; killing them")
+                self._log_shutdown_errors()
+            if self._state in ("new", "running"):
+                self._state, self._dead_reason = "closed", "it was shut down"
+            self._finalizer()
+
+    def _log_shutdown_errors(self) -> None:
+        """Report (to ``log``) the ranks whose shutdown hook or process-group teardown failed."""
+        for rank, conn in enumerate(self._res.conns):
+            try:
+                while conn.poll(0):
+                    msg = recv_json(conn)
+                    if msg.get("ok") is False:
+                        self.log(f"[ppoflow] rank {rank} shutdown: {msg.get('error')}")
+            except (EOFError, OSError):
+                pass
+
+    def __enter__(self) -> "WorkerGroup":
+        return self.start() if self._state == "new" else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ calls
+    def call(self, method: str, *args: Any, out_url: str | None = None, **kwargs: Any) -> Any:
+        """Call ``method`` on the ranks according to its dispatch mode.
+
+        ONE_TO_ALL -> list of per-rank JSON results; RANK_ZERO -> rank 0's result;
+        DP_COMPUTE_PROTO: ``call(method, data_url, *json_args, out_url=..., **json_kwargs)`` ->
+        ``out_url`` where the merged DataProto was saved (default: a file in the scratch dir,
+        deleted at shutdown), or the list of per-rank JSON results if the method returns dicts.
+        Raises ``RankFailure`` (group killed) if a rank raises or dies, ``WorkerGroupDead`` on a
+        dead group, ``AttributeError`` (group kept) for an unregistered method.
+        """
+        with self._lock:
+            if self._state != "running":
+                raise WorkerGroupDead(self._dead_message())
+            if not self.alive:
+                self._fail(f"torchrun exited (status {self._res.proc.returncode})", None, method,
+                           with_tail=True)
+            mode = self.methods.get(method)
+            if mode is None:
+                raise AttributeError(f"{self.worker} has no method {method!r} registered with "
+                                     f"@register (registered: {', '.join(sorted(self.methods))})")
+            json.dumps([args, kwargs])  # a TypeError here leaves the group intact
+            cid = next(self._ids)
+            if mode is Dispatch.DP_COMPUTE_PROTO:
+                return self._call_dp(cid, method, args, kwargs, out_url)
+            if out_url is not None:
+                raise TypeError(f"out_url is only for DP_COMPUTE_PROTO methods; {method} is "
+                                f"{mode.value}")
+            msg = {"type": "call", "id": cid, "method": method, "args": list(args),
+                   "kwargs": kwargs}
+            replies = self._round_trip(method, [msg] * self.nprocs)
+            results = [replies[r]["result"] for r in range(self.nprocs)]
+            return results if mode is Dispatch.ONE_TO_ALL else results[0]
+
+    def _call_dp(self, cid: int, method: str, args: tuple, kwargs: dict[str, Any],
+                 out_url: str | None) -> Any:
+        """DP_COMPUTE_PROTO: split ``args[0]`` (a DataProto URL) by dp_rank, run, merge."""
+        if not args or not isinstance(args[0], str):
+            raise TypeError(f"{method} is DP_COMPUTE_PROTO: call it as "
+                            f"call({method!r}, data_url, *args, out_url=..., **kwargs)")
+        call_dir = os.path.join(self._res.scratch, f"call-{cid:06d}")
+        os.makedirs(call_dir)
+        try:
+            split = split_proto(args[0], self.nprocs, self.layout, call_dir)
+            msgs = [{"type": "call", "id": cid, "method": method, "args": list(args[1:]),
+                     "kwargs": kwargs, "in_url": split.in_urls[r],
+                     "out_url": os.path.join(call_dir, f"out-rank{r}.arrow")}
+                    for r in range(self.nprocs)]
+            layout = self.layout  # the layout the data was split with
+            replies = self._round_trip(method, msgs)
+            dest = out_url or os.path.join(self._res.scratch, f"out-{cid:06d}.arrow")
+            return merge_results(method, [replies[r] for r in range(self.nprocs)], layout,
+                                 split, dest)
+        finally:
+            if self._res.scratch is not None:
+                shutil.rmtree(call_dir, ignore_errors=True)
+
+    def _round_trip(self, method: str, msgs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """Send one command per rank, collect every reply (raising RankFailure), update the layout."""
+        try:
+            for rank, (conn, msg) in enumerate(zip(self._res.conns, msgs)):
+                try:
+                    send_json(conn, msg)
+                except OSError:
+                    self._fail(f"rank {rank} (pid {self.pids[rank]}) is gone (link closed)",
+                               rank, method, with_tail=True, settle=True)
+            replies = self._collect(method, msgs[0]["id"])
+        except RankFailure:
+            raise
+        except BaseException:  # e.g. KeyboardInterrupt / cancellation: ranks are mid-call
+            self._die(f"an interrupted call of {method!r}")
+            raise
+        self._update_layout(replies)
+        return replies
+
+    def _collect(self, method: str, cid: int | None) -> dict[int, dict[str, Any]]:
+        """One reply per rank. Watches the links (EOF: dead rank) and torchrun (pidfd); after the
+        first error reply waits ``grace_s`` for the rest, then kills the group."""
+        conns = self._res.conns
+        rank_of = {id(c): r for r, c in enumerate(conns)}
+        pending = set(range(self.nprocs))
+        replies: dict[int, dict[str, Any]] = {}
+        first_error: tuple[int, float] | None = None
+        t0 = time.monotonic()
+        while pending:
+            timeout = 1.0
+            if first_error is not None:
+                timeout = first_error[1] + self.grace_s - time.monotonic()
+                if timeout <= 0:
+                    break
+            if self.call_timeout_s is not None and cid is not None:
+                left = t0 + self.call_timeout_s - time.monotonic()
+                if left <= 0:
+                    self._fail(f"{method} did not finish within {self.call_timeout_s} s "
+                               f"(ranks still busy: {sorted(pending)})", None, method,
+                               with_tail=True)
+                timeout = min(timeout, left)
+            watch: list[Any] = [conns[r] for r in sorted(pending)]
+            if self._res.pidfd is not None:
+                watch.append(self._res.pidfd)
+            for obj in wait(watch, timeout):
+                if isinstance(obj, int):
+                    continue  # torchrun exited: handled below, after the links are drained
+                rank = rank_of[id(obj)]
+                try:
+                    msg = recv_json(obj)
+                except (EOFError, OSError):
+                    if first_error is not None:  # report the traceback of the first error
+                        pending.discard(rank)
+                        continue
+                    self._fail(f"rank {rank} (pid {self.pids[rank] if self.pids else '?'}) died "
+                               f"during {method!r} (its link closed)", rank, method,
+                               with_tail=True, settle=True)
+                if cid is not None and msg.get("id") != cid:
+                    continue  # a late reply to an earlier command; cannot happen, but be safe
+                replies[rank] = msg
+                pending.discard(rank)
+                if not msg.get("ok") and first_error is None:
+                    first_error = (rank, time.monotonic())
+            if pending and self._res.proc.poll() is not None:
+                if first_error is not None:
+                    break  # report the traceback of the rank that raised
+                self._fail(f"torchrun exited (status {self._res.proc.returncode}) during "
+                           f"{method!r}; ranks {sorted(pending)} never replied", min(pending),
+                           method, with_tail=True)
+        if first_error is not None:
+            rank = first_error[0]
+            msg = replies[rank]
+            stuck = f" (ranks {sorted(pending)} still busy after {self.grace_s} s)" if pending else ""
+            self._fail(f"rank {rank} raised in {method!r}: {msg.get('error')}{stuck}\n"
+                       f"--- rank {rank} traceback ---\n{msg.get('traceback', '').rstrip()}",
+                       rank, method, with_tail=False)
+        return replies
+
+    def _update_layout(self, replies: dict[int, dict[str, Any]]) -> None:
+        keys = ("dp_rank", "dp_size", "is_output_rank")
+        self.layout = [{k: replies[r][k] for k in keys} for r in range(self.nprocs)]
+
+    # ------------------------------------------------------------------ failure
+    def _fail(self, what: str, rank: int | None, method: str, with_tail: bool,
+              settle: bool = False) -> None:
+        """Kill the group, mark it dead and raise RankFailure(what [+ output tail])."""
+        if settle:  # let torchrun notice the dead rank and print its report (exit code)
+            deadline = time.monotonic() + min(2.0, self.grace_s)
+            while self._res.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self._die(f"a failure in {method!r} (rank {rank})")
+        message = what
+        if with_tail:
+            message += f"\n--- last output lines of the ranks/torchrun ---\n{self.output_tail()}"
+        raise RankFailure(message, rank=rank, method=method)
+
+    def _die(self, reason: str) -> None:
+        """Mark the group dead and kill it (process group, links, scratch dir)."""
+        self._state, self._dead_reason = "failed", reason
+        self._res.release()
+
+    def _dead_message(self) -> str:
+        if self._state == "new":
+            return "WorkerGroup not started: call start() (or use it as a context manager)"
+        return (f"this WorkerGroup is dead after {self._dead_reason}; start a new WorkerGroup "
+                f"(rebuilding from the last checkpoint)")

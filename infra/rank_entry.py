@@ -1,0 +1,260 @@
+"""Entry point of one rank of a ``infra.launch.WorkerGroup`` (run as ``torchrun ... -m infra.rank_entry``).
+
+The driver (``WorkerGroup``) starts torchrun with these environment variables:
+
+    PPOFLOW_DRIVER_ADDR   "host:port" of the driver's control listener
+    PPOFLOW_AUTHKEY       hex authkey of that listener
+    PPOFLOW_DRIVER_PID    pid of the driver; the rank exits (status 1) as soon as it dies
+    PPOFLOW_WORKER        "module:Class" of the worker, imported here with importlib
+    PPOFLOW_DEVICE        "cpu" (gloo) or "cuda" (nccl for CUDA tensors, gloo for CPU tensors)
+    PPOFLOW_RANK_THREADS  torch intra-op threads (default max(1, cpu_count // local_world_size))
+    PPOFLOW_FAULT         optional fault injection, see below
+
+Life of a rank: init torch.distributed -> connect to the driver -> send a hello
+``{type: hello, rank, world_size, local_rank, pid}`` -> receive ``{type: init, config}`` -> build
+the worker -> reply ``{type: ready, ok, methods: {name: mode}, dp_rank, dp_size, is_output_rank}``
+-> loop over commands:
+
+    {type: call, id, method, args, kwargs, in_url?, out_url?}
+        -> {type: reply, id, ok, kind, result | error + traceback, dp_rank, dp_size, is_output_rank}
+    {type: shutdown, id}
+        -> worker.shutdown(); free the worker; gc; barrier; destroy_process_group;
+           {type: reply, id, ok}; os._exit(0)
+
+Calling convention: for DP_COMPUTE_PROTO, ``in_url`` is this rank's input chunk; the rank calls
+``method(worker, DataProto.load(in_url), *args, **kwargs)``; a DataProto result is saved at
+``out_url`` (only on ranks with ``is_output_rank``) and the reply carries ``kind: "dataproto"`` and
+the URL; any other result travels as JSON (``kind: "json"``). ONE_TO_ALL and RANK_ZERO methods get
+the JSON args/kwargs and must return JSON.
+
+All messages are JSON bytes (``send_bytes``/``recv_bytes``): nothing is ever unpickled.
+
+Fault injection (for chaos tests), env ``PPOFLOW_FAULT``, comma-separated entries:
+    rank_exit:<method>:<rank>   the rank calls ``os._exit(17)`` at the start of <method>
+    rank_raise:<method>:<rank>  the rank raises ``RuntimeError("injected fault ...")`` there
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from infra.dispatch import Dispatch, dispatch_mode_of, registered_methods
+
+FAULT_EXIT_CODE = 17
+
+
+def _send(conn: Connection, msg: dict[str, Any]) -> None:
+    conn.send_bytes(json.dumps(msg).encode())
+
+
+def _flush_and_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+    os._exit(code)
+
+
+def _watch_driver(driver_pid: int) -> None:
+    """Thread body: end this rank as soon as the driver process dies."""
+    try:
+        fd = os.pidfd_open(driver_pid)
+    except ProcessLookupError:
+        fd = None
+    if fd is not None:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while not poller.poll(1000):
+            pass
+    _orphaned(f"driver pid {driver_pid} is gone")
+
+
+def _orphaned(why: str) -> None:
+    """The driver is gone (or dropped this group): no orphans may outlive it. Kill the parent
+    torchrun (its output has no reader left) and this rank's process group (torchrun starts
+    every rank in a session of its own: the rank and whatever it spawned), then exit 1."""
+    print(f"[ppoflow] {why}; rank exits", file=sys.stderr, flush=True)
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            if b"torch.distributed.run" in f.read():
+                os.kill(os.getppid(), signal.SIGKILL)
+        if os.getpgid(0) == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+    except OSError:
+        pass
+    _flush_and_exit(1)
+
+
+def parse_faults(spec: str) -> set[tuple[str, str, int]]:
+    """Parse the rank entries of ``PPOFLOW_FAULT`` ("kind:method:rank[:always],...") into
+    {(kind, method, rank)}. Entries for other layers (``task:...``) are ignored here."""
+    out = set()
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        parts = item.split(":")
+        if parts[0] not in ("rank_exit", "rank_raise"):
+            continue
+        if len(parts) not in (3, 4) or not parts[2].isdigit():
+            raise ValueError(f"PPOFLOW_FAULT: bad entry {item!r}; expected "
+                             "rank_exit:<method>:<rank> or rank_raise:<method>:<rank>")
+        out.add((parts[0], parts[1], int(parts[2])))
+    return out
+
+
+def _layout(worker: Any) -> dict[str, Any]:
+    return {"dp_rank": int(getattr(worker, "dp_rank", dist.get_rank())),
+            "dp_size": int(getattr(worker, "dp_size", dist.get_world_size())),
+            "is_output_rank": bool(getattr(worker, "is_output_rank", True))}
+
+
+def _is_dataproto(obj: Any) -> bool:
+    mod = sys.modules.get("infra.dataproto")
+    return mod is not None and isinstance(obj, mod.DataProto)
+
+
+class RankServer:
+    """The command loop of one rank: owns the worker and the driver connection."""
+
+    def __init__(self, conn: Connection, worker_path: str, faults: set[tuple[str, str, int]]):
+        self.conn = conn
+        self.worker_path = worker_path
+        self.faults = faults
+        self.rank = dist.get_rank()
+        self.worker: Any = None
+        self.cls: type | None = None
+
+    def build(self, config: dict[str, Any]) -> None:
+        """Import the worker class by its "module:Class" path and construct it with ``config``."""
+        try:
+            module_name, _, cls_name = self.worker_path.partition(":")
+            if not cls_name:
+                raise ValueError(f"worker path must be 'module:Class', got {self.worker_path!r}")
+            self.cls = getattr(importlib.import_module(module_name), cls_name)
+            self.worker = self.cls(config)
+            methods = {k: v.value for k, v in registered_methods(self.cls).items()}
+            _send(self.conn, {"type": "ready", "ok": True, "methods": methods,
+                              **_layout(self.worker)})
+        except BaseException as e:  # noqa: BLE001 - reported to the driver
+            _send(self.conn, {"type": "ready", "ok": False, "error": f"{type(e).__name__}: {e}",
+                              "traceback": traceback.format_exc()})
+
+    def _inject(self, method: str) -> None:
+        if ("rank_exit", method, self.rank) in self.faults:
+            print(f"[ppoflow] injected fault: rank {self.rank} exits in {method}",
+                  file=sys.stderr, flush=True)
+            _flush_and_exit(FAULT_EXIT_CODE)
+        if ("rank_raise", method, self.rank) in self.faults:
+            raise RuntimeError(f"injected fault (PPOFLOW_FAULT) in {method} on rank {self.rank}")
+
+    def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Run one command; return the reply (``ok`` False with the traceback on any exception)."""
+        method = cmd["method"]
+        try:
+            if self.worker is None:
+                raise RuntimeError("the worker was not constructed")
+            mode = dispatch_mode_of(self.cls, method)
+            self._inject(method)
+            fn = getattr(self.worker, method)
+            args, kwargs = cmd.get("args") or [], cmd.get("kwargs") or {}
+            if mode is Dispatch.DP_COMPUTE_PROTO:
+                from infra.dataproto import DataProto
+
+                result = fn(DataProto.load(cmd["in_url"]), *args, **kwargs)
+            else:
+                result = fn(*args, **kwargs)
+            layout = _layout(self.worker)
+            if _is_dataproto(result):
+                if mode is not Dispatch.DP_COMPUTE_PROTO:
+                    raise TypeError(f"{method} ({mode.value}) returned a DataProto; only "
+                                    "DP_COMPUTE_PROTO methods may return one")
+                if not layout["is_output_rank"]:
+                    return {"ok": True, "kind": "dropped", "result": None, **layout}
+                result.save(cmd["out_url"])
+                return {"ok": True, "kind": "dataproto", "result": cmd["out_url"], **layout}
+            json.dumps(result)  # fail here, with a traceback, if the result is not JSON
+            return {"ok": True, "kind": "json", "result": result, **layout}
+        except BaseException as e:  # noqa: BLE001 - reported to the driver
+            if isinstance(e, SystemExit):
+                raise
+            tb = traceback.format_exc()
+            print(f"[ppoflow] rank {self.rank}: {method} raised\n{tb}", file=sys.stderr, flush=True)
+            return {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": tb,
+                    **(_layout(self.worker) if self.worker is not None else {})}
+
+    def shutdown(self, cmd: dict[str, Any]) -> None:
+        """Run the worker's shutdown hook, free it, tear down torch.distributed, exit fast."""
+        err = None
+        try:
+            if self.worker is not None and hasattr(self.worker, "shutdown"):
+                self.worker.shutdown()
+        except BaseException:  # noqa: BLE001 - still exit
+            err = traceback.format_exc()
+            print(f"[ppoflow] rank {self.rank}: worker.shutdown raised\n{err}", file=sys.stderr)
+        self.worker = None
+        gc.collect()
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+        except BaseException:  # noqa: BLE001
+            err = err or traceback.format_exc()
+        try:
+            _send(self.conn, {"type": "reply", "id": cmd.get("id"), "ok": err is None,
+                              "error": err, "kind": "json", "result": None})
+        except OSError:
+            pass
+        _flush_and_exit(0)
+
+    def serve(self) -> None:
+        """Receive commands until shutdown; exit (status 1) if the driver's connection closes."""
+        while True:
+            try:
+                cmd = json.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                _orphaned(f"rank {self.rank}: the driver closed its link")
+            if cmd.get("type") == "shutdown":
+                self.shutdown(cmd)
+            reply = self.call(cmd)
+            _send(self.conn, {"type": "reply", "id": cmd.get("id"), **reply})
+
+
+def main() -> None:
+    """Initialise torch.distributed, connect to the driver, build the worker, serve commands."""
+    env = os.environ
+    threading.Thread(target=_watch_driver, args=(int(env["PPOFLOW_DRIVER_PID"]),),
+                     name="ppoflow-driver-watch", daemon=True).start()
+    faults = parse_faults(env.get("PPOFLOW_FAULT", ""))
+    local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
+    threads = int(env.get("PPOFLOW_RANK_THREADS") or max(1, (os.cpu_count() or 1) // local_world))
+    torch.set_num_threads(threads)
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    if env.get("PPOFLOW_DEVICE", "cpu") == "cuda":
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl",
+                                device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group(backend="gloo")
+    host, _, port = env["PPOFLOW_DRIVER_ADDR"].rpartition(":")
+    conn = Client((host, int(port)), authkey=bytes.fromhex(env["PPOFLOW_AUTHKEY"]))
+    _send(conn, {"type": "hello", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                 "local_rank": local_rank, "pid": os.getpid()})
+    server = RankServer(conn, env["PPOFLOW_WORKER"], faults)
+    init = json.loads(conn.recv_bytes())
+    server.build(init.get("config") or {})
+    server.serve()
+
+
+if __name__ == "__main__":
+    main()
