@@ -2,6 +2,8 @@
 
 Checked against a single process without FSDP, written plainly here:
 - ``compute_log_prob`` (2 ranks) == ``log_softmax(logits / T)`` of a plain HF forward, within 1e-5;
+  ``compute_ref_log_prob`` too (after an update: the reference stays frozen); ``generate_sequences``
+  (HF engine) recomputes ``old_log_probs`` equal to the engine's own ``rollout_log_probs``;
 - one ``update_actor`` (2 mini-batches, micro-batch 3 < mini-batch 4 rows per rank: gradient
   accumulation over unequal micro-batches, entropy bonus, KL loss, grad clipping) gives the
   weights of a plain AdamW loop over the same mini-batches, within ``WEIGHT_TOL``;
@@ -43,7 +45,7 @@ def make_config(model_dir: str, nprocs: int = 2, fsdp_size: int = -1, mini_batch
     return ExperimentConfig.model_validate({
         "model": {"path": model_dir},
         "data": {"train_files": ["unused.parquet"], "train_batch_size": 8},
-        "rollout": {"n": 2, "temperature": TEMPERATURE, "engine": "hf"},
+        "rollout": {"n": 2, "temperature": TEMPERATURE, "engine": "hf", "prompt_length": P, "response_length": R},
         "actor": {"ppo_mini_batch_size": mini_batch, "ppo_micro_batch_size_per_gpu": micro_batch,
                   "ppo_epochs": epochs, "log_prob_micro_batch_size_per_gpu": 3, "entropy_coeff": 0.01,
                   "use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl", "optim": optim,
@@ -202,10 +204,21 @@ def test_actor_log_prob_and_update_match_single_process(tiny):
     batch, tmp = tiny["batch"], tiny["tmp"]
     data_url = save_batch(batch, str(tmp / "rollout.arrow"))
     t0 = time.perf_counter()
-    with start_group(ACTOR, cfg, 2, role="actor") as group:
+    prompts_url = save_batch({k: v[::4, :P] for k, v in batch.items() if k in ("input_ids", "attention_mask",
+                                                                               "position_ids")},
+                             str(tmp / "prompts.arrow"))
+    with start_group(ACTOR, cfg, 2, role="actor_rollout_ref") as group:
         infos = group.call("init_model")
         t_init = time.perf_counter() - t0
         assert infos[0]["actor"]["mesh_shape"] == [2] and infos[0]["actor"]["mesh_dim_names"] == ["fsdp"]
+        assert infos[0]["ref"]["mesh_shape"] == [2] and infos[0]["rollout"]["engine"] == "HFRollout"
+
+        # generate (HF engine on the FSDP actor), then old log-probs recomputed by the actor (seed 2.1.3)
+        gen = DataProto.load(group.call("generate_sequences", prompts_url))
+        assert len(gen) == 4 * cfg.rollout.n and gen.batch["responses"].shape[1] == R
+        gmask = gen.batch["response_mask"].bool()
+        gen_err = (gen.batch["old_log_probs"] - gen.batch["rollout_log_probs"])[gmask].abs().max().item()
+        assert gen_err < LOGPROB_TOL, gen_err
 
         out = DataProto.load(group.call("compute_log_prob", data_url, out_url=str(tmp / "lp.arrow"),
                                         calculate_entropy=True))
@@ -218,6 +231,10 @@ def test_actor_log_prob_and_update_match_single_process(tiny):
         assert (out.batch["old_log_probs"][~mask] == 0).all()
 
         metrics = group.call("update_actor", data_url)
+        # the reference stays at the base weights after the actor's update
+        ref = DataProto.load(group.call("compute_ref_log_prob", data_url)).batch["ref_log_prob"]
+        ref_err = (ref - want_lp)[mask].abs().max().item()
+        assert ref_err < LOGPROB_TOL, ref_err
         ckpt = str(tmp / "actor_ckpt")
         group.call("save_checkpoint", ckpt, extra={"iteration": 1})
     m = metrics[0]
@@ -233,7 +250,8 @@ def test_actor_log_prob_and_update_match_single_process(tiny):
     got = load_full_state_dict(ckpt)
     diff = max_weight_diff(got, want)
     moved = max((want[k] - hf.state_dict()[k]).abs().max().item() for k in want)
-    print(f"\nactor: init {t_init:.1f}s, log-prob err {lp_err:.2e}, entropy err {ent_err:.2e}, "
+    print(f"\nactor: init {t_init:.1f}s, log-prob err {lp_err:.2e}, entropy err {ent_err:.2e}, rollout vs "
+          f"recomputed {gen_err:.2e}, ref err {ref_err:.2e}, "
           f"weight diff {diff:.2e} (update moved weights by up to {moved:.2e}), total {time.perf_counter() - t0:.1f}s")
     assert moved > 1e-3
     assert diff < WEIGHT_TOL

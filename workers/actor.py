@@ -19,6 +19,7 @@ import math
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from algos import agg_loss, compute_policy_loss, kl_penalty
@@ -28,9 +29,24 @@ if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (b
     from infra.config import ActorConfig
 
 __all__ = ["DataParallelPPOActor", "agg_count", "row_slices", "response_mask_of", "to_device",
-           "mini_batch_rows", "summarize_steps"]
+           "mini_batch_rows", "summarize_steps", "world_size", "mini_batch_rows_per_rank"]
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+def world_size() -> int:
+    """Ranks of the default process group (1 without torch.distributed): FSDP averages gradients
+    over all of them, so a rank's loss is scaled by it to turn the average back into a sum."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def mini_batch_rows_per_rank(mini_batch_size: int, rollout_n: int, dp_size: int, section: str) -> int:
+    """``mini_batch_size * rollout_n / dp_size``; ValueError naming the config if it does not divide."""
+    rows = mini_batch_size * rollout_n
+    if rows % dp_size:
+        raise ValueError(f"{section}.ppo_mini_batch_size * rollout.n = {rows} rows must be divisible by the "
+                         f"data-parallel size {dp_size}")
+    return rows // dp_size
 
 
 def response_mask_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -77,7 +93,9 @@ class DataParallelPPOActor:
         module: an FSDP-sharded ``workers.modeling.PolicyLM`` (the root).
         optimizer, lr_scheduler: ``None`` for a reference policy (``update_policy`` then raises).
         rollout_n: responses per prompt (a mini-batch is ``ppo_mini_batch_size * rollout_n`` rows).
-        dp_size: data-parallel ranks sharing a mini-batch (the world size of the mesh).
+        dp_size: number of distinct data shards (the driver's ``dp_size``: the world size, or fewer
+            when ranks share a shard, e.g. vLLM tensor parallel). May be changed between calls.
+            Losses are weighted by global counts over all ranks, so duplicated shards stay exact.
         device: where micro-batches are computed.
         default_temperature: used when ``data.meta_info`` has no ``temperature``.
         log_prob_micro_batch_size: override of ``config.log_prob_micro_batch_size_per_gpu`` (ref).
@@ -93,11 +111,13 @@ class DataParallelPPOActor:
         self.dp_size, self.seed = dp_size, seed
         self.default_temperature = default_temperature
         self.log_prob_micro_batch_size = log_prob_micro_batch_size or config.log_prob_micro_batch_size_per_gpu
-        rows = config.ppo_mini_batch_size * rollout_n
-        if rows % dp_size:
-            raise ValueError(f"actor.ppo_mini_batch_size * rollout.n = {rows} rows must be divisible by the "
-                             f"data-parallel size {dp_size}")
-        self.mini_batch_size = rows // dp_size
+        self.rollout_n = rollout_n
+        self.grad_scale = world_size()
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Rows of one mini-batch on this rank: ``ppo_mini_batch_size * rollout_n / dp_size``."""
+        return mini_batch_rows_per_rank(self.config.ppo_mini_batch_size, self.rollout_n, self.dp_size, "actor")
 
     def _temperature(self, data) -> float:
         """Sampling temperature of the rollout (``meta_info["temperature"]``, else the default)."""
@@ -168,7 +188,7 @@ class DataParallelPPOActor:
             mb = to_device(batch, rows[sl], self.device)
             loss, metrics = self._micro_losses(mb, temperature)
             weight = agg_count(response_mask_of(mb), cfg.loss_agg_mode) / total if total > 0 else 0.0
-            (loss * (weight * self.dp_size)).backward()
+            (loss * (weight * self.grad_scale)).backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + weight * value
         keys = sorted(sums)

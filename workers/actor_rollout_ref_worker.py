@@ -65,6 +65,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor: DataParallelPPOActor | None = None
         self.ref: DataParallelPPOActor | None = None
         self.rollout: Any = None
+        self.sharding_manager: Any = None
         self.tokenizer: Any = None
         self._meshes: dict[int, Any] = {}
 
@@ -91,15 +92,27 @@ class ActorRolloutRefWorker(Worker):
                 "param_offload": fsdp_cfg.param_offload}
         return module, info
 
-    def _build_rollout(self) -> Any:
-        """The generation engine of ``rollout.engine`` around the actor's FSDP module."""
+    def _build_rollout(self) -> dict[str, Any]:
+        """The engine of ``rollout.engine`` and its sharding manager; adopts the engine's data-parallel
+        layout (with vLLM tensor parallelism the TP ranks of a replica share one data shard and
+        only its TP rank 0 returns results)."""
         from transformers import AutoTokenizer
 
-        from workers.rollout import build_rollout
+        from workers.rollout import build_rollout, build_sharding_manager
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.tokenizer,
-                                                       trust_remote_code=self.cfg.model.trust_remote_code)
-        return build_rollout(self.cfg, self.actor.module, self.tokenizer)
+        model = self.cfg.model
+        self.tokenizer = AutoTokenizer.from_pretrained(model.tokenizer, trust_remote_code=model.trust_remote_code)
+        self.rollout = build_rollout(self.cfg, model_path=model.path, tokenizer=self.tokenizer,
+                                     actor_module=self.actor.module, device=str(self.device), rank=self.rank,
+                                     world_size=self.world_size)
+        self.sharding_manager = build_sharding_manager(self.rollout, self.actor.module)
+        self.dp_rank = int(getattr(self.rollout, "dp_rank", self.rank))
+        self.dp_size = int(getattr(self.rollout, "dp_size", self.world_size))
+        self.is_output_rank = int(getattr(self.rollout, "tp_rank", 0)) == 0
+        for part in (self.actor, self.ref):
+            if part is not None:
+                part.dp_size = self.dp_size
+        return {"engine": type(self.rollout).__name__, "dp_rank": self.dp_rank, "dp_size": self.dp_size}
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
@@ -121,7 +134,7 @@ class ActorRolloutRefWorker(Worker):
             self.ref = DataParallelPPOActor(cfg.actor, module, **common,
                                             log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu)
         if self.is_rollout:
-            self.rollout = self._build_rollout()
+            info["rollout"] = self._build_rollout()
         info["init_s"] = round(time.perf_counter() - t0, 3)
         return info
 
@@ -138,9 +151,14 @@ class ActorRolloutRefWorker(Worker):
         """Sample ``rollout.n`` responses per prompt, then recompute ``old_log_probs`` (B*n, R) with
         the FSDP actor (seed 2.1.3): the PPO ratio's denominator comes from the trained model."""
         rollout = self._need("rollout")
-        out = rollout.generate_sequences(prompts)
+        with self.sharding_manager:  # pushes the actor's weights into the engine if they changed
+            out = rollout.generate_sequences(prompts)
         out.meta_info.setdefault("temperature", self.cfg.rollout.temperature)
+        metrics = out.meta_info.setdefault("metrics", {})
+        metrics["rollout/weight_sync_s"] = self.sharding_manager.last_sync_s
+        t0 = time.perf_counter()
         log_probs, _ = self._need("actor").compute_log_prob(out)
+        metrics["perf/old_log_prob_s"] = time.perf_counter() - t0
         out.batch["old_log_probs"] = log_probs
         return out
 
@@ -171,6 +189,8 @@ class ActorRolloutRefWorker(Worker):
         t0 = time.perf_counter()
         metrics = actor.update_policy(data)
         metrics["perf/update_actor_s"] = time.perf_counter() - t0
+        if self.sharding_manager is not None:
+            self.sharding_manager.set_source_live()  # the next rollout streams the new weights
         if offload:
             move_optimizer_state(actor.optimizer, "cpu")
         return metrics
@@ -192,10 +212,15 @@ class ActorRolloutRefWorker(Worker):
         actor = self._need("actor")
         optimizer = actor.optimizer if with_optimizer else None
         scheduler = actor.lr_scheduler if with_optimizer else None
-        return load_checkpoint(url, actor.module, optimizer, scheduler)
+        extra = load_checkpoint(url, actor.module, optimizer, scheduler)
+        if self.sharding_manager is not None:
+            self.sharding_manager.set_source_checkpoint(url)  # the next rollout loads these weights
+        return extra
 
     def shutdown(self) -> None:
         """Drop the engines, modules and optimizer state before the process group goes away."""
-        self.rollout = self.actor = self.ref = None
+        if self.rollout is not None and hasattr(self.rollout, "shutdown"):
+            self.rollout.shutdown()
+        self.rollout = self.sharding_manager = self.actor = self.ref = None
         self._meshes.clear()
         gc.collect()

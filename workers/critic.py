@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from algos import compute_value_loss, masked_mean
-from workers.actor import agg_count, mini_batch_rows, response_mask_of, row_slices, summarize_steps, to_device
+from workers.actor import (agg_count, mini_batch_rows, mini_batch_rows_per_rank, response_mask_of, row_slices,
+                           summarize_steps, to_device, world_size)
 from workers.fsdp_utils import clip_and_step, global_sum, reshard_all
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
@@ -42,11 +43,12 @@ class DataParallelPPOCritic:
         self.config, self.module = config, module
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.device, self.dp_size, self.seed = torch.device(device), dp_size, seed
-        rows = config.ppo_mini_batch_size * rollout_n
-        if rows % dp_size:
-            raise ValueError(f"critic.ppo_mini_batch_size * rollout.n = {rows} rows must be divisible by the "
-                             f"data-parallel size {dp_size}")
-        self.mini_batch_size = rows // dp_size
+        self.rollout_n, self.grad_scale = rollout_n, world_size()
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Rows of one mini-batch on this rank: ``ppo_mini_batch_size * rollout_n / dp_size``."""
+        return mini_batch_rows_per_rank(self.config.ppo_mini_batch_size, self.rollout_n, self.dp_size, "critic")
 
     def _values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         """(b, R) float32 values of one micro-batch."""
@@ -84,7 +86,7 @@ class DataParallelPPOCritic:
             vf_loss, vf_clipfrac = compute_value_loss(vpreds, mb["returns"], mb["values"], mask,
                                                       cfg.cliprange_value, cfg.loss_agg_mode)
             weight = agg_count(mask, cfg.loss_agg_mode) / total if total > 0 else 0.0
-            (vf_loss * (weight * self.dp_size)).backward()
+            (vf_loss * (weight * self.grad_scale)).backward()
             metrics = {"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": vf_clipfrac.item(),
                        "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item()}
             for key, value in metrics.items():
