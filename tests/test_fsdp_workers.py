@@ -192,6 +192,15 @@ def start_group(worker: str, cfg: ExperimentConfig, nprocs: int, role: str | Non
                        env={"PPOFLOW_RANK_THREADS": "1"}).start()
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """In-process reference computations on one thread (two threads on two busy cores are slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
     d = str(tmp_path_factory.mktemp("tiny"))
@@ -287,3 +296,66 @@ def test_critic_values_and_update_match_single_process(tiny):
     diff = max_weight_diff(load_full_state_dict(ckpt), want)
     print(f"\ncritic: value err {v_err:.2e}, weight diff {diff:.2e}, total {time.perf_counter() - t0:.1f}s")
     assert diff < WEIGHT_TOL
+
+
+# ---------------------------------------------------------------- single process, no FSDP (fast)
+
+def _plain_actor(model_dir: str, cfg: ExperimentConfig, chunk_size: int = 1024):
+    """DataParallelPPOActor on an unsharded PolicyLM (no process group: dp 1)."""
+    from infra.config import ModelConfig
+    from workers.actor import DataParallelPPOActor
+    from workers.fsdp_utils import build_optimizer, load_hf_model
+    from workers.modeling import PolicyLM
+
+    module = PolicyLM(load_hf_model(ModelConfig(path=model_dir), "causal_lm"), chunk_size=chunk_size)
+    optimizer, scheduler = build_optimizer(module, cfg.actor.optim)
+    return DataParallelPPOActor(cfg.actor, module, optimizer, scheduler, rollout_n=cfg.rollout.n)
+
+
+def test_warmup_schedule():
+    from infra.config import OptimConfig
+    from workers.fsdp_utils import build_optimizer
+
+    opt, sched = build_optimizer(torch.nn.Linear(2, 2), OptimConfig(lr=1.0, warmup_steps=4))
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="total_training_steps"):
+        build_optimizer(torch.nn.Linear(2, 2), OptimConfig(warmup_steps_ratio=0.1))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_grad_accumulation_is_exact_for_every_loss_agg_mode(tiny, mode):
+    """Micro-batches of 1 row and of the whole mini-batch give the same gradient (chunk size 5
+    splits the LM head into several checkpointed chunks). SGD with lr 1 makes the weight change the
+    (clipped) gradient itself, so Adam's amplification of near-zero gradients stays out of it."""
+    cfg = make_config(tiny["dir"], mini_batch=8)
+    cfg.actor.loss_agg_mode = mode
+    data = DataProto.from_dict(tiny["batch"], meta_info={"temperature": TEMPERATURE})
+    weights = []
+    for micro in (1, 16):
+        cfg.actor.ppo_micro_batch_size_per_gpu = micro
+        actor = _plain_actor(tiny["dir"], cfg, chunk_size=5)
+        actor.optimizer, actor.lr_scheduler = torch.optim.SGD(actor.module.parameters(), lr=1.0), None
+        metrics = actor.update_policy(data)
+        assert metrics["actor/optimizer_steps"] == 1
+        weights.append({k: v.detach().clone() for k, v in actor.module.state_dict().items()})
+    assert max_weight_diff(*weights) < 5e-7  # a few fp32 ulps of the weights (|w| < 1)
+
+
+def test_non_finite_grad_norm_skips_the_step(tiny):
+    cfg = make_config(tiny["dir"])
+    batch = dict(tiny["batch"])
+    batch["advantages"] = batch["advantages"].clone()
+    batch["advantages"][0, 0] = float("nan")  # a response token of row 0: every step containing it
+    actor = _plain_actor(tiny["dir"], cfg)
+    before = {k: v.detach().clone() for k, v in actor.module.state_dict().items()}
+    metrics = actor.update_policy(DataProto.from_dict(batch, meta_info={"temperature": TEMPERATURE}))
+    assert metrics["actor/optimizer_steps"] == 2 and metrics["actor/skipped_steps"] == 1
+    assert actor.lr_scheduler.last_epoch == 1  # the schedule advances on real steps only
+    after = actor.module.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values())
+    assert max_weight_diff(after, before) > 0  # the other mini-batch did step
