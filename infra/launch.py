@@ -315,7 +315,7 @@ class WorkerGroup:
                 timeout = first_error[1] + self.grace_s - time.monotonic()
                 if timeout <= 0:
                     break
-            if self.call_timeout_s is not None and cid is not None:
+            if self.call_timeout_s is not None:
                 left = t0 + self.call_timeout_s - time.monotonic()
                 if left <= 0:
                     self._fail(f"{method} did not finish within {self.call_timeout_s} s "

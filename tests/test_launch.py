@@ -321,8 +321,8 @@ def test_rank_crash_before_connecting_fails_start():
 
 
 def test_worker_constructor_failure_fails_start():
-    g = WorkerGroup(TOY, nprocs=2, config={"fail_in_init_on_rank": 1}, grace_s=1.0, log=Lines())
-    with pytest.raises(RankFailure, match="init failure requested for rank 1") as info:
+    g = WorkerGroup(TOY, nprocs=1, config={"fail_in_init_on_rank": 0}, grace_s=1.0, log=Lines())
+    with pytest.raises(RankFailure, match="init failure requested for rank 0") as info:
         g.start()
     assert info.value.method == "__init__"
     _check_dead(g)
