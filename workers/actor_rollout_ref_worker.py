@@ -26,14 +26,11 @@ import gc
 import time
 from typing import Any
 
-import torch
-
 from infra.config import ExperimentConfig, FSDPConfig
 from infra.dataproto import DataProto
 from workers.actor import DataParallelPPOActor
 from workers.base import Dispatch, Worker, register
-from workers.fsdp_utils import (apply_fsdp, build_mesh, build_optimizer, enable_gradient_checkpointing,
-                                load_hf_model, mesh_info, move_optimizer_state)
+from workers.fsdp_utils import build_fsdp_model, build_mesh, build_optimizer, mesh_info, move_optimizer_state
 from workers.modeling import PolicyLM
 
 __all__ = ["ActorRolloutRefWorker", "ROLES", "parse_worker_config"]
@@ -78,17 +75,12 @@ class ActorRolloutRefWorker(Worker):
         return self._meshes[size]
 
     def _build_policy(self, fsdp_cfg: FSDPConfig, trainable: bool) -> tuple[PolicyLM, dict[str, Any]]:
-        """Load the base model on every rank (same seed), wrap it in ``PolicyLM``, shard it."""
-        torch.manual_seed(self.cfg.seed)
-        hf = load_hf_model(self.cfg.model, "causal_lm")
-        if trainable and self.cfg.model.enable_gradient_checkpointing:
-            enable_gradient_checkpointing(hf)
-        if not trainable:
-            hf.requires_grad_(False)
-        module = PolicyLM(hf)
+        """The base model as a sharded ``PolicyLM`` (rank 0 reads the weights, the others get shards)."""
         mesh = self._mesh(fsdp_cfg)
-        apply_fsdp(module, mesh, fsdp_cfg, self.device)
-        info = {**mesh_info(mesh, module), "gradient_checkpointing": bool(hf.is_gradient_checkpointing),
+        ckpt = trainable and self.cfg.model.enable_gradient_checkpointing
+        module = build_fsdp_model(self.cfg.model, "causal_lm", PolicyLM, mesh, fsdp_cfg, self.device,
+                                  trainable=trainable, gradient_checkpointing=ckpt, seed=self.cfg.seed)
+        info = {**mesh_info(mesh, module), "gradient_checkpointing": bool(module.hf_model.is_gradient_checkpointing),
                 "param_offload": fsdp_cfg.param_offload}
         return module, info
 

@@ -17,14 +17,11 @@ import gc
 import time
 from typing import Any
 
-import torch
-
 from infra.dataproto import DataProto
 from workers.actor_rollout_ref_worker import parse_worker_config
 from workers.base import Dispatch, Worker, register
 from workers.critic import DataParallelPPOCritic
-from workers.fsdp_utils import (apply_fsdp, build_mesh, build_optimizer, enable_gradient_checkpointing,
-                                load_hf_model, mesh_info, move_optimizer_state)
+from workers.fsdp_utils import build_fsdp_model, build_mesh, build_optimizer, mesh_info, move_optimizer_state
 from workers.modeling import ValueModel
 
 __all__ = ["CriticWorker"]
@@ -44,13 +41,10 @@ class CriticWorker(Worker):
         t0 = time.perf_counter()
         cfg = self.cfg
         model_cfg = cfg.critic_model
-        torch.manual_seed(cfg.seed)
-        hf = load_hf_model(model_cfg, "token_classification")
-        if model_cfg.enable_gradient_checkpointing:
-            enable_gradient_checkpointing(hf)
-        module = ValueModel(hf)
         mesh = build_mesh(cfg.critic.fsdp, self.world_size, self.device.type)
-        apply_fsdp(module, mesh, cfg.critic.fsdp, self.device)
+        module = build_fsdp_model(model_cfg, "token_classification", ValueModel, mesh, cfg.critic.fsdp, self.device,
+                                  gradient_checkpointing=model_cfg.enable_gradient_checkpointing, seed=cfg.seed)
+        hf = module.hf_model
         optimizer, scheduler = build_optimizer(module, cfg.critic.optim)
         self.critic = DataParallelPPOCritic(cfg.critic, module, optimizer, scheduler, rollout_n=cfg.rollout.n,
                                             dp_size=self.dp_size, device=self.device, seed=cfg.seed)

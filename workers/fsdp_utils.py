@@ -19,8 +19,9 @@ builds). The optimizer state then lives on the CPU too.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -38,6 +39,7 @@ __all__ = [
     "load_hf_model",
     "model_from_config",
     "apply_fsdp",
+    "build_fsdp_model",
     "reshard_all",
     "iter_full_params",
     "build_optimizer",
@@ -93,6 +95,16 @@ def _kind_overrides(kind: str) -> dict[str, Any]:
     return {}
 
 
+def _hf_config(model_cfg: ModelConfig, kind: str):
+    """The model's transformers config with ``override_config`` and the kind's forced fields."""
+    import transformers
+
+    hf_cfg = transformers.AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=bool(model_cfg.trust_remote_code))
+    for key, value in {**model_cfg.override_config, **_kind_overrides(kind)}.items():
+        setattr(hf_cfg, key, value)
+    return hf_cfg
+
+
 def load_hf_model(model_cfg: ModelConfig, kind: str, dtype: str | None = None) -> nn.Module:
     """Load a Hugging Face model on the CPU with ``from_pretrained`` (every rank loads it; FSDP
     shards it afterwards). A head the checkpoint lacks (a critic's ``score`` on top of a causal
@@ -101,15 +113,9 @@ def load_hf_model(model_cfg: ModelConfig, kind: str, dtype: str | None = None) -
     ``trust_remote_code`` comes only from ``model_cfg``; ``override_config`` is applied to the
     loaded config. Returns the model in eval mode (callers switch to train mode to update).
     """
-    import transformers
-
-    auto = _auto_class(kind)
     trust = bool(model_cfg.trust_remote_code)
-    hf_cfg = transformers.AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=trust)
-    for key, value in {**model_cfg.override_config, **_kind_overrides(kind)}.items():
-        setattr(hf_cfg, key, value)
-    model = auto.from_pretrained(model_cfg.path, config=hf_cfg, trust_remote_code=trust,
-                                 dtype=_dtype(dtype or model_cfg.dtype))
+    model = _auto_class(kind).from_pretrained(model_cfg.path, config=_hf_config(model_cfg, kind),
+                                              trust_remote_code=trust, dtype=_dtype(dtype or model_cfg.dtype))
     model.eval()
     return model
 
@@ -121,6 +127,75 @@ def model_from_config(hf_cfg, kind: str, dtype: str = "float32", trust_remote_co
     model = _auto_class(kind).from_config(hf_cfg, dtype=_dtype(dtype), trust_remote_code=trust_remote_code)
     model.eval()
     return model
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Build modules with their parameters on the meta device and their buffers for real (rotary
+    ``inv_freq`` and other non-persistent buffers are computed, not loaded: they must exist)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def build_fsdp_model(model_cfg: ModelConfig, kind: str, wrap: Callable[[nn.Module], nn.Module], mesh: DeviceMesh,
+                     fsdp_cfg: FSDPConfig, device: torch.device | str, *, trainable: bool = True,
+                     gradient_checkpointing: bool = False, seed: int = 0) -> nn.Module:
+    """Sharded model with the checkpoint's weights, read by rank 0 only.
+
+    Every rank builds the model with meta parameters, wraps it (``wrap(hf_model)``, e.g.
+    ``PolicyLM``) and shards it; rank 0 alone loads the checkpoint (``load_hf_model``, heads the
+    checkpoint lacks initialised from ``seed``) and ``set_model_state_dict(full_state_dict=True,
+    broadcast_from_rank0=True)`` sends each rank its shards. Host memory: one full copy on rank 0
+    instead of one per rank. Buffers (rotary ``inv_freq``) are saved before ``to_empty`` and put
+    back after it: ``to_empty`` leaves them uninitialised (silently wrong logits otherwise).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    device = torch.device(device)
+    with _parameters_on_meta():
+        hf = model_from_config(_hf_config(model_cfg, kind), kind, dtype=model_cfg.dtype,
+                               trust_remote_code=bool(model_cfg.trust_remote_code))
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(hf)
+    hf.requires_grad_(trainable)
+    module = wrap(hf)
+    buffers = {name: buf.detach().clone() for name, buf in module.named_buffers()}
+    apply_fsdp(module, mesh, fsdp_cfg, device)
+    module.to_empty(device="cpu" if fsdp_cfg.param_offload else device)
+    with torch.no_grad():
+        for name, buf in module.named_buffers():
+            buf.copy_(buffers[name].to(buf.device))
+    full: dict[str, torch.Tensor] = {}
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        torch.manual_seed(seed)
+        full = wrap(load_hf_model(model_cfg, kind)).state_dict()
+    set_model_state_dict(module, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del full
+    _copy_generation_config(model_cfg, hf)
+    module.eval()
+    return module
+
+
+def _copy_generation_config(model_cfg: ModelConfig, hf: nn.Module) -> None:
+    """Give a model built from its config the checkpoint's ``generation_config.json`` (stop ids, ...)."""
+    if getattr(hf, "generation_config", None) is None:
+        return
+    try:
+        from transformers import GenerationConfig
+
+        hf.generation_config = GenerationConfig.from_pretrained(model_cfg.path)
+    except (OSError, ValueError):
+        pass
 
 
 def _decoder_layers(module: nn.Module) -> list[nn.Module]:
@@ -150,7 +225,8 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, fsdp_cfg: FSDPConfig, device
     wrapping the tied embedding separately raises. Mixed precision is
     ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` from ``fsdp_cfg`` (param_dtype None = the
     parameters' own dtype). ``param_offload`` keeps sharded parameters (and so gradients and
-    optimizer state) on the CPU. Without offload the shards move to ``device``.
+    optimizer state) on the CPU. Without offload the shards move to ``device`` (meta parameters
+    stay meta: ``to_empty`` + a state dict load follow, see ``build_fsdp_model``).
 
     Args:
         module: the model (e.g. ``workers.modeling.PolicyLM``); parameters on the CPU or ``device``.
@@ -163,7 +239,8 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, fsdp_cfg: FSDPConfig, device
     mp = MixedPrecisionPolicy(param_dtype=_dtype(fsdp_cfg.param_dtype), reduce_dtype=_dtype(fsdp_cfg.reduce_dtype))
     offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=device.type == "cuda") if fsdp_cfg.param_offload
                               else OffloadPolicy())
-    if not fsdp_cfg.param_offload and device.type != "cpu":
+    on_meta = any(p.is_meta for p in module.parameters())
+    if not fsdp_cfg.param_offload and device.type != "cpu" and not on_meta:
         module.to(device)
     for layer in (layers if layers is not None else _decoder_layers(module)):
         fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload,
