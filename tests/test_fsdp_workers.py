@@ -359,3 +359,27 @@ def test_non_finite_grad_norm_skips_the_step(tiny):
     after = actor.module.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())
     assert max_weight_diff(after, before) > 0  # the other mini-batch did step
+
+
+def test_mini_batch_rows_cover_every_row_each_epoch():
+    from workers.actor import mini_batch_rows
+
+    plain = [r.tolist() for r in mini_batch_rows(10, 4, 2, shuffle=False, seed=0)]
+    assert plain == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] * 2
+    shuffled = [r.tolist() for r in mini_batch_rows(10, 4, 2, shuffle=True, seed=3)]
+    epochs = [sum(shuffled[:3], []), sum(shuffled[3:], [])]
+    assert all(sorted(e) == list(range(10)) for e in epochs) and epochs[0] != epochs[1]
+
+
+def test_full_params_carry_the_checkpoint_names(tiny):
+    """iter_full_params (what the rollout's weight sync streams) names tensors as the HF checkpoint."""
+    from safetensors.torch import load_file
+
+    from infra.config import ModelConfig
+    from workers.fsdp_utils import iter_full_params, load_hf_model
+    from workers.modeling import PolicyLM
+
+    stored = load_file(os.path.join(tiny["dir"], "model.safetensors"))
+    streamed = dict(iter_full_params(PolicyLM(load_hf_model(ModelConfig(path=tiny["dir"]), "causal_lm"))))
+    assert set(streamed) == set(stored)  # tied: no lm_head.weight, as in the checkpoint
+    assert all(torch.equal(streamed[k], stored[k]) for k in stored)

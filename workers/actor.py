@@ -76,11 +76,13 @@ def to_device(batch: dict[str, torch.Tensor], rows: Any, device: torch.device) -
 
 
 def mini_batch_rows(n: int, size: int, epochs: int, shuffle: bool, seed: int) -> Iterator[torch.Tensor]:
-    """Row indices of each mini-batch, epoch after epoch (a fresh permutation per epoch if ``shuffle``)."""
-    for epoch in range(epochs):
+    """Row indices of each mini-batch, epoch after epoch (with ``shuffle`` a permutation per epoch,
+    drawn from its own generator seeded with ``seed``: the global RNG is left alone)."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
         order = torch.arange(n)
         if shuffle:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+            order = torch.randperm(n, generator=gen)
         for sl in row_slices(n, size):
             yield order[sl]
 
@@ -108,7 +110,7 @@ class DataParallelPPOActor:
         self.config, self.module = config, module
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.device = torch.device(device)
-        self.dp_size, self.seed = dp_size, seed
+        self.dp_size, self.seed, self.updates = dp_size, seed, 0
         self.default_temperature = default_temperature
         self.log_prob_micro_batch_size = log_prob_micro_batch_size or config.log_prob_micro_batch_size_per_gpu
         self.rollout_n = rollout_n
@@ -224,7 +226,9 @@ class DataParallelPPOActor:
         temperature = self._temperature(data)
         self.module.train()
         steps: list[dict[str, float]] = []
-        for rows in mini_batch_rows(len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle, self.seed):
+        self.updates += 1  # a different shuffle per call
+        for rows in mini_batch_rows(len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle,
+                                    self.seed * 1_000_003 + self.updates):
             steps.append(self._train_mini_batch(batch, rows, temperature))
         self.module.eval()
         return summarize_steps(steps, "actor")

@@ -42,7 +42,7 @@ class DataParallelPPOCritic:
                  device: torch.device | str = "cpu", seed: int = 0):
         self.config, self.module = config, module
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
-        self.device, self.dp_size, self.seed = torch.device(device), dp_size, seed
+        self.device, self.dp_size, self.seed, self.updates = torch.device(device), dp_size, seed, 0
         self.rollout_n, self.grad_scale = rollout_n, world_size()
 
     @property
@@ -119,7 +119,9 @@ class DataParallelPPOCritic:
             raise KeyError(f"update_critic needs columns {missing} (have {sorted(data.batch)})")
         batch = {k: data.batch[k] for k in keys}
         self.module.train()
+        self.updates += 1  # a different shuffle per call
         steps = [self._train_mini_batch(batch, rows) for rows in
-                 mini_batch_rows(len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle, self.seed)]
+                 mini_batch_rows(len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle,
+                                 self.seed * 1_000_003 + self.updates)]
         self.module.eval()
         return summarize_steps(steps, "critic")
