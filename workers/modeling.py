@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["PolicyLM", "ValueModel", "chunked_log_probs"]
+__all__ = ["PolicyLM", "ValueModel", "chunked_log_probs", "HEAD_IMPLS"]
 
 DEFAULT_CHUNK = 1024
 
@@ -52,13 +52,58 @@ def _token_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return log_probs, entropy
 
 
+class _FusedHeadLogProb(torch.autograd.Function):
+    """``_token_stats`` with a hand-written backward: saves only the chunk's inputs and its
+    log-sum-exp (N,), and backward rebuilds the softmax in place from one logits matmul. Unlike
+    checkpointing, backward never re-runs the entropy or autograd's log-softmax graph: fewer passes
+    over the (N, V) block, which is what bounds the LM head on a GPU."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature, with_entropy, entropy_grad):
+        with torch.no_grad():
+            logits = F.linear(hidden, weight, bias).float().div_(temperature)
+            lse = torch.logsumexp(logits, dim=-1)
+            log_probs = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - lse
+            entropy = logits.new_zeros(0)
+            if with_entropy:
+                entropy = lse - (torch.exp(logits - lse.unsqueeze(-1)) * logits).sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy if entropy_grad else None)
+        ctx.temperature, ctx.entropy_grad = temperature, entropy_grad and with_entropy
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_lp, grad_ent):
+        hidden, weight, bias, labels, lse, entropy = ctx.saved_tensors
+        z = F.linear(hidden, weight, bias).float().div_(ctx.temperature)   # (N, V) scaled logits
+        probs = torch.exp(z - lse.unsqueeze(-1))
+        # d log p(y) / dz = onehot(y) - p;  dH / dz = -p * (z - sum(p z)),  sum(p z) = lse - H
+        if ctx.entropy_grad and grad_ent is not None and grad_ent.numel():
+            grad_z = z.sub_((lse - entropy).unsqueeze(-1)).mul_(probs).mul_(-grad_ent.unsqueeze(-1))
+            grad_z.sub_(probs.mul_(grad_lp.unsqueeze(-1)))
+        else:
+            grad_z = probs.mul_(-grad_lp.unsqueeze(-1))
+        grad_z.scatter_add_(-1, labels.long().unsqueeze(-1), grad_lp.unsqueeze(-1).to(grad_z.dtype))
+        grad_raw = grad_z.div_(ctx.temperature).to(hidden.dtype)
+        grad_hidden = grad_raw @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad_raw.t() @ hidden if ctx.needs_input_grad[1] else None
+        grad_bias = grad_raw.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+HEAD_IMPLS = ("checkpoint", "fused")
+
+
 def chunked_log_probs(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, temperature: float = 1.0,
-                      with_entropy: bool = False, entropy_grad: bool = False,
-                      chunk_size: int = DEFAULT_CHUNK) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      with_entropy: bool = False, entropy_grad: bool = False, chunk_size: int = DEFAULT_CHUNK,
+                      impl: str = "checkpoint") -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropy) through ``head``, ``chunk_size`` tokens at a time.
 
-    Peak extra memory is one (chunk_size, V) float32 logits block. Under autograd each chunk is
-    checkpointed (non-reentrant): only its inputs are saved, backward recomputes its logits.
+    Peak extra memory is one (chunk_size, V) float32 logits block. Under autograd only a chunk's
+    inputs are kept and backward recomputes its logits: ``impl="checkpoint"`` (default) runs the
+    chunk under non-reentrant activation checkpointing; ``"fused"`` uses a hand-written backward
+    (``_FusedHeadLogProb``; same numbers, fewer passes over the logits).
 
     Args:
         hidden: (N, H); head: the LM head (``weight`` (V, H), optional ``bias``); labels: (N,).
@@ -67,12 +112,19 @@ def chunked_log_probs(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tenso
     Returns:
         ``(log_probs (N,), entropy (N,) or None)``, float32.
     """
+    if impl not in HEAD_IMPLS:
+        raise ValueError(f"unknown head impl {impl!r}; allowed: {', '.join(HEAD_IMPLS)}")
     outs_lp, outs_ent = [], []
     grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
     for start in range(0, hidden.shape[0], chunk_size):
         args = (hidden[start:start + chunk_size], head.weight, head.bias, labels[start:start + chunk_size],
                 temperature, with_entropy, entropy_grad)
-        lp, ent = checkpoint(_token_stats, *args, use_reentrant=False) if grad else _token_stats(*args)
+        if not grad:
+            lp, ent = _token_stats(*args)
+        elif impl == "fused":
+            lp, ent = _FusedHeadLogProb.apply(*args)
+        else:
+            lp, ent = checkpoint(_token_stats, *args, use_reentrant=False)
         outs_lp.append(lp)
         outs_ent.append(ent)
     if not outs_lp:
@@ -104,7 +156,7 @@ class PolicyLM(nn.Module):
 
     hf_key_prefix = ""  # parameter names already are HF names (for infra.checkpoint)
 
-    def __init__(self, hf_model: nn.Module, chunk_size: int = DEFAULT_CHUNK):
+    def __init__(self, hf_model: nn.Module, chunk_size: int = DEFAULT_CHUNK, head_impl: str = "checkpoint"):
         super().__init__()
         cfg = hf_model.config
         for attr in ("final_logit_softcapping", "logit_scale"):
@@ -114,7 +166,7 @@ class PolicyLM(nn.Module):
         setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
         self.lm_head = hf_model.get_output_embeddings()
         self.config = cfg
-        self.chunk_size = chunk_size
+        self.chunk_size, self.head_impl = chunk_size, head_impl
         object.__setattr__(self, "hf_model", hf_model)
 
     @property
@@ -139,7 +191,7 @@ class PolicyLM(nn.Module):
         mask = (torch.ones_like(responses, dtype=torch.bool) if response_mask is None
                 else response_mask.bool())
         lp, ent = chunked_log_probs(hidden[mask], self.lm_head, responses[mask], temperature,
-                                    with_entropy, entropy_grad, self.chunk_size)
+                                    with_entropy, entropy_grad, self.chunk_size, self.head_impl)
         out = {"log_probs": _scatter(lp, mask)}
         if with_entropy:
             out["entropy"] = _scatter(ent, mask)
