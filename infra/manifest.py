@@ -9,6 +9,9 @@
         checkpoints/actor/000012/        sharded (DCP) checkpoints
         checkpoints/critic/000012/
 
+Manifests and receipts store paths relative to the experiment root (``ExperimentPaths.ref`` /
+``url``), so an experiment directory can be copied or moved as a whole.
+
 The manifest of iteration n says where iteration n+1 starts from: the actor and critic
 checkpoints, the data cursor, the KL controller's coefficient. Iteration 0 is the initial state
 (checkpoints of the base weights). ``commit`` publishes manifest n in two writes: first the copy in
@@ -35,8 +38,10 @@ __all__ = ["FORMAT", "ExperimentPaths", "Manifest", "IdentityMismatch", "Manifes
            "next_manifest", "publish", "now_iso"]
 
 FORMAT = 1
-TREND_KEYS = ("critic/score/mean", "critic/rewards/mean", "response_length/mean", "actor/entropy",
-              "actor/ppo_kl", "actor/pg_loss", "critic/vf_loss", "timing_s/iteration")
+#: The metrics kept per iteration in the manifest's ``trend`` (the UI summary and the plot).
+TREND_KEYS = ("critic/score/mean", "critic/rewards/mean", "response_length/mean",
+              "response_length/max", "actor/entropy", "actor/ppo_kl", "actor/kl_loss",
+              "actor/reward_kl_penalty", "actor/pg_loss", "critic/vf_loss", "timing_s/iteration")
 
 
 def now_iso() -> str:
@@ -62,6 +67,20 @@ class ExperimentPaths:
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> "ExperimentPaths":
         return cls(cfg.storage.experiment_url)
+
+    def ref(self, url: str | None) -> str | None:
+        """``url`` relative to the experiment root, as stored in manifests and receipts (so an
+        experiment directory can be copied or moved, e.g. from local disk to S3)."""
+        if url is None:
+            return None
+        prefix = self.root + "/"
+        return url[len(prefix):] if url.startswith(prefix) else url
+
+    def url(self, ref: str | None) -> str | None:
+        """The URL of a stored reference (see :meth:`ref`)."""
+        if ref is None or "://" in ref or ref.startswith("/"):
+            return ref
+        return storage.join(self.root, ref)
 
     @property
     def manifest(self) -> str:
@@ -95,7 +114,7 @@ class Manifest:
 
     experiment: str
     iteration: int
-    actor_checkpoint: str
+    actor_checkpoint: str            # relative to the experiment root (ExperimentPaths.url)
     critic_checkpoint: str | None
     config_hash: str
     identity: dict[str, Any]
@@ -156,7 +175,7 @@ def _history(previous: list[dict[str, Any]], n: int, cfg: ExperimentConfig,
     h = cfg.config_hash()
     if previous and previous[-1]["config_hash"] == h:
         return list(previous)
-    return [*previous, {"iteration": n, "config_hash": h, "config_url": config_url}]
+    return [*previous, {"iteration": n, "config_hash": h, "config": config_url}]
 
 
 def initial_manifest(cfg: ExperimentConfig, paths: ExperimentPaths, actor_checkpoint: str,
@@ -164,11 +183,11 @@ def initial_manifest(cfg: ExperimentConfig, paths: ExperimentPaths, actor_checkp
     """Manifest 0: the base weights' checkpoints, the data cursor at its start."""
     now = now_iso()
     return Manifest(
-        experiment=cfg.storage.experiment, iteration=0, actor_checkpoint=actor_checkpoint,
-        critic_checkpoint=critic_checkpoint, config_hash=cfg.config_hash(),
+        experiment=cfg.storage.experiment, iteration=0, actor_checkpoint=paths.ref(actor_checkpoint),
+        critic_checkpoint=paths.ref(critic_checkpoint), config_hash=cfg.config_hash(),
         identity=cfg.identity(), data_cursor={"epoch": 0, "offset": 0}, kl_coef=kl_coef,
         created_at=now, committed_at=now,
-        config_history=_history([], 0, cfg, record_config(paths, cfg)))
+        config_history=_history([], 0, cfg, paths.ref(record_config(paths, cfg))))
 
 
 def next_manifest(prev: Manifest, cfg: ExperimentConfig, paths: ExperimentPaths, *,
@@ -179,11 +198,11 @@ def next_manifest(prev: Manifest, cfg: ExperimentConfig, paths: ExperimentPaths,
     n = prev.iteration + 1
     row = {"iteration": n, **{k: metrics[k] for k in TREND_KEYS if k in metrics}}
     return Manifest(
-        experiment=prev.experiment, iteration=n, actor_checkpoint=actor_checkpoint,
-        critic_checkpoint=critic_checkpoint, config_hash=cfg.config_hash(),
+        experiment=prev.experiment, iteration=n, actor_checkpoint=paths.ref(actor_checkpoint),
+        critic_checkpoint=paths.ref(critic_checkpoint), config_hash=cfg.config_hash(),
         identity=prev.identity, data_cursor=dict(data_cursor), kl_coef=kl_coef,
         created_at=prev.created_at, committed_at=now_iso(),
-        config_history=_history(prev.config_history, n, cfg, record_config(paths, cfg)),
+        config_history=_history(prev.config_history, n, cfg, paths.ref(record_config(paths, cfg))),
         trend=[*prev.trend, row])
 
 

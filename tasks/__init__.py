@@ -1,1 +1,23 @@
+"""ppoflow.tasks: one Prefect task per step of a PPO iteration (inputs and outputs are URLs).
 
+    init_experiment  iteration 0 of a new experiment (base-weight checkpoints, manifest 0)
+    generate         prompts -> rollout.arrow (responses, rollout and old log-probs)
+    ref_log_prob     rollout -> ref_log_prob.arrow
+    values           rollout -> values.arrow
+    rm_score         rollout -> rm_scores.arrow
+    advantage        -> advantages.arrow (scores, KL penalty, advantages, returns; CPU)
+    update_actor     -> checkpoints/actor/n
+    update_critic    -> checkpoints/critic/n
+    commit           -> metrics.json, manifest n
+
+``tasks.runtime`` holds the flow-run-scoped worker groups the tasks look up by run key.
+"""
+
+from tasks.advantage import advantage
+from tasks.commit import commit, init_experiment
+from tasks.generate import generate
+from tasks.score import ref_log_prob, rm_score, values
+from tasks.update import update_actor, update_critic
+
+__all__ = ["advantage", "commit", "generate", "init_experiment", "ref_log_prob", "rm_score",
+           "update_actor", "update_critic", "values"]

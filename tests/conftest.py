@@ -1,1 +1,94 @@
 from tests.s3_server import s3_server  # noqa
+
+
+# ----------------------------------------------------------------------------- flow tests
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A temporary Prefect API (``prefect_test_harness``) for the whole session: ~10 s, once."""
+    import os
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def _write_gsm8k_like(path, n: int) -> str:
+    """``n`` veRL-format rows ("what is a+b?", GSM8K rule, answer as ground truth)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{i}+{i % 5}="}],
+             "ability": "math", "reward_model": {"ground_truth": str(i + i % 5), "style": "rule"},
+             "extra_info": {"index": i}} for i in range(n)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def flow_assets(tmp_path_factory):
+    """A tiny policy, a tiny reward model and 12 prompts, built once per session."""
+    from infra.tiny_models import save_tiny_model, save_tiny_reward_model
+
+    base = tmp_path_factory.mktemp("flow-assets")
+    return {"model": save_tiny_model(str(base / "policy"), seed=0),
+            "rm": save_tiny_reward_model(str(base / "rm"), seed=1),
+            "data": _write_gsm8k_like(base / "train.parquet", 12)}
+
+
+@pytest.fixture(scope="session")
+def flow_config(flow_assets):
+    """``make(root, experiment, **dotted_overrides) -> ExperimentConfig``: the tiny PPO config of
+    the flow tests (2 CPU ranks, vLLM, GAE with a critic, a reward model + the GSM8K rule, an
+    adaptive KL penalty in the reward: every task of the graph runs)."""
+    from infra.config import parse_config
+
+    def make(root: str, experiment: str, **over):
+        data = {
+            "model": {"path": flow_assets["model"]},
+            "data": {"train_files": [flow_assets["data"]], "train_batch_size": 4, "seed": 0},
+            "rollout": {"engine": "vllm", "n": 2, "prompt_length": 16, "response_length": 8,
+                        "kv_cache_gib": 0.02, "max_num_seqs": 16,
+                        "log_prob_micro_batch_size_per_gpu": 4},
+            "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2,
+                      "log_prob_micro_batch_size_per_gpu": 4, "optim": {"lr": 1e-3}},
+            "ref": {"log_prob_micro_batch_size_per_gpu": 4},
+            "critic": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2,
+                       "forward_micro_batch_size_per_gpu": 4, "optim": {"lr": 1e-3}},
+            "reward": {"rule": True, "reward_model": {"enable": True, "model": {"path": flow_assets["rm"]},
+                                                      "micro_batch_size_per_gpu": 4}},
+            "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True,
+                          "kl_ctrl": {"type": "adaptive", "kl_coef": 0.05, "target_kl": 0.01, "horizon": 50}},
+            "storage": {"root": root, "experiment": experiment},
+            "resources": {"nprocs": 2, "device": "cpu"},
+            "seed": 7,
+        }
+        for key, value in over.items():
+            node = data
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+        return parse_config(data, source="flow test config")
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def base_run(prefect_harness, flow_config, tmp_path_factory):
+    """The uninterrupted reference: a new experiment, 2 iterations in one flow run."""
+    import time
+
+    from flows.ppo import ppo
+
+    root = str(tmp_path_factory.mktemp("base-run"))
+    cfg = flow_config(root, "exp")
+    t0 = time.perf_counter()
+    state = ppo(cfg, iterations=2, return_state=True)
+    wall = time.perf_counter() - t0
+    return {"cfg": cfg, "root": root, "url": cfg.storage.experiment_url, "state": state,
+            "result": state.result(), "wall_s": wall}

@@ -1,0 +1,216 @@
+"""The ``ppo`` flow: PPO iterations of one experiment, one Prefect task per step.
+
+    from flows.ppo import ppo
+    ppo(load_config("experiment.yaml"), iterations=20)      # or ppo("experiment.yaml", 20)
+
+A run continues the experiment from its last committed iteration (``manifest.json``; a new
+experiment is initialised first) and runs ``iterations`` more. Each iteration is the graph of
+DESIGN.md::
+
+    generate ──► ref_log_prob ─┐
+       │    ├──► values ───────┼──► advantage ──► update_actor ──┐
+       │    └──► rm_score ─────┘                  update_critic ─┴──► commit
+
+(``ref_log_prob`` runs when a KL term needs it, ``values`` with a critic, ``rm_score`` with a
+reward model; the tasks of one row run concurrently on their own worker groups.) Tasks exchange
+URLs and small JSON receipts; data lives under ``<root>/<experiment>/iterations/{n:06d}/``.
+
+Around the iterations: the experiment lock (no two runs of one experiment overlap), the
+machine's device slots (a strict global concurrency limit), and the run's worker groups, started
+when first needed, kept across the iterations, shut down in ``finally``.
+
+Resume: every task returns its stored result when its outputs already exist, so retrying a failed
+flow run (``prefect flow-run retry``, the UI's button) or running the flow again resumes at the
+first unfinished task, with the same committed result as a run that never failed.
+
+The UI shows per iteration a table artifact of the metrics and a markdown trend summary, a
+progress artifact during generation, the ranks' output in each task's logs, and at the end of the
+run a plot of the experiment's metrics.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import signal
+import sys
+import time
+import uuid
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.futures import wait
+
+from infra import storage
+from infra.config import ConfigError, ExperimentConfig, load_config, parse_config
+from infra.experiment_lock import ExperimentLock
+from infra.manifest import ExperimentPaths, Manifest, check_identity, read_manifest
+from infra.metrics import metrics_table, summary_line, trend_markdown
+from infra.plots import plot_metrics
+from tasks import advantage, commit, generate, init_experiment, ref_log_prob, rm_score, update_actor
+from tasks import update_critic, values
+from tasks.runtime import RunContext, close_run, open_run
+from tasks.slots import device_slots
+
+__all__ = ["ppo", "resolve_config", "install_sigterm_handler", "needs_reference"]
+
+
+def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
+    """The config given to the flow: a model, a YAML path/URL, or a dict (deployment JSON)."""
+    if isinstance(config, ExperimentConfig):
+        return config
+    if isinstance(config, str):
+        return load_config(config)
+    if isinstance(config, dict):
+        return parse_config(config, source="flow parameter 'config'")
+    raise ConfigError(f"config must be an ExperimentConfig, a YAML path/URL or a dict; got "
+                      f"{type(config).__name__}")
+
+
+def install_sigterm_handler() -> None:
+    """Make SIGTERM exit normally (SystemExit, so ``finally`` blocks and atexit run).
+
+    Prefect's own handler re-raises with the default action and skips atexit, which orphans its
+    ephemeral API server and leaves the worker groups to their watchdogs. Call this before
+    running the flow in a process you own (the CLI, the demo, tests); main thread only.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def needs_reference(cfg: ExperimentConfig) -> bool:
+    """True when a KL term needs the reference policy's log-probs."""
+    return cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "experiment"
+
+
+def _results(futures: dict[str, Any]) -> dict[str, Any]:
+    """Wait for every future, then return their results (raising the first failure)."""
+    wait(list(futures.values()))
+    return {name: f.result() for name, f in futures.items()}
+
+
+def pending_roles(ctx: RunContext, n: int) -> list[str]:
+    """The worker groups that unfinished tasks of iteration ``n`` will need."""
+    cfg = ctx.cfg
+
+    def missing(task: str) -> bool:
+        return not storage.exists(ctx.paths.receipt(n, task))
+
+    roles = []
+    if missing("generate") or missing("update_actor") or (needs_reference(cfg) and missing("ref_log_prob")):
+        roles.append("actor")
+    if cfg.critic.enable and (missing("values") or missing("update_critic")):
+        roles.append("critic")
+    if cfg.reward.reward_model.enable and missing("rm_score"):
+        roles.append("reward_model")
+    return roles
+
+
+def run_iteration(ctx: RunContext, prev: Manifest) -> tuple[Manifest, dict[str, Any]]:
+    """Run iteration ``prev.iteration + 1``; returns (its manifest, its metrics)."""
+    cfg, run, n = ctx.cfg, ctx.key, prev.iteration + 1
+    actor_ckpt = ctx.paths.url(prev.actor_checkpoint)
+    critic_ckpt = ctx.paths.url(prev.critic_checkpoint)
+    started = time.time()
+    ctx.prestart(pending_roles(ctx, n))
+    gen = generate(run, n, actor_ckpt, prev.data_cursor)
+    reads = {}
+    if needs_reference(cfg):
+        reads["ref_log_prob"] = ref_log_prob.submit(run, n, gen)
+    if cfg.critic.enable:
+        reads["values"] = values.submit(run, n, gen, critic_ckpt)
+    if cfg.reward.reward_model.enable:
+        reads["rm_score"] = rm_score.submit(run, n, gen)
+    scored = _results(reads)
+    adv = advantage(run, n, gen, scored, prev.kl_coef)
+    updates = {"update_actor": update_actor.submit(run, n, adv, actor_ckpt)}
+    if cfg.critic.enable:
+        updates["update_critic"] = update_critic.submit(run, n, adv, critic_ckpt)
+    updated = _results(updates)
+    receipts = {"generate": gen, **scored, "advantage": adv, **updated}
+    manifest = Manifest.from_json(commit(run, n, prev.to_json(), receipts, started))
+    return manifest, storage.read_json(ctx.paths.file(n, "metrics.json"))
+
+
+def _publish_iteration(ctx: RunContext, manifest: Manifest, metrics: dict[str, Any]) -> None:
+    slug = _slug(ctx.cfg.storage.experiment)
+    n = manifest.iteration
+    create_table_artifact(metrics_table(metrics), key=f"{slug}-metrics",
+                          description=f"ppo iteration {n} of {ctx.cfg.storage.experiment}")
+    create_markdown_artifact(trend_markdown(ctx.cfg.storage.experiment, manifest.trend),
+                             key=f"{slug}-summary", description=f"trend after iteration {n}")
+    get_run_logger().info(summary_line(n, metrics))
+
+
+def _publish_plot(ctx: RunContext, manifest: Manifest) -> str | None:
+    """Plot the experiment's trend (kept in the manifest) to ``plots/metrics.png`` and attach it
+    as a markdown artifact with the PNG inline (the UI's image artifacts need a public URL)."""
+    if not manifest.trend:
+        return None
+    url = plot_metrics(manifest.trend, storage.join(ctx.paths.root, "plots", "metrics.png"),
+                       title=f"{ctx.cfg.storage.experiment}: iterations 1-{manifest.iteration}")
+    png = base64.b64encode(storage.read_bytes(url)).decode()
+    create_markdown_artifact(
+        f"# {ctx.cfg.storage.experiment}: metrics after iteration {manifest.iteration}\n\n"
+        f"![metrics](data:image/png;base64,{png})\n\n`{url}`",
+        key=f"{_slug(ctx.cfg.storage.experiment)}-plot", description="metrics plot")
+    return url
+
+
+def _run_key() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.get_id() or uuid.uuid4())
+
+
+@flow(name="ppo", log_prints=False)
+def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
+    """Run ``iterations`` PPO iterations of the experiment ``config`` describes.
+
+    Args:
+        config: the experiment config (a form in the UI), or a YAML path / fsspec URL.
+        iterations: how many iterations to add to the experiment in this run.
+
+    Returns:
+        ``{experiment, iteration, manifest, metrics}``: the last committed iteration, the manifest
+        URL and that iteration's metrics.
+    """
+    cfg = resolve_config(config)
+    if iterations < 0:
+        raise ConfigError(f"iterations={iterations} must be >= 0")
+    logger = get_run_logger()
+    key = _run_key()
+    paths = ExperimentPaths.of(cfg)
+    ctx = open_run(key, cfg, log=logger)
+    metrics: dict[str, Any] = {}
+    try:
+        with ExperimentLock(paths.lock, run_id=key, log=logger.warning) as lock:
+            ctx.lock = lock
+            manifest = read_manifest(paths)
+            if manifest is not None:
+                check_identity(manifest, cfg)
+                logger.info(f"experiment {cfg.storage.experiment!r}: continuing after iteration "
+                            f"{manifest.iteration} ({paths.manifest})")
+            with device_slots(cfg, logger.info):
+                if manifest is None:
+                    ctx.prestart(pending_roles(ctx, 1) if iterations else
+                                 ["actor"] + (["critic"] if cfg.critic.enable else []))
+                    manifest = Manifest.from_json(init_experiment(key))
+                for _ in range(iterations):
+                    manifest, metrics = run_iteration(ctx, manifest)
+                    _publish_iteration(ctx, manifest, metrics)
+            if iterations:
+                _publish_plot(ctx, manifest)
+    finally:
+        close_run(key)
+    return {"experiment": cfg.storage.experiment, "iteration": manifest.iteration,
+            "manifest": paths.manifest, "metrics": metrics}
+
+
+if __name__ == "__main__":
+    install_sigterm_handler()
+    ppo(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)

@@ -1,0 +1,82 @@
+"""``generate``: the next prompt batch, sampled responses, and the actor's old log-probs.
+
+Reads the prompt batch at the manifest's data cursor, writes ``iterations/n/prompts.arrow``,
+then runs ``ActorRolloutRefWorker.generate_sequences`` on the actor group holding the actor of
+iteration n-1 (the worker puts those weights into the rollout engine: read from the checkpoint the
+group loaded on its first rollout, from the live module later), and writes ``rollout.arrow``.
+
+Sampling seeds depend only on (config seed, rollout seed, iteration, row): the prompt batch
+carries ``meta_info["seed"]`` and one int64 ``sampling_seed`` per prompt row, so a retried or
+resumed iteration samples exactly what an uninterrupted one would (the rollout engine must seed
+each request from them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from prefect import task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from infra.dataproto import DataProto
+from infra.faults import maybe_fail
+from infra.metrics import reduce_rank_metrics
+from tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
+from tasks.runtime import get_run
+
+__all__ = ["generate", "sampling_seeds"]
+
+
+def sampling_seeds(seed: int, rollout_seed: int, n: int, rows: int) -> tuple[int, torch.Tensor]:
+    """The iteration's base seed and one seed per prompt row, from (seeds, iteration) only."""
+    state = np.random.SeedSequence([int(seed), int(rollout_seed), int(n)]).generate_state(rows + 1)
+    return int(state[0] >> 1), torch.from_numpy(state[1:].astype(np.int64) >> 1)
+
+
+@task(name="generate", task_run_name="generate-{n}", **TASK_OPTIONS)
+def generate(run: str, n: int, actor_checkpoint: str, cursor: dict[str, int]) -> dict[str, Any]:
+    """Roll out iteration ``n`` from data ``cursor`` with the actor of ``actor_checkpoint``.
+
+    Returns the receipt: outputs ``prompts``, ``rollout``; extra ``next_cursor``,
+    ``truncated_prompts``; metrics ``rollout/*``, ``weight_sync_s``.
+    """
+    ctx = get_run(run)
+    done = find_receipt(ctx, n, "generate")
+    if done is not None:
+        return done
+    maybe_fail("generate", "before")
+    cfg, paths = ctx.cfg, ctx.paths
+    with task_logs(ctx, "actor") as logger, Timer() as timer:
+        progress = create_progress_artifact(0.0, description=f"iteration {n}: generation")
+        rows, next_cursor = ctx.dataset.take(cursor, cfg.data.train_batch_size, seed=cfg.data.seed,
+                                             shuffle=cfg.data.shuffle)
+        base_seed, row_seeds = sampling_seeds(cfg.seed, cfg.rollout.seed, n, len(rows))
+        prompts, stats = ctx.dataset.tokenize(
+            rows, ctx.tokenizer, prompt_length=cfg.rollout.prompt_length,
+            apply_chat_template=cfg.data.apply_chat_template,
+            meta_info={"iteration": n, "seed": base_seed})
+        prompts.batch["sampling_seed"] = row_seeds
+        prompts_url, rollout_url = paths.file(n, "prompts.arrow"), paths.file(n, "rollout.arrow")
+        prompts.save(prompts_url)
+        update_progress_artifact(progress, 10.0, description=f"iteration {n}: {len(rows)} prompts "
+                                 f"from epoch {cursor.get('epoch', 0)} offset {cursor.get('offset', 0)}")
+        ctx.group("actor", actor_checkpoint, progress=logger.info)
+        update_progress_artifact(progress, 20.0, description=f"iteration {n}: actor group ready, "
+                                 f"sampling {len(rows)} x {cfg.rollout.n} responses")
+        ctx.call("actor", "generate_sequences", prompts_url, out_url=rollout_url)
+        meta = DataProto.load(rollout_url, columns=[]).meta_info
+        update_progress_artifact(progress, 100.0, description=f"iteration {n}: rollout written")
+    metrics = reduce_rank_metrics([meta.get("metrics") or {}])
+    if "rollout/weight_sync_s" in metrics:  # the name the UI table lists it under
+        metrics["weight_sync_s"] = metrics["rollout/weight_sync_s"]
+    metrics["data/truncated_prompts"] = float(stats["truncated"])
+    metrics["data/epoch"] = float(cursor.get("epoch", 0))
+    receipt = write_receipt(ctx, n, "generate",
+                            outputs={"prompts": prompts_url, "rollout": rollout_url},
+                            metrics=metrics, timing_s=timer.seconds,
+                            extra={"next_cursor": next_cursor, "truncated_prompts": stats["truncated"],
+                                   "seed": base_seed})
+    maybe_fail("generate", "after")
+    return receipt

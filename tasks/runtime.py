@@ -1,0 +1,247 @@
+"""What one flow run keeps across its iterations: the worker groups, the dataset, the tokenizer.
+
+Prefect task parameters must be hashable, JSON-able values, so tasks never receive a live
+``WorkerGroup``: the flow opens a :class:`RunContext` under a string key (its flow run id) and
+passes the key; each task looks the context up with :func:`get_run`.
+
+Worker groups start lazily, when a task first needs them, and live until :func:`close_run`
+(the flow's ``finally``). Each group slot records which checkpoint its live module equals
+(``state``): a task names the state it needs, e.g. ``generate`` of iteration n needs the actor of
+``checkpoints/actor/{n-1}``; a group in another state loads it; a dead group (a rank died) is
+rebuilt — a fresh group, ``init_model``, ``load_checkpoint`` — so a task's retry resumes from the
+right weights and optimizer state.
+
+Rank output goes to the Prefect logger of the task currently using the group (see
+:meth:`RunContext.using`), else to the flow's logger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from infra import faults, storage
+from infra.config import ExperimentConfig
+from infra.launch import RankFailure, WorkerGroup, WorkerGroupDead
+from infra.manifest import ExperimentPaths
+
+__all__ = ["RunContext", "open_run", "get_run", "close_run", "WORKERS", "ROLE_NAMES"]
+
+#: The worker class of each group, by the name tasks use for it.
+WORKERS = {
+    "actor": "workers.actor_rollout_ref_worker:ActorRolloutRefWorker",
+    "critic": "workers.critic_worker:CriticWorker",
+    "reward_model": "workers.reward_model_worker:RewardModelWorker",
+}
+#: The ``role`` each group's worker is built with.
+ROLE_NAMES = {"actor": "actor_rollout_ref", "critic": "critic", "reward_model": "reward_model"}
+
+_LOG = logging.getLogger("ppoflow.flow")
+
+
+@dataclass
+class _Slot:
+    """One worker group of the run and the checkpoint its live module equals (None: unknown)."""
+
+    group: WorkerGroup | None = None
+    state: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    starts: int = 0
+
+
+class RunContext:
+    """Flow-run-scoped state shared by the tasks (see the module docstring)."""
+
+    def __init__(self, key: str, cfg: ExperimentConfig, log: Any = None):
+        self.key, self.cfg = key, cfg
+        self.paths = ExperimentPaths.of(cfg)
+        self.log = log or _LOG
+        self.lock: Any = None          # the ExperimentLock, set by the flow
+        self._slots = {role: _Slot() for role in WORKERS}
+        self._sinks: dict[str, Any] = {}
+        self._dataset: Any = None
+        self._tokenizer: Any = None
+        self._mutex = threading.Lock()
+        self.closed = False
+
+    # ------------------------------------------------------------------ data
+    @property
+    def tokenizer(self) -> Any:
+        """The policy's tokenizer (loaded once per run)."""
+        with self._mutex:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(
+                    self.cfg.model.tokenizer, trust_remote_code=self.cfg.model.trust_remote_code)
+            return self._tokenizer
+
+    @property
+    def dataset(self) -> Any:
+        """The prompt dataset (read once per run)."""
+        with self._mutex:
+            if self._dataset is None:
+                from infra.prompts_data import PromptDataset
+
+                self._dataset = PromptDataset(
+                    self.cfg.data.train_files, prompt_key=self.cfg.data.prompt_key,
+                    require_ground_truth=self.cfg.reward.rule,
+                    storage_options=self.cfg.storage.storage_options or None)
+            return self._dataset
+
+    # ------------------------------------------------------------------ logs
+    def _emit(self, role: str, line: str) -> None:
+        sink = self._sinks.get(role) or self.log
+        try:
+            sink.info(line)
+        except Exception:  # noqa: BLE001 - a closed task logger must not kill the output pump
+            _LOG.info(line)
+
+    @contextlib.contextmanager
+    def using(self, role: str, logger: Any) -> Iterator[None]:
+        """Route ``role``'s rank output to ``logger`` (a task's run logger) inside the block."""
+        self._sinks[role] = logger
+        try:
+            yield
+        finally:
+            self._sinks.pop(role, None)
+
+    # ------------------------------------------------------------------ groups
+    def group(self, role: str, state: str | None = None, *,
+              progress: Callable[[str], None] | None = None) -> WorkerGroup:
+        """The live group of ``role``, started or rebuilt if needed, holding checkpoint ``state``.
+
+        ``state=None`` accepts any state (e.g. ref log-probs use the fixed reference weights).
+        """
+        if self.closed:
+            raise WorkerGroupDead(f"run {self.key} is closed; its worker groups were shut down")
+        slot = self._slots[role]
+        with slot.lock:
+            if slot.group is None or not slot.group.alive:
+                self._start(role, slot, progress)
+            if state is not None and slot.state != state:
+                self.call(role, "load_checkpoint", state)
+                slot.state = state
+            return slot.group
+
+    def prestart(self, roles: list[str]) -> None:
+        """Start the groups of ``roles`` in background threads (their starts overlap each other
+        and the first tasks); a task that needs one waits for it. A failed start is only logged
+        here: the task that needs the group starts it again and reports the error."""
+        def start(role: str) -> None:
+            try:
+                self.group(role, None)
+            except Exception as exc:  # noqa: BLE001 - the task retries and raises
+                self.log.warning(f"starting the {role} group in the background failed: {exc}")
+
+        for role in roles:
+            slot = self._slots[role]
+            if slot.group is None or not slot.group.alive:
+                threading.Thread(target=start, args=(role,), name=f"ppoflow-start-{role}",
+                                 daemon=True).start()
+
+    def _start(self, role: str, slot: _Slot, progress: Callable[[str], None] | None) -> None:
+        if slot.group is not None:
+            slot.group.shutdown()
+        cfg = self.cfg
+        config = {"config": cfg.model_dump(mode="json"), "role": ROLE_NAMES[role]}
+        group = WorkerGroup(WORKERS[role], nprocs=cfg.resources.nprocs, config=config,
+                            device=cfg.resources.device, log=lambda line: self._emit(role, line),
+                            env=self._rank_env())
+        slot.group, slot.state = group, None
+        slot.starts += 1
+        (progress or self.log.info)(f"starting the {role} worker group ({cfg.resources.nprocs} "
+                                    f"ranks on {cfg.resources.device}, start #{slot.starts})")
+        try:
+            group.start()
+            group.call("init_model")
+        except RankFailure as exc:
+            faults.note_rank_failure(exc.method)
+            slot.group = None
+            raise
+
+    def _rank_env(self) -> dict[str, str]:
+        env = faults.rank_fault_env()
+        if self.cfg.resources.threads_per_rank:
+            env["PPOFLOW_RANK_THREADS"] = str(self.cfg.resources.threads_per_rank)
+        return env
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``WorkerGroup.call`` on ``role``'s group; a rank failure drops the group (the next
+        :meth:`group` rebuilds it) and re-raises."""
+        slot = self._slots[role]
+        if slot.group is None:
+            raise WorkerGroupDead(f"the {role} group is not running; call group({role!r}) first")
+        try:
+            return slot.group.call(method, *args, **kwargs)
+        except (RankFailure, WorkerGroupDead) as exc:
+            faults.note_rank_failure(getattr(exc, "method", None) or method)
+            slot.group, slot.state = None, None
+            raise
+
+    def set_state(self, role: str, state: str | None) -> None:
+        """Record that ``role``'s live module now equals checkpoint ``state`` (None: unknown)."""
+        self._slots[role].state = state
+
+    def state(self, role: str) -> str | None:
+        return self._slots[role].state
+
+    def starts(self, role: str) -> int:
+        """How many times ``role``'s group was started in this run (rebuilds included)."""
+        return self._slots[role].starts
+
+    def shutdown(self) -> None:
+        """Shut every group down, in parallel (idempotent)."""
+        self.closed = True
+
+        def stop(role: str, slot: _Slot) -> None:
+            with slot.lock:
+                if slot.group is not None:
+                    try:
+                        slot.group.shutdown()
+                    except Exception as exc:  # noqa: BLE001 - keep shutting the others down
+                        _LOG.warning("shutting down the %s group failed: %s", role, exc)
+                    slot.group = None
+
+        threads = [threading.Thread(target=stop, args=item, name=f"ppoflow-stop-{item[0]}")
+                   for item in self._slots.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+_RUNS: dict[str, RunContext] = {}
+_RUNS_LOCK = threading.Lock()
+
+
+def open_run(key: str, cfg: ExperimentConfig, log: Any = None) -> RunContext:
+    """Create the context of flow run ``key`` (and set the storage options of its protocol)."""
+    if cfg.storage.storage_options:
+        proto = cfg.storage.root.split("://", 1)[0] if "://" in cfg.storage.root else "file"
+        storage.set_default_storage_options(proto, cfg.storage.storage_options)
+    with _RUNS_LOCK:
+        if key in _RUNS and not _RUNS[key].closed:
+            raise RuntimeError(f"flow run {key} already has an open context")
+        ctx = _RUNS[key] = RunContext(key, cfg, log)
+        return ctx
+
+
+def get_run(key: str) -> RunContext:
+    """The context of flow run ``key``; a clear error if the flow did not open it."""
+    try:
+        return _RUNS[key]
+    except KeyError:
+        raise RuntimeError(f"no open ppoflow run {key!r}: ppoflow tasks run inside the `ppo` flow, "
+                           f"which opens the run's worker groups") from None
+
+
+def close_run(key: str) -> None:
+    """Shut the run's groups down and forget it."""
+    with _RUNS_LOCK:
+        ctx = _RUNS.pop(key, None)
+    if ctx is not None:
+        ctx.shutdown()

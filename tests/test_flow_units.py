@@ -1,0 +1,100 @@
+"""Fast checks of the flow's helpers: fault injection, metrics math, the retry rule, seeds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infra import faults
+from infra.metrics import (compute_data_metrics, is_timing_key, reduce_rank_metrics, summary_line,
+                           trend_markdown)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_faults():
+    faults.reset()
+    yield
+    faults.reset()
+
+
+def test_fault_entries_fire_once_or_always(monkeypatch):
+    monkeypatch.setenv(faults.ENV_VAR, "task:advantage:before, task:commit:after:always,"
+                                       "rank_exit:update_actor:1,rank_raise:compute_values:0:always")
+    with pytest.raises(faults.FaultInjected, match="advantage"):
+        faults.maybe_fail("advantage", "before")
+    faults.maybe_fail("advantage", "before")  # fired once: the retry passes
+    faults.maybe_fail("advantage", "after")
+    for _ in range(2):
+        with pytest.raises(faults.FaultInjected):
+            faults.maybe_fail("commit", "after")
+    # the ranks get only rank entries, without ':always' (their parser's form)
+    assert faults.rank_fault_env() == {faults.ENV_VAR: "rank_exit:update_actor:1,rank_raise:compute_values:0"}
+    faults.note_rank_failure("update_actor")
+    faults.note_rank_failure("compute_values")
+    assert faults.rank_fault_env() == {faults.ENV_VAR: "rank_raise:compute_values:0"}
+    monkeypatch.delenv(faults.ENV_VAR)
+    assert faults.rank_fault_env() == {faults.ENV_VAR: ""}  # never inherit task entries
+
+
+@pytest.mark.parametrize("bad", ["task:generate:during", "rank_exit:update_actor:x", "boom", "task:x"])
+def test_bad_fault_entries_name_the_allowed_forms(monkeypatch, bad):
+    monkeypatch.setenv(faults.ENV_VAR, bad)
+    with pytest.raises(ValueError, match="allowed: task:<task>:before|after"):
+        faults.maybe_fail("generate", "before")
+
+
+def test_data_metrics_on_a_hand_made_batch():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    batch = {
+        "response_mask": mask, "responses": torch.zeros(2, 3, dtype=torch.long),
+        "attention_mask": torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]]),
+        "token_level_scores": torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 3.0]]),
+        "token_level_rewards": torch.tensor([[0.0, 0.5, 9.0], [0.0, 0.0, 2.5]]),
+        "advantages": torch.tensor([[1.0, 3.0, 100.0], [2.0, 2.0, 2.0]]),
+        "returns": torch.tensor([[1.0, 2.0, 0.0], [3.0, 4.0, 5.0]]),
+        "values": torch.tensor([[1.0, 2.0, 0.0], [3.0, 4.0, 5.0]]),
+    }
+    m = compute_data_metrics(batch)
+    assert m["critic/score/mean"] == 2.0 and m["critic/score/max"] == 3.0
+    assert m["critic/rewards/mean"] == 1.5  # the 9.0 is off the mask
+    assert m["critic/advantages/mean"] == pytest.approx(2.0) and m["critic/advantages/max"] == 3.0
+    assert m["critic/vf_explained_var"] == pytest.approx(1.0, abs=1e-4)  # perfect values
+    assert m["response_length/mean"] == 2.5 and m["response_length/clip_ratio"] == 0.5
+    assert m["prompt_length/mean"] == 1.5 and m["perf/total_num_tokens"] == 8.0
+
+
+def test_rank_reduction_and_text():
+    assert reduce_rank_metrics([{"a": 1.0, "b": [1, 3], "s": "x"}, {"a": 3.0}, None]) == {"a": 2.0, "b": 2.0}
+    assert is_timing_key("timing_s/generate") and is_timing_key("weight_sync_s")
+    assert is_timing_key("rollout/tokens_per_s") and not is_timing_key("actor/pg_loss")
+    line = summary_line(3, {"critic/rewards/mean": 0.25, "actor/ppo_kl": 0.001, "timing_s/iteration": 1.5})
+    assert line.startswith("iteration 3: reward 0.25") and "kl 0.001" in line and "in 1.5 s" in line
+    md = trend_markdown("exp", [{"iteration": 1, "critic/rewards/mean": 0.1},
+                                {"iteration": 2, "critic/rewards/mean": 0.4}])
+    assert "| 2 | 0.4 |" in md and "reward: 0.1 (iteration 1) → 0.4 (iteration 2)" in md
+
+
+def test_retry_rule_skips_config_errors_only():
+    from prefect.states import Failed
+
+    from infra.config import ConfigError
+    from infra.experiment_lock import ExperimentLocked
+    from tasks.common import retryable
+
+    def failed(exc):
+        return Failed(data=exc)
+
+    assert retryable(None, None, failed(RuntimeError("rank 1 died")))
+    assert retryable(None, None, failed(faults.FaultInjected("drill")))
+    assert not retryable(None, None, failed(ConfigError("bad field")))
+    assert not retryable(None, None, failed(ExperimentLocked("held")))
+
+
+def test_sampling_seeds_depend_on_seed_iteration_and_row_only():
+    from tasks.generate import sampling_seeds
+
+    base, rows = sampling_seeds(7, 0, 3, 4)
+    assert (base, rows.tolist()) == (sampling_seeds(7, 0, 3, 4)[0], sampling_seeds(7, 0, 3, 4)[1].tolist())
+    assert sampling_seeds(7, 0, 3, 6)[1][:4].tolist() == rows.tolist()  # a row's seed ignores batch size
+    assert sampling_seeds(7, 0, 4, 4)[1].tolist() != rows.tolist()
+    assert len(set(rows.tolist())) == 4 and rows.dtype == torch.int64 and (rows >= 0).all()
