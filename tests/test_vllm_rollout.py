@@ -11,7 +11,8 @@ test process, with plain transformers on the weights of checkpoints the ranks sa
   DP=2 engines while the live weights have moved on.
 - ``tp2``: one TP=2 engine: push from the same checkpoint, then a live push through the
   dtensor_weight_loader (each TP rank receives only its slices).
-- ``hf``: the transformers rollout on the FSDP module itself.
+- the transformers rollout (``rollout.engine: hf``) runs on the same FSDP module in the ``dp2``
+  launch, right after the live push.
 """
 
 from __future__ import annotations
@@ -45,6 +46,17 @@ def _prompts(lengths: list[int], seed: int = 0, pad: int = 1):
                                {"uid": [f"p{i}" for i in range(len(lengths))]})
 
 
+def _greedy_prompts():
+    return _prompts([5, 20, LONG, 7], seed=0)
+
+
+def _sample_prompts():
+    """The same two prompts twice: the dispatcher gives rows 0-1 to rank 0 and rows 2-3 to rank 1."""
+    from infra.dataproto import DataProto
+
+    return DataProto.concat([_prompts([9, 30], seed=1), _prompts([9, 30], seed=1)])
+
+
 class Reference:
     """transformers greedy decoding and log-probs for the weights of a checkpoint (driver side)."""
 
@@ -58,9 +70,16 @@ class Reference:
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
         self.model.tie_weights()
+        self._greedy: dict[bytes, list[list[int]]] = {}
 
     @torch.no_grad()
     def greedy(self, prompts) -> list[list[int]]:
+        key = prompts.batch["input_ids"].numpy().tobytes()
+        if key not in self._greedy:
+            self._greedy[key] = self._generate(prompts)
+        return self._greedy[key]
+
+    def _generate(self, prompts) -> list[list[int]]:
         out = []
         for ids, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"]):
             toks = ids[mask.bool()].unsqueeze(0)
@@ -122,15 +141,10 @@ def dp2(tiny_model, tmp_path_factory):
     """Scenario on TP=1, DP=2 engines; returns everything the tests check."""
     work = str(tmp_path_factory.mktemp("dp2"))
     lines: list[str] = []
-    greedy_prompts = _prompts([5, 20, LONG, 7], seed=0)
-    pair = _prompts([9, 30], seed=1)
-    same_on_both = _prompts([9, 30], seed=1)
-    from infra.dataproto import DataProto
-
-    sample_prompts = DataProto.concat([pair, same_on_both])  # rank 0 gets rows 0-1, rank 1 rows 2-3
+    greedy_prompts, sample_prompts = _greedy_prompts(), _sample_prompts()
     t0 = time.perf_counter()
     rec: dict = {"work": work, "lines": lines}
-    with _group(tiny_model, lines, tp=1) as g:
+    with _group(tiny_model, lines, tp=1, also_hf=True) as g:
         rec["layout"] = g.call("init_model")
         rec["before"] = _call(g, work, "generate", greedy_prompts, "before", do_sample=False)
         g.call("perturb", 1)
@@ -138,6 +152,9 @@ def dp2(tiny_model, tmp_path_factory):
         rec["after"] = _call(g, work, "generate", greedy_prompts, "after", do_sample=False)
         rec["push_after"] = g.call("layout")[0]["last_push"]
         rec["sampled"] = _call(g, work, "generate", sample_prompts, "sampled", n=3, temperature=0.7)
+        rec["hf_greedy"] = _call(g, work, "generate", greedy_prompts, "hf-greedy", engine="hf", do_sample=False)
+        rec["hf_sampled"] = _call(g, work, "generate", sample_prompts, "hf-sampled", engine="hf", n=2,
+                                  temperature=0.7)
         g.call("perturb", 2)                       # the live weights move on; the engine must not see them
         g.call("use_checkpoint", os.path.join(work, "ckpt1"))
         rec["from_ckpt"] = _call(g, work, "generate", greedy_prompts, "ckpt", do_sample=False)
@@ -268,19 +285,50 @@ def test_tp2_sampling(tp2):
     assert any(resp[2 * i] != resp[2 * i + 1] for i in range(4))
 
 
-def test_hf_rollout_engine(tiny_model, dp2, tmp_path_factory):
-    """rollout.engine=hf: transformers generate on the FSDP module (no sync): same columns and checks."""
-    work = str(tmp_path_factory.mktemp("hf"))
-    lines: list[str] = []
-    with _group(tiny_model, lines, engine="hf") as g:
-        g.call("init_model")
-        g.call("perturb", 1)
-        g.call("save", os.path.join(work, "ckpt"))
-        greedy = _call(g, work, "generate", dp2["prompts"], "greedy", do_sample=False)
-        sampled = _call(g, work, "generate", dp2["sample_prompts"], "sampled", n=2, temperature=0.7)
-    ref = Reference(tiny_model, os.path.join(work, "ckpt"))
-    assert _responses(greedy) == ref.greedy(dp2["prompts"])
+def test_hf_rollout_engine(dp2):
+    """rollout.engine=hf: transformers generate on the FSDP module itself (no sync), same checks."""
+    greedy, sampled = dp2["hf_greedy"], dp2["hf_sampled"]
+    assert _responses(greedy) == dp2["ref1"].greedy(dp2["prompts"])
     assert _lp_diff(greedy) < LOGPROB_TOL
     assert _lp_diff(sampled) < LOGPROB_TOL
     assert sampled.meta_info["temperature"] == 0.7 and len(sampled) == 8
+    resp = _responses(sampled)
+    assert any(resp[2 * i] != resp[2 * i + 1] for i in range(4))
+    assert resp[:4] != resp[4:], "the two ranks sampled the same responses for the same prompts"
     assert greedy.meta_info["metrics"]["weight_sync_s"] == 0.0
+
+
+# ----------------------------------------------------------------------------- no ranks, no engine
+
+def test_sampling_settings_resolve():
+    from infra.config import RolloutConfig
+    from workers.rollout.base import SamplingSettings
+
+    cfg = RolloutConfig(n=4, temperature=0.9, top_k=0, response_length=16)
+    s = SamplingSettings.resolve(cfg, {})
+    assert (s.n, s.temperature, s.top_k, s.do_sample, s.response_length) == (4, 0.9, -1, True, 16)
+    g = SamplingSettings.resolve(cfg, {"do_sample": False, "response_length": 4})
+    assert (g.n, g.temperature, g.do_sample, g.response_length) == (1, 1.0, False, 4)
+    assert SamplingSettings.resolve(cfg, {"n": 2, "temperature": 0.5}).meta()["temperature"] == 0.5
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingSettings.resolve(cfg, {"temperature": 0.0})
+
+
+def test_assemble_output_layout():
+    """Right-padded responses, masks, positions continuing the prompt, non-tensors interleaved."""
+    from infra.config import RolloutConfig
+    from workers.rollout.base import SamplingSettings, assemble_output
+
+    prompts = _prompts([3, 5], seed=2)
+    s = SamplingSettings.resolve(RolloutConfig(n=2, response_length=4), {})
+    out = assemble_output(prompts, [[7, 0], [8, 9, 10, 11], [12], [13, 14, 0]],
+                          [[-1.0, -2.0], [-1.0] * 4, [-3.0], [-1.0, -1.0, -0.5]], s, pad_token_id=1, metrics={"x": 1.0})
+    assert out.batch["responses"][0].tolist() == [7, 0, 1, 1]
+    assert out.batch["response_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]
+    assert out.batch["rollout_log_probs"][0].tolist() == [-1.0, -2.0, 0.0, 0.0]
+    assert out.batch["position_ids"][0, P:].tolist() == [3, 4, 5, 6]
+    assert out.batch["position_ids"][2, P:].tolist() == [5, 6, 7, 8]
+    assert list(out.non_tensor_batch["uid"]) == ["p0", "p0", "p1", "p1"]
+    assert out.meta_info["metrics"] == {"x": 1.0} and out.meta_info["n"] == 2
+    with pytest.raises(ValueError, match="expected 2\\*2 responses"):
+        assemble_output(prompts, [[1]], [[0.0]], s, pad_token_id=1, metrics={})

@@ -6,11 +6,12 @@ Driven through ``infra.launch.WorkerGroup``:
     perturb(seed)                     one optimizer step on a random-target loss; source := live
     save(url)                         sharded DCP checkpoint of the policy (every rank)
     use_checkpoint(url)               source := checkpoint url
-    generate(data, **meta)            (DP_COMPUTE_PROTO) rollout inside the manager, then the actor's
+    generate(data, engine=None, **meta)  (DP_COMPUTE_PROTO) rollout inside the manager, then the actor's
                                       old_log_probs of the same rows; metrics in meta_info
     layout()                          tp/dp layout, block size, push stats
 
-Config keys: model_path, tp, engine ("vllm"/"hf"), loader ("hf"/"dtensor"), prompt_length,
+Config keys: model_path, tp, engine ("vllm"/"hf"), also_hf (build an HFRollout on the same module
+too; ``generate(..., engine="hf")`` uses it), loader ("hf"/"dtensor"), prompt_length,
 response_length, n, temperature, kv_cache_gib, lr, load_format.
 """
 
@@ -68,6 +69,12 @@ class RolloutTestWorker(Worker):
                                      device="cpu", rank=self.rank, world_size=self.world_size, **kw)
         self.manager = build_sharding_manager(self.rollout, self.module, **(
             {"loader": self.config.get("loader", "hf")} if cfg.rollout.engine == "vllm" else {}))
+        self.engines = {cfg.rollout.engine: (self.rollout, self.manager)}
+        if self.config.get("also_hf") and cfg.rollout.engine != "hf":  # the HF rollout on the same module
+            hf_cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": "hf"})})
+            hf = build_rollout(hf_cfg, model_path=cfg.model.path, tokenizer=tok, actor_module=self.module,
+                               device="cpu", rank=self.rank, world_size=self.world_size)
+            self.engines["hf"] = (hf, build_sharding_manager(hf, self.module))
         return self.layout()
 
     @register(Dispatch.ONE_TO_ALL)
@@ -106,14 +113,15 @@ class RolloutTestWorker(Worker):
         self.manager.set_source_checkpoint(url)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
-    def generate(self, data, **meta):
+    def generate(self, data, engine: str | None = None, **meta):
         """Rollout (weights pushed on entry if needed) + the actor's old_log_probs of its rows."""
+        rollout, manager = self.engines[engine or self.cfg.rollout.engine]
         data.meta_info.update(meta)
-        with self.manager:
-            out = self.rollout.generate_sequences(data)
+        with manager:
+            out = rollout.generate_sequences(data)
         old, _ = self.actor.compute_log_prob(out)
         out.batch["old_log_probs"] = old
-        out.meta_info["metrics"]["weight_sync_s"] = self.manager.last_sync_s
+        out.meta_info["metrics"]["weight_sync_s"] = manager.last_sync_s
         out.meta_info["metrics"]["rank"] = self.rank
         return out
 

@@ -177,9 +177,8 @@ class VLLMRollout(Rollout):
     def wake_up(self, tags: list[str] | None = None) -> None:
         """GPU: re-allocate ``tags`` ("weights", "kv_cache"; None = all); no-op on CPU."""
         if not self.cpu and self.sleeping:
-            self.llm.wake_up(tags=tags)
-            if tags is None or "kv_cache" in tags:
-                self.sleeping = False
+            awake = self.llm.wake_up(tags=tags)  # vLLM >= 0.11: True once every allocation is back
+            self.sleeping = not awake if isinstance(awake, bool) else not (tags is None or "kv_cache" in tags)
 
     # ------------------------------------------------------------------ generation
 

@@ -143,6 +143,17 @@ def _gpu_load(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     worker.model_runner.model.load_weights(weights)
 
 
+def _has_reload_weights(rollout: Any) -> bool:
+    """Whether the engine's worker has the in-place ``reload_weights(weights_iterator=...)`` RPC."""
+    import inspect
+
+    def probe(worker: Any) -> bool:
+        fn = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
+        return fn is not None and "weights_iterator" in inspect.signature(fn).parameters
+
+    return bool(rollout.collective_rpc(probe)[0])
+
+
 def push_into_engine(rollout: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
     """Load a ``(hf_name, tensor)`` stream into ``rollout``'s engine in place; see the module docstring.
 
@@ -152,13 +163,10 @@ def push_into_engine(rollout: Any, weights: Iterable[tuple[str, torch.Tensor]]) 
     stats = WeightStats()
     stream = stats.wrap(weights)
     t0 = time.perf_counter()
-    try:
+    if rollout.cpu or _has_reload_weights(rollout):
         rollout.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
-    except (AttributeError, TypeError) as e:
-        if rollout.cpu or stats.tensors:
-            raise
-        rollout.collective_rpc(_gpu_load, kwargs={"weights": stream})  # older GPU vLLM: no reload_weights
-        _ = e
+    else:  # GPU vLLM older than reload_weights(weights_iterator=...): GPU weights are plain tensors
+        rollout.collective_rpc(_gpu_load, kwargs={"weights": stream})
     refreshed = rollout.collective_rpc(refresh_tied_layers)[0]
     rollout.reset_prefix_cache()
     if stats.tensors == 0:
