@@ -19,8 +19,9 @@ import torch
 
 from infra.checkpoint import load_full_state_dict
 from infra.dataproto import DataProto
-from tests.test_fsdp_workers import (ACTOR, WEIGHT_TOL, make_config, max_weight_diff, mini_batch_groups,
-                                     reference_actor_update, save_batch, start_group, tiny)  # noqa: F401
+from tests.fsdp_scripts.ppo_reference import (ACTOR, WEIGHT_TOL, make_config, max_weight_diff, mini_batch_groups,
+                                              reference_actor_update, save_batch, start_group)
+from tests.test_fsdp_workers import one_thread, tiny  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 

@@ -214,7 +214,11 @@ class ValueModel(nn.Module):
             raise ValueError(f"a critic needs num_labels=1, got {hf_model.config.num_labels}")
         self.base_prefix = hf_model.base_model_prefix
         setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
-        self.score = hf_model.score
+        self.head_name = next((n for n in ("score", "classifier") if isinstance(getattr(hf_model, n, None), nn.Module)),
+                              None)
+        if self.head_name is None:
+            raise TypeError(f"{type(hf_model).__name__} has no token-classification head (score / classifier)")
+        setattr(self, self.head_name, getattr(hf_model, self.head_name))
         self.config = hf_model.config
         object.__setattr__(self, "hf_model", hf_model)
 
@@ -226,4 +230,4 @@ class ValueModel(nn.Module):
                 response_length: int) -> torch.Tensor:
         """Values (B, R), float32, for every response position (mask them downstream)."""
         hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, response_length)
-        return self.score(hidden).squeeze(-1).float()
+        return getattr(self, self.head_name)(hidden).squeeze(-1).float()

@@ -1,0 +1,1 @@
+"""Helpers (and torchrun scripts, if any) of the FSDP worker tests."""
