@@ -106,9 +106,9 @@ def _hf_config(model_cfg: ModelConfig, kind: str):
 
 
 def load_hf_model(model_cfg: ModelConfig, kind: str, dtype: str | None = None) -> nn.Module:
-    """Load a Hugging Face model on the CPU with ``from_pretrained`` (every rank loads it; FSDP
-    shards it afterwards). A head the checkpoint lacks (a critic's ``score`` on top of a causal
-    LM) is initialised from torch's global RNG: seed every rank the same before calling.
+    """Load a Hugging Face model on the CPU with ``from_pretrained`` (a full copy: the workers call
+    it on rank 0 only, through ``build_fsdp_model``). A head the checkpoint lacks (a critic's
+    ``score`` on top of a causal LM) is initialised from torch's global RNG.
 
     ``trust_remote_code`` comes only from ``model_cfg``; ``override_config`` is applied to the
     loaded config. Returns the model in eval mode (callers switch to train mode to update).
@@ -132,7 +132,8 @@ def model_from_config(hf_cfg, kind: str, dtype: str = "float32", trust_remote_co
 @contextlib.contextmanager
 def _parameters_on_meta() -> Iterator[None]:
     """Build modules with their parameters on the meta device and their buffers for real (rotary
-    ``inv_freq`` and other non-persistent buffers are computed, not loaded: they must exist)."""
+    ``inv_freq`` and other non-persistent buffers are computed, not loaded: they must exist).
+    Patches ``nn.Module.register_parameter`` for the duration: build nothing else meanwhile."""
     register = nn.Module.register_parameter
 
     def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
