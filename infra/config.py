@@ -78,6 +78,10 @@ class ActorConfig(_Section):
     kl_loss_coef: float = 0.001
     kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
+    logprob_head: Literal["checkpoint", "fused"] = Field(
+        "checkpoint", description="LM head for log-probs: chunks under activation checkpointing, or the fused "
+                                  "chunked head with a hand-written backward (fewer passes over the logits)")
+    logprob_chunk_size: int = Field(1024, ge=1, description="tokens per LM-head chunk (never the full logits)")
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
@@ -208,6 +212,12 @@ class ExperimentConfig(_Section):
         if self.algorithm.adv_estimator in ("grpo", "rloo") and self.rollout.n < 2:
             raise ValueError(f"algorithm.adv_estimator='{self.algorithm.adv_estimator}' compares responses to the "
                              "same prompt: set rollout.n >= 2")
+        for name, size in (("data.train_batch_size", self.data.train_batch_size),
+                           ("actor.ppo_mini_batch_size", self.actor.ppo_mini_batch_size)):
+            if (size * self.rollout.n) % n:
+                raise ValueError(f"{name}={size} x rollout.n={self.rollout.n} must be a multiple of "
+                                 f"resources.nprocs={n}: every rank trains on an equal share (padding "
+                                 "rows would be trained on twice)")
         if self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             raise ValueError(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                              f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size}")

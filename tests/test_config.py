@@ -39,6 +39,8 @@ def test_unknown_field_and_bad_literal_are_named():
     ({"algorithm": {"adv_estimator": "grpo"}, "critic": {"enable": False}}, "rollout.n >= 2"),
     ({"data": {"train_files": ["x"], "train_batch_size": 10}, "actor": {"ppo_mini_batch_size": 4}}, "multiple of"),
     ({"reward": {"rule": False}}, "no reward source"),
+    ({"resources": {"nprocs": 2}, "data": {"train_files": ["x"], "train_batch_size": 3},
+      "actor": {"ppo_mini_batch_size": 3}, "critic": {"ppo_mini_batch_size": 3}}, "trained on twice"),
 ])
 def test_cross_field_rules(sections, needle):
     with pytest.raises(ConfigError, match="invalid config") as err:

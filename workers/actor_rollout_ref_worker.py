@@ -22,6 +22,8 @@ Driver-callable methods (see ``infra.launch.WorkerGroup.call``):
 
 from __future__ import annotations
 
+import functools
+
 import gc
 import time
 from typing import Any
@@ -78,7 +80,9 @@ class ActorRolloutRefWorker(Worker):
         """The base model as a sharded ``PolicyLM`` (rank 0 reads the weights, the others get shards)."""
         mesh = self._mesh(fsdp_cfg)
         ckpt = trainable and self.cfg.model.enable_gradient_checkpointing
-        module = build_fsdp_model(self.cfg.model, "causal_lm", PolicyLM, mesh, fsdp_cfg, self.device,
+        actor = self.cfg.actor
+        wrap = functools.partial(PolicyLM, chunk_size=actor.logprob_chunk_size, head_impl=actor.logprob_head)
+        module = build_fsdp_model(self.cfg.model, "causal_lm", wrap, mesh, fsdp_cfg, self.device,
                                   trainable=trainable, gradient_checkpointing=ckpt, seed=self.cfg.seed)
         info = {**mesh_info(mesh, module), "gradient_checkpointing": bool(module.hf_model.is_gradient_checkpointing),
                 "param_offload": fsdp_cfg.param_offload}
