@@ -81,6 +81,8 @@ class VLLMRollout(Rollout):
         load_format: vLLM load format ("auto", or "dummy" when the first push always comes before
             the first rollout).
         engine_kwargs: extra ``vllm.LLM`` keyword arguments (override the derived ones).
+        warmup: run one tiny request at start-up (compiles vLLM's log-prob kernel outside the
+            first rollout's timing).
     """
 
     engine_name = "vllm"
@@ -88,7 +90,7 @@ class VLLMRollout(Rollout):
     def __init__(self, config: RolloutConfig, *, model_path: str, rank: int = 0, world_size: int = 1,
                  dtype: str = "float32", tokenizer_path: str | None = None, pad_token_id: int = 0,
                  trust_remote_code: bool = False, load_format: str = "auto",
-                 engine_kwargs: dict[str, Any] | None = None):
+                 engine_kwargs: dict[str, Any] | None = None, warmup: bool = True):
         tp = config.tensor_model_parallel_size
         if world_size % tp:
             raise ValueError(f"rollout.tensor_model_parallel_size={tp} must divide the world size {world_size}")
@@ -108,6 +110,7 @@ class VLLMRollout(Rollout):
                                       load_format, distributed, engine_kwargs or {})
         self._tp_group = self._find_tp_group() if tp > 1 else None
         self.sleeping = False
+        self.warmup_s = self._warm_up() if warmup else 0.0
 
     # ------------------------------------------------------------------ engine
 
@@ -179,6 +182,18 @@ class VLLMRollout(Rollout):
         if not self.cpu and self.sleeping:
             awake = self.llm.wake_up(tags=tags)  # vLLM >= 0.11: True once every allocation is back
             self.sleeping = not awake if isinstance(awake, bool) else not (tags is None or "kv_cache" in tags)
+
+    def _warm_up(self) -> float:
+        """One 2-token sampled request with log-probs: vLLM torch.compiles its log-prob rank kernel
+        on first use (~5 s on CPU), which would otherwise land in the first rollout's timing."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        t0 = time.perf_counter()
+        self.llm.generate([TokensPrompt(prompt_token_ids=[self.pad_token_id])],
+                          SamplingParams(max_tokens=2, logprobs=0, detokenize=False, seed=0), use_tqdm=False)
+        self.reset_prefix_cache()
+        return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ generation
 
