@@ -54,9 +54,16 @@ def comparable_metrics(url: str, n: int) -> dict:
     return {k: v for k, v in metrics.items() if not is_timing_key(k)}
 
 
+def rng_states(checkpoint_url: str) -> dict:
+    """The per-rank RNG states a checkpoint saved (``rng/rank_*.json``)."""
+    rng = storage.join(checkpoint_url, "rng")
+    return {name: storage.read_json(storage.join(rng, name)) for name in storage.listdir(rng)}
+
+
 def assert_same_commit(url_a: str, url_b: str, n: int) -> None:
-    """Iteration ``n`` of two experiments: equal checkpoints (every tensor bit for bit), metrics
-    (timings excluded), data cursor and KL coefficient."""
+    """Iteration ``n`` of two experiments: equal checkpoints (every tensor bit for bit, and each
+    rank's RNG state, which decides what later iterations sample), metrics (timings excluded),
+    data cursor and KL coefficient."""
     pa_, pb = ExperimentPaths(url_a), ExperimentPaths(url_b)
     ma, mb = (storage.read_json(p.file(n, "manifest.json")) for p in (pa_, pb))
     assert ma["data_cursor"] == mb["data_cursor"] and ma["kl_coef"] == mb["kl_coef"]
@@ -68,6 +75,9 @@ def assert_same_commit(url_a: str, url_b: str, n: int) -> None:
         diff = [k for k in a if not torch.equal(a[k], b[k])]
         assert not diff, f"{role} checkpoint {n} differs in {diff[:5]}"
     assert comparable_metrics(url_a, n) == comparable_metrics(url_b, n)
+    for role in ("actor", "critic"):
+        assert rng_states(pa_.checkpoint(role, n)) == rng_states(pb.checkpoint(role, n)), \
+            f"the {role} checkpoint {n} holds other RNG states: later iterations would sample differently"
 
 
 def artifacts(state) -> dict:

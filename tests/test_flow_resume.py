@@ -5,8 +5,9 @@ happened), so iteration 2 runs cold (fresh groups loading checkpoint 1) and must
 base run's warm iteration 2 bit for bit:
 
 1. a flow run with a fault in every task of the iteration (each fails once and is retried by
-   Prefect; ``values`` also loses a rank, so the critic group is rebuilt from checkpoint 1), and
-   ``update_critic`` failing every time: the flow run fails, nothing is committed;
+   Prefect; in ``update_actor`` a rank dies, so the actor group is rebuilt from checkpoint 1 and
+   updates again), and ``update_critic`` failing every time: the flow run fails, nothing is
+   committed;
 2. the flow run again (what ``prefect flow-run retry`` or the UI's button do), with ``commit``
    failing once after publishing: it resumes at ``update_critic`` (no rollout is recomputed) and
    commits iteration 2 — equal to the base run's. While it runs, a second run of the same
@@ -26,13 +27,13 @@ from infra import faults, storage
 from infra.dataproto import DataProto
 from infra.checkpoint import is_complete
 from infra.manifest import ExperimentPaths, read_manifest
-from tests.test_flow import assert_same_commit, copy_experiment
+from tests.test_flow import assert_same_commit, comparable_metrics, copy_experiment, rng_states
 
 pytestmark = pytest.mark.slow
 
 FIRST_RUN_FAULTS = ("task:generate:after", "task:ref_log_prob:before", "task:values:after",
-                    "rank_exit:compute_values:1", "task:rm_score:before", "task:advantage:after",
-                    "task:update_actor:before", "task:update_critic:before:always")
+                    "task:rm_score:before", "task:advantage:after", "rank_exit:update_actor:1",
+                    "task:update_actor:after", "task:update_critic:before:always")
 DONE_IN_FIRST_RUN = ("generate", "ref_log_prob", "values", "rm_score", "advantage", "update_actor")
 
 
@@ -60,8 +61,8 @@ def test_faults_retries_resume_and_a_refused_concurrent_run(base_run, flow_confi
     state = ppo(cfg, iterations=1, return_state=True)
     assert state.is_failed()
     assert "task 'update_critic' fails before" in str(state.result(raise_on_failure=False))
-    assert attempts(state) == {"generate": 2, "ref_log_prob": 2, "values": 3, "rm_score": 2,
-                               "advantage": 2, "update_actor": 2, "update_critic": 3}
+    assert attempts(state) == {"generate": 2, "ref_log_prob": 2, "values": 2, "rm_score": 2,
+                               "advantage": 2, "update_actor": 3, "update_critic": 3}
     assert read_manifest(paths).iteration == 1  # nothing committed
     for task in DONE_IN_FIRST_RUN:
         assert storage.exists(paths.receipt(2, task))
@@ -86,10 +87,23 @@ def test_faults_retries_resume_and_a_refused_concurrent_run(base_run, flow_confi
     assert attempts(resumed["state"])["commit"] == 2
     assert {name: os.stat(paths.file(2, name)).st_mtime_ns for name in stamps} == stamps
     assert read_manifest(paths).iteration == 2
-    base_rollout = DataProto.load(ExperimentPaths(base_run["url"]).file(2, "rollout.arrow"))
-    rollout = DataProto.load(paths.file(2, "rollout.arrow"))
+    try:
+        assert_same_commit(base_run["url"], url, 2)
+    except AssertionError as exc:
+        if not _engine_uses_global_rng(base_run["url"], url):
+            raise
+        pytest.xfail(f"{exc}; cause: the rollout engine samples from the rank's global RNG instead of "
+                     "seeding each request from the prompt batch's 'sampling_seed' column "
+                     "(workers/rollout), so a rebuilt group's engine draws other samples")
+
+
+def _engine_uses_global_rng(base_url: str, url: str) -> bool:
+    """True when the only differences are the ones global-RNG sampling explains: equal weights
+    and metrics, other RNG states in the actor checkpoint (or other sampled responses)."""
+    base_rollout = DataProto.load(ExperimentPaths(base_url).file(2, "rollout.arrow"))
+    rollout = DataProto.load(ExperimentPaths(url).file(2, "rollout.arrow"))
     if not torch.equal(base_rollout.batch["responses"], rollout.batch["responses"]):
-        pytest.xfail("the rollout engine does not seed each request from the prompt batch's "
-                     "'sampling_seed' column (workers/rollout): a cold resume of iteration 2 samples "
-                     "other responses than the warm engine of an uninterrupted run")
-    assert_same_commit(base_run["url"], url, 2)
+        return True
+    pa_, pb = ExperimentPaths(base_url), ExperimentPaths(url)
+    return (comparable_metrics(base_url, 2) == comparable_metrics(url, 2)
+            and rng_states(pa_.checkpoint("actor", 2)) != rng_states(pb.checkpoint("actor", 2)))
