@@ -4,8 +4,9 @@ A run's worker groups are colocated on ``resources.nprocs`` devices of the machi
 (models, optimizer state, KV cache) for the whole run, so the run occupies ``nprocs`` slots of the
 limit ``ppoflow-<device>-<host>`` from before its groups start until they shut down. The limit is
 created on first use with one slot per device (CUDA devices; CPU cores for ``device: cpu``) and is
-taken with ``strict=True``: Prefect would silently ignore a missing limit without it. A run that
-needs more slots than the limit has is refused; one that finds them busy waits.
+taken with ``strict=True``: Prefect would silently ignore a missing limit without it. A CUDA run
+that needs more slots than the limit has is refused (a CPU run takes all of them: CPU ranks may
+share cores); one that finds them busy waits until they are free.
 
 Change the size with ``prefect gcl update ppoflow-cuda-<host> --limit N`` (e.g. to reserve a GPU
 for something else).
@@ -66,6 +67,8 @@ def device_slots(cfg: ExperimentConfig, log: Callable[[str], None]) -> Iterator[
     device, need = cfg.resources.device, cfg.resources.nprocs
     name = limit_name(device)
     size = _ensure_limit(name, machine_devices(device), log)
+    if device == "cpu":
+        need = min(need, size)  # CPU ranks may share cores: more ranks than cores take them all
     if need > size:
         raise ConfigError(f"resources.nprocs={need} needs {need} device slots but the global "
                           f"concurrency limit {name!r} has {size}; lower resources.nprocs or raise "
