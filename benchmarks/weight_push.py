@@ -5,7 +5,9 @@ For each model and rank layout it builds, in every rank, an FSDP2 ``PolicyLM`` a
 - ``gather_s``: streaming every parameter's ``full_tensor()`` without an engine (the FSDP side);
 - ``push_s``: one ``FSDPVLLMShardingManager`` entry after ``set_source_live()`` (gather + vLLM
   ``reload_weights`` + tied-head refresh + prefix-cache reset), median of ``--pushes``;
-- ``tok/s``: one sampled rollout (``--prompts`` x (``--prompt-len`` + ``--response-len``), T=1).
+- ``tok/s``: one sampled rollout (``--prompts`` per rank x (``--prompt-len`` + ``--response-len``),
+  T=1): ``engine`` = tokens one engine generated / its time; ``group`` = the tokens of all ranks'
+  rows / the slowest rank's time (with TP the engine serves its TP group's rows).
 
     python benchmarks/weight_push.py                       # tiny and ~150M, 1 and 2 ranks (CPU: a few minutes)
     python benchmarks/weight_push.py --models tiny --layouts 1 2:tp2:dtensor
@@ -133,15 +135,17 @@ def child(args: argparse.Namespace) -> None:
     gen_tokens = int(out.batch["response_mask"].sum())
     gen_s = out.meta_info["metrics"]["rollout/generate_s"]
     engine_tps = out.meta_info["metrics"]["rollout/tokens_per_s"]
-    stats = torch.tensor([gen_tokens, gen_s], dtype=torch.float64)
-    dist.all_reduce(stats)
+    tokens = torch.tensor([gen_tokens], dtype=torch.float64)
+    slowest = torch.tensor([gen_s], dtype=torch.float64)
+    dist.all_reduce(tokens)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank == 0:
         print("RESULT " + json.dumps({
             "model": args.model, "ranks": world, "tp": args.tp, "loader": args.loader, "params": n_params,
             "init_s": init_s, "gather_s": statistics.median(gathers), "push_s": statistics.median(pushes[1:]),
             "push_min_s": min(pushes[1:]), "load_s": statistics.median(loads[1:]), "first_push_s": pushes[0],
             "push_bytes_rank0": pushed_bytes, "engine_tok_s": engine_tps,
-            "group_tok_s": stats[0].item() / (stats[1].item() / world)}), flush=True)
+            "group_tok_s": tokens.item() / slowest.item()}), flush=True)
     sys.stdout.flush()
     # Fast exit: vLLM's engine owns the process group's teardown (see VLLMRollout.shutdown).
     dist.barrier()

@@ -152,6 +152,8 @@ def dp2(tiny_model, tmp_path_factory):
         rec["after"] = _call(g, work, "generate", greedy_prompts, "after", do_sample=False)
         rec["push_after"] = g.call("layout")[0]["last_push"]
         rec["sampled"] = _call(g, work, "generate", sample_prompts, "sampled", n=3, temperature=0.7)
+        rec["seeded"] = [_call(g, work, "generate", sample_prompts, f"seeded{i}", n=2, temperature=0.7, seed=5)
+                         for i in range(2)]
         rec["hf_greedy"] = _call(g, work, "generate", greedy_prompts, "hf-greedy", engine="hf", do_sample=False)
         rec["hf_sampled"] = _call(g, work, "generate", sample_prompts, "hf-sampled", engine="hf", n=2,
                                   temperature=0.7)
@@ -224,6 +226,15 @@ def test_sampling_n_and_dp_replicas(dp2):
     for i in range(2):  # row i on rank 0, row i + 2 (same prompt) on rank 1
         assert resp[i * n:(i + 1) * n] != resp[(i + 2) * n:(i + 3) * n], "DP replicas returned identical samples"
     assert _lp_diff(out) < LOGPROB_TOL  # log-probs after temperature, as the actor computes them
+
+
+def test_meta_seed_repeats_samples(dp2):
+    """meta_info["seed"] fixes the per-request seeds: the same rollout again gives the same samples."""
+    first, second = dp2["seeded"]
+    assert torch.equal(first.batch["responses"], second.batch["responses"])
+    assert torch.equal(first.batch["rollout_log_probs"], second.batch["rollout_log_probs"])
+    resp = _responses(first)
+    assert resp[:4] != resp[4:], "DP replicas must still differ"
 
 
 def test_checkpoint_push_into_dp_engines(dp2):

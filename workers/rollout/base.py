@@ -18,7 +18,7 @@ and ``metrics`` (``rollout/generate_s``, ``rollout/tokens_per_s``).
 
 Sampling settings come from ``RolloutConfig`` and may be overridden per call through
 ``prompts.meta_info`` (validation): ``do_sample=False`` (greedy), ``n``, ``temperature``, ``top_p``,
-``top_k``, ``response_length``.
+``top_k``, ``response_length``; ``seed`` makes a vLLM rollout repeat exactly (per-request seeds).
 """
 
 from __future__ import annotations

