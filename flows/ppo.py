@@ -196,17 +196,20 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
                 logger.info(f"experiment {cfg.storage.experiment!r}: continuing after iteration "
                             f"{manifest.iteration} ({paths.manifest})")
             with device_slots(cfg, logger.info):
-                if manifest is None:
-                    ctx.prestart(pending_roles(ctx, 1) if iterations else
-                                 ["actor"] + (["critic"] if cfg.critic.enable else []))
-                    manifest = Manifest.from_json(init_experiment(key))
-                for _ in range(iterations):
-                    manifest, metrics = run_iteration(ctx, manifest)
-                    _publish_iteration(ctx, manifest, metrics)
+                try:
+                    if manifest is None:
+                        ctx.prestart(pending_roles(ctx, 1) if iterations else
+                                     ["actor"] + (["critic"] if cfg.critic.enable else []))
+                        manifest = Manifest.from_json(init_experiment(key))
+                    for _ in range(iterations):
+                        manifest, metrics = run_iteration(ctx, manifest)
+                        _publish_iteration(ctx, manifest, metrics)
+                finally:
+                    close_run(key)  # the ranks free the devices before the slots are released
             if iterations:
                 _publish_plot(ctx, manifest)
     finally:
-        close_run(key)
+        close_run(key)  # idempotent; covers failures before the slots were taken
     return {"experiment": cfg.storage.experiment, "iteration": manifest.iteration,
             "manifest": paths.manifest, "metrics": metrics}
 

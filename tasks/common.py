@@ -8,7 +8,9 @@ that finds its receipt, and every output it lists still complete (an Arrow file:
 writes are atomic; a checkpoint: its completion marker), returns the receipt instead of working
 again. That is how a retried or rerun flow resumes at the first unfinished task: storage, not
 Prefect's result cache, is the record (``cache_policy=NO_CACHE``, so a deleted experiment is never
-"resumed" from a stale cache).
+"resumed" from a stale cache). Receipts are reused even if the config changed in between (say, a
+smaller micro-batch after an out-of-memory failure does not redo the rollout); the config that
+commits the iteration is the one recorded in its manifest.
 
 Retries: every task retries (``TASK_RETRIES`` times) except on errors that a retry cannot fix
 (:data:`PERMANENT_ERRORS`: config, data, lock and manifest errors).
