@@ -26,7 +26,7 @@ REQUIRED_METRICS = (
     "perf/throughput", "response_length/mean", "critic/score/mean", "critic/rewards/mean",
     "critic/advantages/mean", "critic/returns/mean", "critic/values/mean", "critic/vf_explained_var",
     "actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm", "actor/lr",
-    "critic/vf_loss", "critic/grad_norm", "actor/reward_kl_penalty", "timing_s/iteration",
+    "critic/vf_loss", "critic/grad_norm", "actor/reward_kl_penalty", "timing_s/iteration", "weight_sync_s",
     *(f"timing_s/{t}" for t in ("generate", "ref_log_prob", "values", "rm_score", "advantage",
                                 "update_actor", "update_critic", "commit")))
 
