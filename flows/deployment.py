@@ -1,0 +1,66 @@
+"""Entrypoint of the ``ppo/iteration`` deployment (``prefect.yaml``).
+
+``iteration`` *is* the ``ppo`` flow — same name, same body (it calls ``ppo.fn``, so a run is one
+flow run holding the iteration's tasks, not a parent run with a child) — with one addition: the
+``config`` parameter may be left empty. An empty ``config`` runs the embedded default, the demo's
+tiny CPU experiment on local files under ``demo_storage`` (``runs/demo``, relative to the
+deployment's working directory, the checkout ``prefect deploy`` ran in). A run that finds no
+default experiment there builds it first — tiny model and tokenizer, prompts, the format warm
+start, ``config.yaml`` — with the demo's own builder (``flows.demo.prepare``), so ``prefect deployment run ppo/iteration`` works on a fresh machine without
+``ppoflow demo`` ever having run, and continues the same experiment ``ppoflow demo`` trains.
+
+    prefect deployment run ppo/iteration                              # the embedded default
+    prefect deployment run ppo/iteration -p iterations=20
+    prefect deployment run ppo/iteration -p config=experiments/my.yaml  # any experiment
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from prefect import flow, get_run_logger
+
+from flows.ppo import ppo, resolve_config
+from infra.config import ExperimentConfig
+
+__all__ = ["iteration", "default_config", "DEFAULT_DEMO_STORAGE"]
+
+#: Where the embedded default experiment lives, relative to the working directory.
+DEFAULT_DEMO_STORAGE = "runs/demo"
+
+
+def default_config(demo_storage: str = DEFAULT_DEMO_STORAGE,
+                   log: Callable[[str], None] | None = None) -> ExperimentConfig:
+    """The embedded default experiment under ``demo_storage``: the demo's ``config.yaml`` there,
+    after building whatever of the demo is missing (``flows.demo.prepare``; ``log`` gets its
+    progress lines)."""
+    from flows import demo
+
+    return demo.prepare(demo_storage, log=log)
+
+
+@flow(name=ppo.name, log_prints=ppo.log_prints, timeout_seconds=ppo.timeout_seconds,
+      retries=ppo.retries, retry_delay_seconds=ppo.retry_delay_seconds)
+def iteration(config: ExperimentConfig | str | None = None, iterations: int = 1,
+              demo_storage: str = DEFAULT_DEMO_STORAGE) -> dict[str, Any]:
+    """Run ``iterations`` PPO iterations of an experiment (the ``ppo`` flow).
+
+    Args:
+        config: the experiment config, or a YAML path / fsspec URL; empty runs the embedded
+            default (the demo's tiny CPU experiment under ``demo_storage``).
+        iterations: how many iterations to add to the experiment in this run.
+        demo_storage: the embedded default's local directory (built there on first use);
+            unused when ``config`` is given.
+
+    Returns:
+        ``{experiment, iteration, manifest, metrics}`` as the ``ppo`` flow returns them.
+    """
+    if config in (None, ""):
+        logger = get_run_logger()
+        logger.info(f"no config given: the embedded default experiment in "
+                    f"{os.path.abspath(demo_storage)}")
+        cfg = default_config(demo_storage, log=logger.info)
+    else:
+        cfg = resolve_config(config)
+    return ppo.fn(cfg, iterations)
