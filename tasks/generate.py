@@ -5,10 +5,9 @@ then runs ``ActorRolloutRefWorker.generate_sequences`` on the actor group holdin
 iteration n-1 (the worker puts those weights into the rollout engine: read from the checkpoint the
 group loaded on its first rollout, from the live module later), and writes ``rollout.arrow``.
 
-Sampling seeds depend only on (config seed, rollout seed, iteration, row): the prompt batch
-carries ``meta_info["seed"]`` and one int64 ``sampling_seed`` per prompt row, so a retried or
-resumed iteration samples exactly what an uninterrupted one would (the rollout engine must seed
-each request from them).
+Sampling seeds depend only on (config seed, rollout seed, iteration): the prompt batch carries
+``meta_info["seed"]``, from which the rollout seeds each request (with the replica and the row),
+so a retried or resumed iteration samples exactly what an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
@@ -26,13 +24,12 @@ from infra.metrics import reduce_rank_metrics
 from tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
 from tasks.runtime import get_run
 
-__all__ = ["generate", "sampling_seeds"]
+__all__ = ["generate", "iteration_seed"]
 
 
-def sampling_seeds(seed: int, rollout_seed: int, n: int, rows: int) -> tuple[int, torch.Tensor]:
-    """The iteration's base seed and one seed per prompt row, from (seeds, iteration) only."""
-    state = np.random.SeedSequence([int(seed), int(rollout_seed), int(n)]).generate_state(rows + 1)
-    return int(state[0] >> 1), torch.from_numpy(state[1:].astype(np.int64) >> 1)
+def iteration_seed(seed: int, rollout_seed: int, n: int) -> int:
+    """The sampling seed of iteration ``n``: a function of the config's seeds and ``n`` only."""
+    return int(np.random.SeedSequence([int(seed), int(rollout_seed), int(n)]).generate_state(1)[0] >> 1)
 
 
 @task(name="generate", task_run_name="generate-{n}", **TASK_OPTIONS)
@@ -52,12 +49,11 @@ def generate(run: str, n: int, actor_checkpoint: str, cursor: dict[str, int]) ->
         progress = create_progress_artifact(0.0, description=f"iteration {n}: generation")
         rows, next_cursor = ctx.dataset.take(cursor, cfg.data.train_batch_size, seed=cfg.data.seed,
                                              shuffle=cfg.data.shuffle)
-        base_seed, row_seeds = sampling_seeds(cfg.seed, cfg.rollout.seed, n, len(rows))
+        base_seed = iteration_seed(cfg.seed, cfg.rollout.seed, n)
         prompts, stats = ctx.dataset.tokenize(
             rows, ctx.tokenizer, prompt_length=cfg.rollout.prompt_length,
             apply_chat_template=cfg.data.apply_chat_template,
             meta_info={"iteration": n, "seed": base_seed})
-        prompts.batch["sampling_seed"] = row_seeds
         prompts_url, rollout_url = paths.file(n, "prompts.arrow"), paths.file(n, "rollout.arrow")
         prompts.save(prompts_url)
         update_progress_artifact(progress, 10.0, description=f"iteration {n}: {len(rows)} prompts "

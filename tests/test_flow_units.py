@@ -90,14 +90,13 @@ def test_retry_rule_skips_config_errors_only():
     assert not retryable(None, None, failed(ExperimentLocked("held")))
 
 
-def test_sampling_seeds_depend_on_seed_iteration_and_row_only():
-    from tasks.generate import sampling_seeds
+def test_iteration_seed_depends_on_the_seeds_and_the_iteration_only():
+    from tasks.generate import iteration_seed
 
-    base, rows = sampling_seeds(7, 0, 3, 4)
-    assert (base, rows.tolist()) == (sampling_seeds(7, 0, 3, 4)[0], sampling_seeds(7, 0, 3, 4)[1].tolist())
-    assert sampling_seeds(7, 0, 3, 6)[1][:4].tolist() == rows.tolist()  # a row's seed ignores batch size
-    assert sampling_seeds(7, 0, 4, 4)[1].tolist() != rows.tolist()
-    assert len(set(rows.tolist())) == 4 and rows.dtype == torch.int64 and (rows >= 0).all()
+    assert iteration_seed(7, 0, 3) == iteration_seed(7, 0, 3)
+    assert len({iteration_seed(7, 0, n) for n in range(1, 50)}) == 49
+    assert iteration_seed(8, 0, 3) != iteration_seed(7, 0, 3) != iteration_seed(7, 1, 3)
+    assert 0 <= iteration_seed(7, 0, 3) < 2**31
 
 
 def test_device_slots_are_a_strict_limit_created_on_first_use(prefect_harness, flow_config, tmp_path):
