@@ -253,7 +253,13 @@ class VLLMRollout(Rollout):
         t0 = time.perf_counter()
         params = self._sampling_params(settings, len(token_lists), prompts.meta_info.get("seed"))
         self.calls += 1
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_lists], params, use_tqdm=False)
+        # Every request carries its own seed; the engine must not also move the rank's global RNG,
+        # which checkpoints save per rank: a group rebuilt from checkpoint n-1 would otherwise save
+        # checkpoint n with another RNG state than a group that kept running (resume must be exact).
+        rng_devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=rng_devices):
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_lists], params,
+                                     use_tqdm=False)
         generate_s = time.perf_counter() - t0
         mine = outs if shared else outs[self.tp_rank * bsz:(self.tp_rank + 1) * bsz]
         responses, log_probs = [], []
