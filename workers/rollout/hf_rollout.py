@@ -101,7 +101,11 @@ class HFRollout(Rollout):
         t0 = time.perf_counter()
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.config.seed * 1_000_003 + self.rank * 7_919 + self.calls)
+            # the iteration's seed (meta_info["seed"]) when the caller gives one, so a retried or
+            # resumed rollout samples what the first attempt did; else a per-call stream
+            base = prompts.meta_info.get("seed")
+            base = self.config.seed * 1_000_003 + self.calls if base is None else int(base)
+            torch.manual_seed((base * 7_919 + self.rank) % (2**63 - 1))
             out = self._generate(input_ids=ids, attention_mask=mask, **kwargs)
         generate_s = time.perf_counter() - t0
         self.calls += 1
@@ -110,9 +114,14 @@ class HFRollout(Rollout):
                 if isinstance(sub, FSDPModule):
                     sub.reshard()
         self.module.train(was_training)
-        gen = out.sequences[:, ids.shape[1]:].cpu()
-        scores = torch.stack(out.scores, dim=1).float().cpu() if out.scores else torch.zeros(len(ids), 0, 1)
-        token_lp = torch.log_softmax(scores, dim=-1).gather(-1, gen.unsqueeze(-1)).squeeze(-1)
+        gen_dev = out.sequences[:, ids.shape[1]:]
+        # one (B, V) step at a time on the device: stacking the scores would be a (B, R, V) fp32
+        # tensor (40 GB for 256 x 256 tokens over a 152k vocabulary) copied to the host
+        steps = [torch.log_softmax(sc.float(), dim=-1).gather(-1, gen_dev[:, t:t + 1]).squeeze(-1)
+                 for t, sc in enumerate(out.scores or ())]
+        token_lp = (torch.stack(steps, dim=1) if steps else torch.zeros(len(ids), 0)).cpu()
+        gen = gen_dev.cpu()
+        del out
         responses, log_probs = [], []
         eos = set([self.eos_token_id] if isinstance(self.eos_token_id, int) else (self.eos_token_id or []))
         for row, lp in zip(gen.tolist(), token_lp.tolist()):
