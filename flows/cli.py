@@ -1,0 +1,247 @@
+"""The ``ppoflow`` command line.
+
+    ppoflow demo [--storage DIR] [--iterations N] [--verbose]   build + train the tiny CPU demo
+    ppoflow run CONFIG [--iterations N] [--set KEY=VALUE ...]    run the ``ppo`` flow on a config
+    ppoflow status EXPERIMENT [--json]                           manifest + last metrics
+    ppoflow export-hf EXPERIMENT [--iteration N] OUT             a Hugging Face directory
+
+``EXPERIMENT`` is an experiment's URL (``<storage.root>/<storage.experiment>``, any fsspec URL or
+path) or the YAML config of one. ``run`` and ``demo`` run the flow in this process: against the
+Prefect server in ``PREFECT_API_URL`` if set, else an ephemeral local one (runs then show in the
+UI of ``prefect server start`` on this machine). Both print one line per committed iteration.
+
+Exit status: 0 success, 1 a failed run or operation, 2 a bad command line or config, 130/143 on
+Ctrl-C / SIGTERM (after the flow's cleanup ran: worker groups stopped, experiment lock released).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+__all__ = ["main", "build_parser", "CLIError"]
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as ``ppoflow: error: <message>``; exit status ``code``."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ppoflow", description="PPO for language models on FSDP2 + vLLM, every iteration a Prefect flow.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("demo", help="build and train the tiny CPU demo (idempotent: a second call continues it)")
+    p.add_argument("--storage", default="runs/demo", help="the demo's directory (default: ./runs/demo)")
+    p.add_argument("--iterations", type=_positive, default=None,
+                   help="PPO iterations to run now (default: the demo's own length on a new "
+                        "experiment, 10 more when continuing one)")
+    p.add_argument("--verbose", action="store_true", help="show Prefect's and the ranks' logs in the terminal")
+
+    p = sub.add_parser("run", help="run the ppo flow on an experiment config")
+    p.add_argument("config", help="YAML config: a path or fsspec URL")
+    p.add_argument("--iterations", type=_positive, default=1, help="iterations to add (default 1)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set rollout.n=4 (YAML value; repeatable)")
+    p.add_argument("--quiet", action="store_true", help="only the per-iteration lines, no Prefect logs")
+
+    p = sub.add_parser("status", help="print an experiment's manifest and its last metrics")
+    p.add_argument("experiment", help="experiment URL/path, or its YAML config")
+    p.add_argument("--json", action="store_true", help="print {manifest, metrics} as JSON")
+
+    p = sub.add_parser("export-hf", help="write a Hugging Face model directory from a checkpoint")
+    p.add_argument("experiment", help="experiment URL/path, or its YAML config")
+    p.add_argument("out", help="output directory (local)")
+    p.add_argument("--iteration", type=_positive, default=None, help="committed iteration (default: the latest)")
+    p.add_argument("--role", choices=("actor", "critic"), default="actor", help="which model (default: actor)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="cast the weights (default: keep the checkpoint's dtype)")
+    return parser
+
+
+def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CLIError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rollout.n=4", code=2)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _experiment_url(text: str) -> str:
+    """An experiment URL from a URL/path or a YAML config naming one."""
+    from infra import storage
+    from infra.config import ConfigError, load_config
+
+    if text.endswith((".yaml", ".yml")):
+        if not storage.exists(text):
+            raise CLIError(f"config {text} does not exist")
+        try:
+            return load_config(text).storage.experiment_url
+        except ConfigError as err:
+            raise CLIError(str(err), code=2) from None
+    return text.rstrip("/")
+
+
+def _read_state(text: str):
+    from infra import storage
+    from infra.manifest import ExperimentPaths, ManifestConflict, read_manifest
+
+    url = _experiment_url(text)
+    paths = ExperimentPaths(url)
+    try:
+        manifest = read_manifest(paths)
+    except ManifestConflict as err:
+        raise CLIError(str(err)) from None
+    if manifest is None:
+        hint = " (it exists but holds no manifest.json)" if storage.exists(url) else " (no such directory)"
+        raise CLIError(f"no experiment at {url}{hint}; give the experiment's directory "
+                       "(<storage.root>/<storage.experiment>) or its config YAML")
+    return paths, manifest
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from infra import storage
+
+    paths, manifest = _read_state(args.experiment)
+    n = manifest.iteration
+    metrics = storage.read_json(paths.file(n, "metrics.json")) if n and storage.exists(paths.file(n, "metrics.json")) else {}
+    if args.json:
+        print(json.dumps({"manifest": manifest.to_json(), "metrics": metrics}, indent=1, sort_keys=True))
+        return 0
+    config = manifest.config_history[-1]["config"] if manifest.config_history else None
+    rows = [("experiment", f"{manifest.experiment}  ({paths.root})"),
+            ("iteration", f"{n} (committed {manifest.committed_at}; created {manifest.created_at})"),
+            ("actor checkpoint", paths.url(manifest.actor_checkpoint)),
+            ("critic checkpoint", paths.url(manifest.critic_checkpoint) or "-"),
+            ("data cursor", f"epoch {manifest.data_cursor.get('epoch')}, offset {manifest.data_cursor.get('offset')}"),
+            ("kl coef", manifest.kl_coef if manifest.kl_coef is not None else "-"),
+            ("config", f"{paths.url(config) if config else '-'} (hash {manifest.config_hash})")]
+    rows += [(k, v) for k, v in sorted(manifest.identity.items())]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    if manifest.trend and len(manifest.trend) > 1:
+        first, last = manifest.trend[0], manifest.trend[-1]
+        key = "critic/score/mean"
+        if key in first and key in last:
+            print(f"{'reward':<{width}}  {first[key]:.3f} (iteration {first['iteration']}) -> "
+                  f"{last[key]:.3f} (iteration {last['iteration']})")
+    if metrics:
+        print(f"\nmetrics of iteration {n} ({paths.file(n, 'metrics.json')}):")
+        mw = max(len(k) for k in metrics)
+        for key, value in sorted(metrics.items()):
+            shown = f"{value:.6g}" if isinstance(value, float) else value
+            print(f"  {key:<{mw}}  {shown}")
+    elif n == 0:
+        print("\nno iteration has run yet (iteration 0 is the initial state)")
+    return 0
+
+
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    from infra import storage
+    from infra.checkpoint import CheckpointError, export_hf, is_complete
+
+    paths, manifest = _read_state(args.experiment)
+    n = manifest.iteration if args.iteration is None else args.iteration
+    if n > manifest.iteration:
+        raise CLIError(f"--iteration {n}: the experiment's last committed iteration is {manifest.iteration}")
+    source = manifest.to_json() if n == manifest.iteration else None
+    if source is None:
+        url = paths.file(n, "manifest.json")
+        if not storage.exists(url):
+            raise CLIError(f"--iteration {n}: no committed manifest at {url}")
+        source = storage.read_json(url)
+    checkpoint = paths.url(source.get(f"{args.role}_checkpoint"))
+    if checkpoint is None:
+        raise CLIError(f"the experiment has no {args.role} checkpoint (is the critic disabled?)")
+    if not is_complete(checkpoint):
+        raise CLIError(f"checkpoint {checkpoint} is missing or incomplete")
+    key = "model.path" if args.role == "actor" else "critic.model"
+    base = manifest.identity.get(key) or manifest.identity.get("model.path")
+    if not base or not os.path.isdir(base):
+        raise CLIError(f"the experiment's base model {base!r} ({key}) is not a local directory; export_hf "
+                       "copies config and tokenizer from it")
+    try:
+        out = export_hf(checkpoint, args.out, base, dtype=args.dtype)
+    except (CheckpointError, ValueError, FileNotFoundError) as err:
+        raise CLIError(str(err)) from None
+    print(f"wrote a Hugging Face directory of the {args.role} at iteration {n} to {out}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flows import demo
+    from infra import storage
+    from infra.config import ConfigError, load_config
+
+    if not storage.exists(args.config):
+        raise CLIError(f"config {args.config} does not exist", code=2)
+    try:
+        cfg = load_config(args.config, _parse_overrides(args.overrides))
+    except ConfigError as err:
+        raise CLIError(str(err), code=2) from None
+    result = demo.run_with_progress(cfg, args.iterations)
+    demo.print_summary(cfg, result, config_path=args.config)
+    return 0 if result["ok"] else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from flows import demo
+
+    result = demo.run_demo(args.storage, args.iterations)
+    return 0 if result["ok"] else 1
+
+
+COMMANDS = {"demo": cmd_demo, "run": cmd_run, "status": cmd_status, "export-hf": cmd_export_hf}
+
+
+def _quiet_prefect_console() -> None:
+    """Prefect's console handler to WARNING (its API handler, what the UI shows, keeps INFO);
+    must happen before Prefect configures logging, i.e. before it is imported."""
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_TASK_RUNS_LEVEL", "WARNING")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ppoflow`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if (args.command == "demo" and not args.verbose) or (args.command == "run" and args.quiet):
+        _quiet_prefect_console()
+    if args.command in ("demo", "run"):
+        from flows.ppo import install_sigterm_handler
+
+        install_sigterm_handler()
+    try:
+        return COMMANDS[args.command](args)
+    except CLIError as err:
+        print(f"ppoflow: error: {err}", file=sys.stderr)
+        return err.code
+    except KeyboardInterrupt:
+        print("ppoflow: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
