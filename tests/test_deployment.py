@@ -1,7 +1,7 @@
 """The README's deployment steps, for real: a Prefect server, a process work pool, ``prefect deploy``
 of ``prefect.yaml``, a process worker, and ``prefect deployment run ppo/iteration`` twice.
 
-Everything runs as the shell commands docs/deployment.md gives (the ``prefect`` next to the
+Everything runs as the shell commands the README's deployment section gives (the ``prefect`` next to the
 interpreter running pytest, i.e. ``.venv/bin/prefect``), against a server on a free port of
 127.0.0.1 whose ``PREFECT_HOME`` (database, profiles) is a temporary directory: nothing touches
 ``~/.prefect``. The deployment is the checkout's ``prefect.yaml`` unchanged, deployed from the
