@@ -4,6 +4,7 @@
     ppoflow run CONFIG [--iterations N] [--set KEY=VALUE ...]    run the ``ppo`` flow on a config
     ppoflow status EXPERIMENT [--json]                           manifest + last metrics
     ppoflow export-hf EXPERIMENT [--iteration N] OUT             a Hugging Face directory
+    ppoflow tensorboard EXPERIMENT [--logdir DIR]                TensorBoard event files of the metrics
 
 ``EXPERIMENT`` is an experiment's URL (``<storage.root>/<storage.experiment>``, any fsspec URL or
 path) or the YAML config of one. ``run`` and ``demo`` run the flow in this process: against the
@@ -73,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", choices=("actor", "critic"), default="actor", help="which model (default: actor)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="cast the weights (default: keep the checkpoint's dtype)")
+
+    p = sub.add_parser("tensorboard", help="write TensorBoard event files of an experiment's per-iteration metrics")
+    p.add_argument("experiment", help="experiment URL/path, or its YAML config")
+    p.add_argument("--logdir", default=None, help="where the event file goes (default: <experiment>/tensorboard)")
     return parser
 
 
@@ -108,6 +113,8 @@ def _read_state(text: str):
     from infra.manifest import ExperimentPaths, ManifestConflict, read_manifest
 
     url = _experiment_url(text)
+    if not storage.exists(storage.join(url, "manifest.json")) and storage.exists(storage.join(url, "config.yaml")):
+        url = _experiment_url(storage.join(url, "config.yaml"))  # a demo directory: its experiment
     paths = ExperimentPaths(url)
     try:
         manifest = read_manifest(paths)
@@ -190,6 +197,25 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    from infra import storage
+    from infra.tensorboard import write_events
+
+    paths, manifest = _read_state(args.experiment)
+    history = []
+    for n in range(1, manifest.iteration + 1):
+        url = paths.file(n, "metrics.json")
+        if storage.exists(url):  # an experiment rolled back or copied in part may lack some
+            history.append(storage.read_json(url))
+    logdir = args.logdir or storage.join(paths.root, "tensorboard")
+    try:
+        url = write_events(history, logdir)
+    except ImportError as err:
+        raise CLIError(str(err)) from None
+    print(f"wrote {len(history)} iteration(s) of metrics to {url}\nview them: tensorboard --logdir {logdir}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from flows import demo
     from infra import storage
@@ -213,12 +239,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
-COMMANDS = {"demo": cmd_demo, "run": cmd_run, "status": cmd_status, "export-hf": cmd_export_hf}
+COMMANDS = {"demo": cmd_demo, "run": cmd_run, "status": cmd_status, "export-hf": cmd_export_hf,
+            "tensorboard": cmd_tensorboard}
 
 
 def _quiet_prefect_console() -> None:
-    """Prefect's console handler to WARNING (its API handler, what the UI shows, keeps INFO);
-    must happen before Prefect configures logging, i.e. before it is imported."""
+    """Prefect's console handler to WARNING (its API handler, what the UI shows, keeps INFO), and
+    no usage telemetry from the ephemeral server (offline machines log an error for it each run);
+    must happen before Prefect configures logging, i.e. before it is imported. Variables already
+    set win."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_TASK_RUNS_LEVEL", "WARNING")
@@ -241,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ppoflow: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `ppoflow status X | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

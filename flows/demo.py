@@ -77,7 +77,7 @@ def demo_config(root: str, spec: DemoSpec = DemoSpec()) -> ExperimentConfig:
         "rollout": {"engine": "vllm", "n": 8, "temperature": 1.0, "prompt_length": 16, "response_length": 4,
                     "kv_cache_gib": 0.05, "max_num_seqs": 512, "log_prob_micro_batch_size_per_gpu": 256},
         "actor": {"ppo_mini_batch_size": 16, "ppo_micro_batch_size_per_gpu": 64, "ppo_epochs": 2,
-                  "log_prob_micro_batch_size_per_gpu": 256, "optim": {"lr": 1e-3}},
+                  "log_prob_micro_batch_size_per_gpu": 256, "optim": {"lr": 5e-4}},
         "ref": {"log_prob_micro_batch_size_per_gpu": 256},
         "critic": {"ppo_mini_batch_size": 16, "ppo_micro_batch_size_per_gpu": 64, "ppo_epochs": 2,
                    "forward_micro_batch_size_per_gpu": 256, "optim": {"lr": 1e-3}},
@@ -124,7 +124,7 @@ def prepare(location: str = "runs/demo", spec: DemoSpec = DemoSpec(),
 
     An existing ``config.yaml`` is loaded as it is (edits to it apply); files that exist are reused.
     """
-    from infra import demo_task
+    from infra import demo_task  # noqa: F401 - also registers the task's reward for its data_source
     from infra.tiny_models import save_tiny_model
     from workers.sft import sft
 
@@ -180,19 +180,24 @@ def iteration_line(n: int, metrics: dict[str, Any]) -> str:
 class _Progress(threading.Thread):
     """Prints :func:`iteration_line` for each iteration the flow commits (polls the manifest)."""
 
-    def __init__(self, cfg: ExperimentConfig, out: Callable[[str], None], poll_s: float = 0.5):
+    def __init__(self, cfg: ExperimentConfig, out: Callable[[str], None], poll_s: float = 0.5,
+                 quiet_s: float = 90.0):
         super().__init__(name="ppoflow-progress", daemon=True)
         from infra.manifest import ExperimentPaths
+        from tasks.slots import limit_name
 
-        self.paths, self.out, self.poll_s = ExperimentPaths.of(cfg), out, poll_s
+        self.paths, self.out, self.poll_s, self.quiet_s = ExperimentPaths.of(cfg), out, poll_s, quiet_s
+        self.limit = limit_name(cfg.resources.device)
         self.stop_event = threading.Event()
-        self.shown = self._committed()
+        self.shown = 0
+        self.shown = self._committed()  # iterations committed before this run are not shown
+        self.last_news = time.monotonic()
 
     def _committed(self) -> int:
         try:
             return int(storage.read_json(self.paths.manifest)["iteration"])
         except Exception:  # not there yet, or a transient read error: try again next poll
-            return 0 if not hasattr(self, "shown") else self.shown
+            return self.shown
 
     def poll(self) -> None:
         current = self._committed()
@@ -204,10 +209,16 @@ class _Progress(threading.Thread):
                 return
             self.out(iteration_line(n, metrics))
             self.shown = n
+            self.last_news = time.monotonic()
 
     def run(self) -> None:
         while not self.stop_event.wait(self.poll_s):
             self.poll()
+            if time.monotonic() - self.last_news > self.quiet_s:
+                self.out(f"... no iteration committed for {self.quiet_s:.0f} s: still starting, or waiting for this "
+                         f"machine's device slots while another ppoflow run holds them (prefect gcl inspect "
+                         f"{self.limit})")
+                self.last_news = time.monotonic()
 
     def finish(self) -> None:
         self.stop_event.set()
@@ -268,6 +279,7 @@ def print_summary(cfg: ExperimentConfig, run: dict[str, Any], config_path: str |
     if storage.exists(plot):
         out(f"plot:              {plot}")
     out(f"metrics:           {paths.root}/iterations/<n>/metrics.json   (ppoflow status {paths.root})")
+    out(f"TensorBoard:       ppoflow tensorboard {paths.root} && tensorboard --logdir {paths.root}/tensorboard")
     for line in _ui_hint(run.get("flow_run_id")):
         out(line)
     cfg_arg = config_path or "<config.yaml>"

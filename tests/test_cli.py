@@ -29,7 +29,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 # ------------------------------------------------------------------------------ bad arguments
 
 @pytest.mark.parametrize("argv", [[], ["bogus"], ["run"], ["demo", "--iterations", "-1"],
-                                  ["demo", "--iterations", "many"], ["export-hf", "x"]])
+                                  ["demo", "--iterations", "many"], ["export-hf", "x"], ["tensorboard"]])
 def test_bad_command_lines_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -107,3 +107,15 @@ def test_run_continues_a_copy_of_the_experiment(demo, capsys, tmp_path):
     assert "iteration    3 |" in out and "iteration 1:" in out and "iteration 3:" in out
     code, out, _ = run_cli(capsys, "status", os.path.join(root, "larger-digit"), "--json")
     assert json.loads(out)["manifest"]["iteration"] == 3
+
+
+@pytest.mark.slow
+def test_tensorboard_writes_the_experiments_metrics(demo, capsys, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    code, out, _ = run_cli(capsys, "tensorboard", demo["url"], "--logdir", str(tmp_path / "tb"))
+    assert code == 0 and "wrote 2 iteration(s)" in out and "tensorboard --logdir" in out
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("critic/score/mean")] == [1, 2]
