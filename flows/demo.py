@@ -55,7 +55,7 @@ EXPERIMENT = "larger-digit"
 
 @dataclass(frozen=True)
 class DemoSpec:
-    """Everything the demo builds; the defaults are the measured ones (docs in the README)."""
+    """Everything the demo builds; the defaults are the measured ones (see the module docstring)."""
 
     hidden_size: int = 128
     num_layers: int = 2
@@ -256,13 +256,27 @@ def run_with_progress(cfg: ExperimentConfig, iterations: int, out: Callable[[str
             "flow_run_id": str(state.state_details.flow_run_id), "wall_s": time.time() - started}
 
 
+def command(name: str) -> str:
+    """How to call the console script ``name`` of this environment from the user's shell: the bare
+    name when it is on PATH, else its path (e.g. ``.venv/bin/prefect`` after ``make demo``)."""
+    import shutil
+    import sys
+
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    found = shutil.which(name)
+    if not os.path.exists(here) or (found and os.path.realpath(found) == os.path.realpath(here)):
+        return name
+    rel = os.path.relpath(here)
+    return rel if not rel.startswith("..") else here
+
+
 def _ui_hint(flow_run_id: str | None) -> list[str]:
     api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
     path = f"/runs/flow-run/{flow_run_id}" if flow_run_id else "/runs"
     if api:
         ui = api[:-4] if api.endswith("/api") else api
         return [f"Prefect UI:        {ui}{path}"]
-    return ["Prefect UI:        prefect server start      (this run is in the local Prefect database)",
+    return [f"Prefect UI:        {command('prefect')} server start      (this run is in the local Prefect database)",
             f"                   then open http://127.0.0.1:4200{path}"]
 
 
@@ -288,15 +302,17 @@ def print_summary(cfg: ExperimentConfig, run: dict[str, Any], config_path: str |
     plot = storage.join(paths.root, "plots", "metrics.png")
     if storage.exists(plot):
         out(f"plot:              {plot}")
-    out(f"metrics:           {paths.root}/iterations/<n>/metrics.json   (ppoflow status {paths.root})")
-    out(f"TensorBoard:       ppoflow tensorboard {paths.root} && tensorboard --logdir {paths.root}/tensorboard")
+    ppoflow, prefect = command("ppoflow"), command("prefect")
+    out(f"metrics:           {paths.root}/iterations/<n>/metrics.json   ({ppoflow} status {paths.root})")
+    out(f"TensorBoard:       {ppoflow} tensorboard {paths.root} && {command('tensorboard')} --logdir "
+        f"{paths.root}/tensorboard")
     for line in _ui_hint(run.get("flow_run_id")):
         out(line)
     cfg_arg = config_path or "<config.yaml>"
-    out(f"continue training: ppoflow run {cfg_arg} --iterations 20")
-    out("   or deployment:  prefect deploy -n iteration && prefect deployment run ppo/iteration "
+    out(f"continue training: {ppoflow} run {cfg_arg} --iterations 20")
+    out(f"   or deployment:  {prefect} deploy -n iteration && {prefect} deployment run ppo/iteration "
         "-p iterations=20   (README: Running PPO as a Prefect deployment)")
-    out(f"export the policy: ppoflow export-hf {paths.root} {os.path.join(os.path.dirname(paths.root), 'export')}")
+    out(f"export the policy: {ppoflow} export-hf {paths.root} {os.path.join(os.path.dirname(paths.root), 'export')}")
 
 
 def run_demo(location: str = "runs/demo", iterations: int | None = None, spec: DemoSpec = DemoSpec(),
