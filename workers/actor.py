@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from algos import agg_loss, compute_policy_loss, kl_penalty
-from workers.fsdp_utils import clip_and_step, global_sum, reshard_all
+from workers.fsdp_utils import finish_mini_batch, global_sum, reshard_all
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
     from infra.config import ActorConfig
@@ -193,11 +193,8 @@ class DataParallelPPOActor:
             (loss * (weight * self.grad_scale)).backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + weight * value
-        keys = sorted(sums)
-        reduced = dict(zip(keys, global_sum([sums[k] for k in keys], self.device)))
-        lr = self.optimizer.param_groups[0]["lr"]
-        grad_norm, stepped = clip_and_step(self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip)
-        return {**reduced, "actor/grad_norm": grad_norm, "actor/lr": lr, "actor/skipped_steps": float(not stepped)}
+        return finish_mini_batch(self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums,
+                                 self.device, "actor")
 
     def update_policy(self, data) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches (gradient accumulation), one optimizer step per

@@ -17,7 +17,7 @@ from torch import nn
 from algos import compute_value_loss, masked_mean
 from workers.actor import (agg_count, mini_batch_rows, mini_batch_rows_per_rank, response_mask_of, row_slices,
                            summarize_steps, to_device, world_size)
-from workers.fsdp_utils import clip_and_step, global_sum, reshard_all
+from workers.fsdp_utils import finish_mini_batch, global_sum, reshard_all
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
     from infra.config import CriticConfig
@@ -91,11 +91,8 @@ class DataParallelPPOCritic:
                        "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item()}
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + weight * value
-        keys = sorted(sums)
-        reduced = dict(zip(keys, global_sum([sums[k] for k in keys], self.device)))
-        lr = self.optimizer.param_groups[0]["lr"]
-        grad_norm, stepped = clip_and_step(self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip)
-        return {**reduced, "critic/grad_norm": grad_norm, "critic/lr": lr, "critic/skipped_steps": float(not stepped)}
+        return finish_mini_batch(self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums,
+                                 self.device, "critic")
 
     def update_critic(self, data) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches of the clipped value loss

@@ -367,3 +367,17 @@ def mesh_info(mesh: DeviceMesh, module: nn.Module) -> dict[str, Any]:
     return {"mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.mesh_dim_names or ()),
             "placements": placements, "num_params": sum(p.numel() for p in module.parameters()),
             "local_numel": local}
+
+
+def finish_mini_batch(module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, grad_clip: float,
+                      sums: dict[str, float], device: torch.device, prefix: str) -> dict[str, float]:
+    """End of one mini-batch: sum the weighted metric ``sums`` over ranks, then clip and step.
+
+    Returns the summed metrics plus ``<prefix>/grad_norm``, ``<prefix>/lr`` (the LR this step used)
+    and ``<prefix>/skipped_steps`` (1.0 when a non-finite gradient norm skipped the step).
+    """
+    keys = sorted(sums)
+    reduced = dict(zip(keys, global_sum([sums[k] for k in keys], device)))
+    lr = optimizer.param_groups[0]["lr"]
+    grad_norm, stepped = clip_and_step(module, optimizer, scheduler, grad_clip)
+    return {**reduced, f"{prefix}/grad_norm": grad_norm, f"{prefix}/lr": lr, f"{prefix}/skipped_steps": float(not stepped)}
