@@ -8,7 +8,7 @@ Modules:
     kl          kl_penalty, Fixed/AdaptiveKLController, apply_kl_penalty
 """
 
-from algos.advantages import (
+from ppoflow.algos.advantages import (
     ADV_ESTIMATORS,
     compute_advantage,
     compute_gae_advantage_return,
@@ -19,7 +19,7 @@ from algos.advantages import (
     get_adv_estimator,
     register_adv_estimator,
 )
-from algos.kl import (
+from ppoflow.algos.kl import (
     KL_PENALTY_KINDS,
     AdaptiveKLController,
     FixedKLController,
@@ -27,15 +27,15 @@ from algos.kl import (
     get_kl_controller,
     kl_penalty,
 )
-from algos.logits import entropy_from_logits, logprobs_from_logits
-from algos.losses import (
+from ppoflow.algos.logits import entropy_from_logits, logprobs_from_logits
+from ppoflow.algos.losses import (
     LOSS_AGG_MODES,
     agg_loss,
     compute_entropy_loss,
     compute_policy_loss,
     compute_value_loss,
 )
-from algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from ppoflow.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
     "ADV_ESTIMATORS",

@@ -20,12 +20,13 @@ keyword arguments its signature names.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from algos.masked import masked_sum, masked_whiten
+from ppoflow.algos.masked import masked_sum, masked_whiten
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -127,7 +128,11 @@ def compute_advantage(
 
 
 def _discounted_backward(
-    rewards: torch.Tensor, mask: torch.Tensor, gamma: float, values: torch.Tensor | None = None, lam: float = 1.0
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    values: torch.Tensor | None = None,
+    lam: float = 1.0,
 ) -> torch.Tensor:
     """Backward recursion over valid positions only (shared by GAE and REINFORCE++).
 

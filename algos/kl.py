@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from algos.masked import masked_mean
+from ppoflow.algos.masked import masked_mean
 
 __all__ = [
     "KL_PENALTY_KINDS",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from algos.logits import entropy_from_logits
-from algos.masked import masked_mean, masked_sum
+from ppoflow.algos.logits import entropy_from_logits
+from ppoflow.algos.masked import masked_mean, masked_sum
 
 __all__ = [
     "LOSS_AGG_MODES",

@@ -22,7 +22,7 @@ MFU = model FLOPs / time / (peak x ranks), with peak 791 TFLOP/s (H200 bf16 dens
 
 Defaults: fp32 master weights with bf16 compute (FSDP ``MixedPrecisionPolicy(bf16, fp32)``), as
 ppoflow recommends on GPUs; ``--master-dtype bfloat16`` trains pure bf16. Needs torch, transformers,
-numpy, pyarrow, fsspec (``infra.dataproto``); not pydantic, vLLM or Prefect.
+numpy, pyarrow, fsspec (``ppoflow.infra.data.dataproto``); not pydantic, vLLM or Prefect.
 """
 
 from __future__ import annotations
@@ -32,55 +32,99 @@ import gc
 import json
 import os
 import socket
-import sys
 import time
 from types import SimpleNamespace
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.workers.actor import DataParallelPPOActor
+from ppoflow.workers.fsdp_utils import (
+    apply_fsdp,
+    build_mesh,
+    build_optimizer,
+    enable_gradient_checkpointing,
+    model_from_config,
+)
+from ppoflow.workers.modeling import HEAD_IMPLS, PolicyLM
 
-from infra.dataproto import DataProto  # noqa: E402
-from workers.actor import DataParallelPPOActor  # noqa: E402
-from workers.fsdp_utils import (apply_fsdp, build_mesh, build_optimizer, enable_gradient_checkpointing,  # noqa: E402
-                                model_from_config)
-from workers.modeling import HEAD_IMPLS, PolicyLM  # noqa: E402
-
-QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                  intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
-                  max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6)
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-            intermediate_size=256, vocab_size=512, tie_word_embeddings=True, max_position_embeddings=256)
+QWEN25_05B = dict(
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=256,
+    vocab_size=512,
+    tie_word_embeddings=True,
+    max_position_embeddings=256,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tiny", action="store_true", help="tiny model and batch (with --device cpu: a smoke test)")
+    p.add_argument(
+        "--tiny", action="store_true", help="tiny model and batch (with --device cpu: a smoke test)"
+    )
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--sequences", type=int, help="rollout rows (all ranks); default 256 (tiny: 8)")
     p.add_argument("--prompt-len", type=int, help="default 512 (tiny: 32)")
     p.add_argument("--response-len", type=int, help="default 256 (tiny: 16)")
-    p.add_argument("--mini-batch", type=int, help="sequences per optimizer step (all ranks); default 64 (tiny: 4)")
-    p.add_argument("--micro-batch", default=None, help="sequences per forward/backward, comma list; default 8 (tiny: 2)")
+    p.add_argument(
+        "--mini-batch", type=int, help="sequences per optimizer step (all ranks); default 64 (tiny: 4)"
+    )
+    p.add_argument(
+        "--micro-batch", default=None, help="sequences per forward/backward, comma list; default 8 (tiny: 2)"
+    )
     p.add_argument("--log-prob-micro-batch", type=int, default=None, help="default 16 (tiny: 4)")
-    p.add_argument("--recompute", default="on", help="activation checkpointing of each decoder layer: on, off or on,off")
-    p.add_argument("--head", default="checkpoint", help="LM-head backward: checkpoint, fused or checkpoint,fused")
+    p.add_argument(
+        "--recompute", default="on", help="activation checkpointing of each decoder layer: on, off or on,off"
+    )
+    p.add_argument(
+        "--head", default="checkpoint", help="LM-head backward: checkpoint, fused or checkpoint,fused"
+    )
     p.add_argument("--chunk-size", type=int, default=1024, help="tokens per log-prob chunk of the LM head")
     p.add_argument("--master-dtype", default=None, help="parameter dtype; default float32")
-    p.add_argument("--param-dtype", default=None,
-                   help="FSDP compute dtype ('none' = the master dtype); default bfloat16 on cuda, none on cpu")
-    p.add_argument("--no-reshard", action="store_true", help="reshard_after_forward=False (saves all-gathers)")
+    p.add_argument(
+        "--param-dtype",
+        default=None,
+        help="FSDP compute dtype ('none' = the master dtype); default bfloat16 on cuda, none on cpu",
+    )
+    p.add_argument(
+        "--no-reshard", action="store_true", help="reshard_after_forward=False (saves all-gathers)"
+    )
     p.add_argument("--kl-loss", action="store_true", help="add the low-var KL loss against a reference")
     p.add_argument("--warmup", type=int, default=1, help="untimed update_policy calls")
     p.add_argument("--iters", type=int, default=2, help="timed update_policy calls")
-    p.add_argument("--threads", type=int, default=1,
-                   help="CPU threads per rank on --device cpu (more than free cores makes each op far slower)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads per rank on --device cpu (more than free cores makes each op far slower)",
+    )
     p.add_argument("--peak-tflops", type=float, default=791.0, help="per-device peak for MFU")
     args = p.parse_args(argv)
     tiny = args.tiny
-    for name, big, small in (("sequences", 256, 8), ("prompt_len", 512, 32), ("response_len", 256, 16),
-                             ("mini_batch", 64, 4), ("micro_batch", 8, 2), ("log_prob_micro_batch", 16, 4)):
+    for name, big, small in (
+        ("sequences", 256, 8),
+        ("prompt_len", 512, 32),
+        ("response_len", 256, 16),
+        ("mini_batch", 64, 4),
+        ("micro_batch", 8, 2),
+        ("log_prob_micro_batch", 16, 4),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, small if tiny else big)
     args.micro_batches = [int(x) for x in str(args.micro_batch).split(",")]
@@ -100,7 +144,9 @@ def init_distributed(device: str, threads: int) -> tuple[int, int, torch.device]
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
     local_rank = int(os.environ["LOCAL_RANK"])
     if device == "cuda":
         dev = torch.device("cuda", local_rank)
@@ -114,23 +160,49 @@ def init_distributed(device: str, threads: int) -> tuple[int, int, torch.device]
 
 
 def configs(args: argparse.Namespace, micro_batch: int) -> tuple[SimpleNamespace, SimpleNamespace]:
-    """Actor and FSDP settings with the fields of ``infra.config.ActorConfig`` / ``FSDPConfig``
+    """Actor and FSDP settings with the fields of ``ppoflow.infra.config.ActorConfig`` / ``FSDPConfig``
     (plain namespaces, so the benchmark runs without pydantic)."""
-    optim = SimpleNamespace(lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01, eps=1e-8, warmup_steps=0,
-                            warmup_steps_ratio=0.0, total_training_steps=None, grad_clip=1.0)
-    fsdp = SimpleNamespace(fsdp_size=-1, param_dtype=None if args.param_dtype == "none" else args.param_dtype,
-                           reduce_dtype="float32", param_offload=False, optimizer_offload=False,
-                           reshard_after_forward=not args.no_reshard)
+    optim = SimpleNamespace(
+        lr=1e-6,
+        betas=(0.9, 0.999),
+        weight_decay=0.01,
+        eps=1e-8,
+        warmup_steps=0,
+        warmup_steps_ratio=0.0,
+        total_training_steps=None,
+        grad_clip=1.0,
+    )
+    fsdp = SimpleNamespace(
+        fsdp_size=-1,
+        param_dtype=None if args.param_dtype == "none" else args.param_dtype,
+        reduce_dtype="float32",
+        param_offload=False,
+        optimizer_offload=False,
+        reshard_after_forward=not args.no_reshard,
+    )
     actor = SimpleNamespace(
-        ppo_mini_batch_size=args.mini_batch, ppo_micro_batch_size_per_gpu=micro_batch, ppo_epochs=1,
-        shuffle=False, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean",
-        entropy_coeff=0.0, use_kl_loss=args.kl_loss, kl_loss_coef=0.001, kl_loss_type="low_var_kl",
-        log_prob_micro_batch_size_per_gpu=args.log_prob_micro_batch, optim=optim, fsdp=fsdp)
+        ppo_mini_batch_size=args.mini_batch,
+        ppo_micro_batch_size_per_gpu=micro_batch,
+        ppo_epochs=1,
+        shuffle=False,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.2,
+        clip_ratio_c=3.0,
+        loss_agg_mode="token-mean",
+        entropy_coeff=0.0,
+        use_kl_loss=args.kl_loss,
+        kl_loss_coef=0.001,
+        kl_loss_type="low_var_kl",
+        log_prob_micro_batch_size_per_gpu=args.log_prob_micro_batch,
+        optim=optim,
+        fsdp=fsdp,
+    )
     return actor, fsdp
 
 
-def build_actor(args: argparse.Namespace, point: dict, world: int,
-                device: torch.device) -> tuple[DataParallelPPOActor, int, object]:
+def build_actor(
+    args: argparse.Namespace, point: dict, world: int, device: torch.device
+) -> tuple[DataParallelPPOActor, int, object]:
     """Random Qwen2 policy -> PolicyLM -> FSDP2 -> DataParallelPPOActor; returns (actor, N, hf config)."""
     from transformers import Qwen2Config
 
@@ -142,11 +214,16 @@ def build_actor(args: argparse.Namespace, point: dict, world: int,
         enable_gradient_checkpointing(hf)
     n_params = sum(p.numel() for p in hf.parameters())
     actor_cfg, fsdp_cfg = configs(args, point["micro_batch"])
-    module = apply_fsdp(PolicyLM(hf, chunk_size=args.chunk_size, head_impl=point["head"]),
-                        build_mesh(fsdp_cfg, world, device.type), fsdp_cfg, device)
+    module = apply_fsdp(
+        PolicyLM(hf, chunk_size=args.chunk_size, head_impl=point["head"]),
+        build_mesh(fsdp_cfg, world, device.type),
+        fsdp_cfg,
+        device,
+    )
     optimizer, scheduler = build_optimizer(module, actor_cfg.optim)
-    actor = DataParallelPPOActor(actor_cfg, module, optimizer, scheduler, rollout_n=1, dp_size=world,
-                                 device=device)
+    actor = DataParallelPPOActor(
+        actor_cfg, module, optimizer, scheduler, rollout_n=1, dp_size=world, device=device
+    )
     return actor, n_params, hf_cfg
 
 
@@ -155,10 +232,14 @@ def synthetic_rollout(rows: int, prompt_len: int, response_len: int, vocab: int,
     g = torch.Generator().manual_seed(seed)
     total = prompt_len + response_len
     ids = torch.randint(0, vocab, (rows, total), generator=g)
-    batch = {"input_ids": ids, "attention_mask": torch.ones(rows, total, dtype=torch.long),
-             "position_ids": torch.arange(total).expand(rows, total).clone(), "responses": ids[:, prompt_len:].clone(),
-             "response_mask": torch.ones(rows, response_len, dtype=torch.long),
-             "advantages": torch.randn(rows, response_len, generator=g)}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones(rows, total, dtype=torch.long),
+        "position_ids": torch.arange(total).expand(rows, total).clone(),
+        "responses": ids[:, prompt_len:].clone(),
+        "response_mask": torch.ones(rows, response_len, dtype=torch.long),
+        "advantages": torch.randn(rows, response_len, generator=g),
+    }
     return DataProto.from_dict(batch, meta_info={"temperature": 1.0})
 
 
@@ -185,7 +266,9 @@ def run_point(args: argparse.Namespace, point: dict, world: int, rank: int, devi
     # compute_log_prob: the first call warms up, the second is timed; its output is the "old" policy
     actor.compute_log_prob(data[: min(rows, args.log_prob_micro_batch)])
     lp_s, (old, _) = timed(lambda: actor.compute_log_prob(data), device)
-    data.batch["old_log_probs"] = old + 0.01 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1))
+    data.batch["old_log_probs"] = old + 0.01 * torch.randn(
+        old.shape, generator=torch.Generator().manual_seed(1)
+    )
     if args.kl_loss:
         data.batch["ref_log_prob"] = old.clone()
     for _ in range(args.warmup):
@@ -204,14 +287,21 @@ def run_point(args: argparse.Namespace, point: dict, world: int, rank: int, devi
     flops = (8 if point["recompute"] else 6) * n_params * tokens
     useful = 6 * (n_params - head) * tokens + 6 * head * args.sequences * args.response_len
     return {
-        **point, "params_M": round(n_params / 1e6, 1),
-        "update_s": round(step_s, 4), "update_tokens_per_s": round(tokens / step_s, 1),
-        "mfu": round(flops / step_s / peak, 4), "mfu_formula": "8N" if point["recompute"] else "6N",
+        **point,
+        "params_M": round(n_params / 1e6, 1),
+        "update_s": round(step_s, 4),
+        "update_tokens_per_s": round(tokens / step_s, 1),
+        "mfu": round(flops / step_s / peak, 4),
+        "mfu_formula": "8N" if point["recompute"] else "6N",
         "mfu_useful": round(useful / step_s / peak, 4),
-        "logprob_s": round(lp_s, 4), "logprob_tokens_per_s": round(tokens / lp_s, 1),
+        "logprob_s": round(lp_s, 4),
+        "logprob_tokens_per_s": round(tokens / lp_s, 1),
         "logprob_mfu": round(2 * n_params * tokens / lp_s / peak, 4),
-        "optimizer_steps": metrics["actor/optimizer_steps"], "grad_norm": round(metrics["actor/grad_norm"], 4),
-        "peak_mem_GiB": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
+        "optimizer_steps": metrics["actor/optimizer_steps"],
+        "grad_norm": round(metrics["actor/grad_norm"], 4),
+        "peak_mem_GiB": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        if device.type == "cuda"
+        else None,
     }
 
 
@@ -220,26 +310,44 @@ def _row(r: dict) -> str:
     head = f"{r['micro_batch']:>5} {str(r['recompute']):>6} {r['head']:>10}"
     if "error" in r:
         return f"{head} {r['error']}"
-    return (f"{head} {r['update_s']:>9.3f} {r['update_tokens_per_s']:>10.0f} {r['mfu']:>6.3f} "
-            f"{r['mfu_useful']:>6.3f} | {r['logprob_tokens_per_s']:>13.0f} {r['logprob_mfu']:>6.3f} | "
-            f"{r['peak_mem_GiB']!s:>8}")
+    return (
+        f"{head} {r['update_s']:>9.3f} {r['update_tokens_per_s']:>10.0f} {r['mfu']:>6.3f} "
+        f"{r['mfu_useful']:>6.3f} | {r['logprob_tokens_per_s']:>13.0f} {r['logprob_mfu']:>6.3f} | "
+        f"{r['peak_mem_GiB']!s:>8}"
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     rank, world, device = init_distributed(args.device, args.threads)
     if args.sequences % world or args.mini_batch % world:
-        raise SystemExit(f"--sequences {args.sequences} and --mini-batch {args.mini_batch} must divide by {world} ranks")
-    setup = {"model": "tiny" if args.tiny else "qwen2.5-0.5b-shape", "ranks": world, "device": args.device,
-             "master_dtype": args.master_dtype, "param_dtype": args.param_dtype, "sequences": args.sequences,
-             "prompt_len": args.prompt_len, "response_len": args.response_len, "mini_batch": args.mini_batch,
-             "chunk_size": args.chunk_size, "reshard_after_forward": not args.no_reshard}
+        raise SystemExit(
+            f"--sequences {args.sequences} and --mini-batch {args.mini_batch} must divide by {world} ranks"
+        )
+    setup = {
+        "model": "tiny" if args.tiny else "qwen2.5-0.5b-shape",
+        "ranks": world,
+        "device": args.device,
+        "master_dtype": args.master_dtype,
+        "param_dtype": args.param_dtype,
+        "sequences": args.sequences,
+        "prompt_len": args.prompt_len,
+        "response_len": args.response_len,
+        "mini_batch": args.mini_batch,
+        "chunk_size": args.chunk_size,
+        "reshard_after_forward": not args.no_reshard,
+    }
     if rank == 0:
-        print(f"actor update: {setup['model']}, {world} rank(s) on {args.device}, master {args.master_dtype}, "
-              f"compute {args.param_dtype}, {args.sequences} x ({args.prompt_len} + {args.response_len}) tokens, "
-              f"mini-batch {args.mini_batch}, head chunk {args.chunk_size}")
-        print(f"{'micro':>5} {'recomp':>6} {'head':>10} {'update s':>9} {'tok/s':>10} {'MFU':>6} "
-              f"{'useful':>6} | {'logprob tok/s':>13} {'MFU':>6} | {'peak GiB':>8}", flush=True)
+        print(
+            f"actor update: {setup['model']}, {world} rank(s) on {args.device}, master {args.master_dtype}, "
+            f"compute {args.param_dtype}, {args.sequences} x ({args.prompt_len} + {args.response_len}) tokens, "
+            f"mini-batch {args.mini_batch}, head chunk {args.chunk_size}"
+        )
+        print(
+            f"{'micro':>5} {'recomp':>6} {'head':>10} {'update s':>9} {'tok/s':>10} {'MFU':>6} "
+            f"{'useful':>6} | {'logprob tok/s':>13} {'MFU':>6} | {'peak GiB':>8}",
+            flush=True,
+        )
     results = []
     for micro in args.micro_batches:
         for recompute in args.recomputes:

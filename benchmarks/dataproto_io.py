@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from infra import storage  # noqa: E402
-from infra.dataproto import DataProto  # noqa: E402
+from ppoflow.infra.data import storage
+from ppoflow.infra.data.dataproto import DataProto
 
 
 def rollout_batch(rows: int, prompt: int, response: int) -> DataProto:
@@ -85,16 +82,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--response", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", default=None, help="directory for the local file (default: a temp dir)")
-    parser.add_argument("--url", action="append", default=[], help="extra URLs to time (memory://..., s3://...)")
+    parser.add_argument(
+        "--url", action="append", default=[], help="extra URLs to time (memory://..., s3://...)"
+    )
     args = parser.parse_args(argv)
 
     proto = rollout_batch(args.rows, args.prompt, args.response)
     nbytes = payload_bytes(proto)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        targets = [("local file", os.path.join(tmp, "rollout.arrow")), ("file:// URL", "file://" + os.path.join(tmp, "r2.arrow"))]
+        targets = [
+            ("local file", os.path.join(tmp, "rollout.arrow")),
+            ("file:// URL", "file://" + os.path.join(tmp, "r2.arrow")),
+        ]
         targets += [(url.split("://")[0] + "://", url) for url in args.url]
-        print(f"DataProto {args.rows} x {args.prompt}+{args.response} tokens, {len(proto.batch)} tensors + 1 string column")
-        print(f"{'target':<12} {'bytes':>12} {'save s':>8} {'load s':>8} {'save GB/s':>10} {'load GB/s':>10} {'comb. GB/s':>10}")
+        print(
+            f"DataProto {args.rows} x {args.prompt}+{args.response} tokens, {len(proto.batch)} tensors + 1 string column"
+        )
+        print(
+            f"{'target':<12} {'bytes':>12} {'save s':>8} {'load s':>8} {'save GB/s':>10} {'load GB/s':>10} {'comb. GB/s':>10}"
+        )
         for name, url in targets:
             save_s, load_s = time_url(proto, url, args.repeats)
             print(

@@ -1,7 +1,7 @@
 """Warm PPO iterations of the real ``ppo`` flow at a configurable shape; prints one table.
 
 The benchmark builds a random-weight model of the chosen shape, a parquet prompt set of the chosen
-prompt length, an experiment config, and runs ``flows.ppo.ppo`` for ``1 + K`` iterations in one
+prompt length, an experiment config, and runs ``ppoflow.flows.ppo.ppo`` for ``1 + K`` iterations in one
 flow run (ephemeral Prefect, local files): the first iteration pays the cold starts (worker
 groups, engine warm-up), the next ``K`` are warm. It then reads the warm iterations'
 ``metrics.json`` and prints seconds per task, weight-sync seconds, tokens/s per stage, the actor
@@ -28,17 +28,22 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PRESETS = {
     "tiny": dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256),
     "small": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=1024),
-    "qwen2.5-0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
-                         vocab_size=151936, max_position_embeddings=32768, rope_theta=1_000_000.0),
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+    ),
 }
 PEAK_TFLOPS = {"cuda": 791.0}  # H200 bf16 dense, measured on the device machine (FIELD-NOTES)
 
@@ -53,7 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=1, help="responses per prompt")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--response-len", type=int, default=16)
-    p.add_argument("--mini-batch", type=int, default=None, help="prompts per optimizer step (default prompts/4)")
+    p.add_argument(
+        "--mini-batch", type=int, default=None, help="prompts per optimizer step (default prompts/4)"
+    )
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward per rank")
     p.add_argument("--log-prob-micro-batch", type=int, default=8)
     p.add_argument("--recompute", action="store_true", help="activation checkpointing in the updates")
@@ -68,13 +75,18 @@ def build_model(out_dir: str, preset: str, max_len: int) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from infra.tiny_models import build_char_tokenizer, tiny_config
+    from ppoflow.demo.tiny_models import build_char_tokenizer, tiny_config
 
     tok = build_char_tokenizer()
     shape = dict(PRESETS[preset])
     vocab = shape.pop("vocab_size", len(tok))
-    cfg = tiny_config(vocab, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      max_position_embeddings=shape.pop("max_position_embeddings", max(512, max_len)), **shape)
+    cfg = tiny_config(
+        vocab,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        max_position_embeddings=shape.pop("max_position_embeddings", max(512, max_len)),
+        **shape,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.save_pretrained(out_dir)
@@ -90,10 +102,21 @@ def build_prompts(url: str, count: int, prompt_len: int) -> None:
 
     rng = random.Random(0)
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 +-="
-    rows = [{"prompt": [{"role": "user", "content": "".join(rng.choice(alphabet) for _ in range(max(1, prompt_len - 2)))}],
-             "data_source": "openai/gsm8k", "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": "42"},
-             "extra_info": {"split": "train", "index": i}} for i in range(count)]
+    rows = [
+        {
+            "prompt": [
+                {
+                    "role": "user",
+                    "content": "".join(rng.choice(alphabet) for _ in range(max(1, prompt_len - 2))),
+                }
+            ],
+            "data_source": "openai/gsm8k",
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "42"},
+            "extra_info": {"split": "train", "index": i},
+        }
+        for i in range(count)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), url)
 
 
@@ -104,17 +127,33 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
     return {
         "model": {"path": model_dir, "dtype": "float32", "enable_gradient_checkpointing": args.recompute},
         "data": {"train_files": [data_url], "train_batch_size": args.prompts, "apply_chat_template": True},
-        "rollout": {"engine": args.engine, "n": args.n, "temperature": 1.0, "prompt_length": args.prompt_len,
-                    "response_length": args.response_len, "dtype": "bfloat16" if cuda else None,
-                    "log_prob_micro_batch_size_per_gpu": args.log_prob_micro_batch,
-                    "kv_cache_gib": 0.5, "gpu_memory_utilization": 0.3},
-        "actor": {"ppo_mini_batch_size": mini, "ppo_micro_batch_size_per_gpu": args.micro_batch,
-                  "log_prob_micro_batch_size_per_gpu": args.log_prob_micro_batch,
-                  "logprob_head": "fused", "optim": {"lr": 1e-6}, "fsdp": fsdp},
+        "rollout": {
+            "engine": args.engine,
+            "n": args.n,
+            "temperature": 1.0,
+            "prompt_length": args.prompt_len,
+            "response_length": args.response_len,
+            "dtype": "bfloat16" if cuda else None,
+            "log_prob_micro_batch_size_per_gpu": args.log_prob_micro_batch,
+            "kv_cache_gib": 0.5,
+            "gpu_memory_utilization": 0.3,
+        },
+        "actor": {
+            "ppo_mini_batch_size": mini,
+            "ppo_micro_batch_size_per_gpu": args.micro_batch,
+            "log_prob_micro_batch_size_per_gpu": args.log_prob_micro_batch,
+            "logprob_head": "fused",
+            "optim": {"lr": 1e-6},
+            "fsdp": fsdp,
+        },
         "ref": {"log_prob_micro_batch_size_per_gpu": args.log_prob_micro_batch, "fsdp": fsdp},
-        "critic": {"ppo_mini_batch_size": mini, "ppo_micro_batch_size_per_gpu": args.micro_batch,
-                   "forward_micro_batch_size_per_gpu": args.log_prob_micro_batch, "optim": {"lr": 1e-5},
-                   "fsdp": fsdp},
+        "critic": {
+            "ppo_mini_batch_size": mini,
+            "ppo_micro_batch_size_per_gpu": args.micro_batch,
+            "forward_micro_batch_size_per_gpu": args.log_prob_micro_batch,
+            "optim": {"lr": 1e-5},
+            "fsdp": fsdp,
+        },
         "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True},
         "storage": {"root": root, "experiment": "bench"},
         "resources": {"nprocs": args.ranks, "device": args.device},
@@ -131,46 +170,66 @@ def report(args, rows: list[dict], n_params: int) -> str:
     resp_tokens = mean(rows, "response_length/mean") * args.prompts * args.n
     all_tokens = mean(rows, "perf/total_num_tokens")
     it = mean(rows, "timing_s/iteration")
-    lines = [f"ppoflow iteration benchmark: {args.preset} (N={n_params / 1e6:.1f}M), {args.ranks} rank(s) on "
-             f"{args.device}, engine {args.engine}, {args.prompts} prompts x {args.n}, prompt {args.prompt_len}, "
-             f"response {args.response_len}; mean of {len(rows)} warm iteration(s)", "",
-             f"{'stage':<22}{'seconds':>10}{'tokens/s':>12}"]
-    stages = [("generate", "timing_s/generate", resp_tokens), ("  of which generation", "rollout/generate_s", resp_tokens),
-              ("  of which old log-prob", "perf/old_log_prob_s", all_tokens),
-              ("  of which weight sync", "weight_sync_s", None),
-              ("ref_log_prob", "timing_s/ref_log_prob", all_tokens), ("values", "timing_s/values", all_tokens),
-              ("advantage", "timing_s/advantage", None),
-              ("update_actor", "timing_s/update_actor", all_tokens),
-              ("  of which compute", "perf/update_actor_s", all_tokens),
-              ("  of which checkpoint", "timing_s/save_checkpoint_actor", None),
-              ("update_critic", "timing_s/update_critic", all_tokens),
-              ("  of which compute", "perf/update_critic_s", all_tokens),
-              ("  of which checkpoint", "timing_s/save_checkpoint_critic", None),
-              ("commit", "timing_s/commit", None), ("iteration (wall)", "timing_s/iteration", all_tokens)]
+    lines = [
+        f"ppoflow iteration benchmark: {args.preset} (N={n_params / 1e6:.1f}M), {args.ranks} rank(s) on "
+        f"{args.device}, engine {args.engine}, {args.prompts} prompts x {args.n}, prompt {args.prompt_len}, "
+        f"response {args.response_len}; mean of {len(rows)} warm iteration(s)",
+        "",
+        f"{'stage':<22}{'seconds':>10}{'tokens/s':>12}",
+    ]
+    stages = [
+        ("generate", "timing_s/generate", resp_tokens),
+        ("  of which generation", "rollout/generate_s", resp_tokens),
+        ("  of which old log-prob", "perf/old_log_prob_s", all_tokens),
+        ("  of which weight sync", "weight_sync_s", None),
+        ("ref_log_prob", "timing_s/ref_log_prob", all_tokens),
+        ("values", "timing_s/values", all_tokens),
+        ("advantage", "timing_s/advantage", None),
+        ("update_actor", "timing_s/update_actor", all_tokens),
+        ("  of which compute", "perf/update_actor_s", all_tokens),
+        ("  of which checkpoint", "timing_s/save_checkpoint_actor", None),
+        ("update_critic", "timing_s/update_critic", all_tokens),
+        ("  of which compute", "perf/update_critic_s", all_tokens),
+        ("  of which checkpoint", "timing_s/save_checkpoint_critic", None),
+        ("commit", "timing_s/commit", None),
+        ("iteration (wall)", "timing_s/iteration", all_tokens),
+    ]
     for name, key, tokens in stages:
         s = mean(rows, key)
         tps = f"{tokens / s:12.0f}" if tokens and s == s and s > 0 else f"{'':>12}"
         lines.append(f"{name:<22}{s:10.3f}{tps}")
+
     def m(key: str) -> float:
         v = mean(rows, key)
         return 0.0 if v != v else v
 
     # model compute on the critical path: the two reads and the two updates run concurrently
-    compute = (m("rollout/generate_s") + m("perf/old_log_prob_s") + max(m("timing_s/ref_log_prob"), m("timing_s/values"))
-               + m("timing_s/advantage") + max(m("perf/update_actor_s"), m("perf/update_critic_s")))
+    compute = (
+        m("rollout/generate_s")
+        + m("perf/old_log_prob_s")
+        + max(m("timing_s/ref_log_prob"), m("timing_s/values"))
+        + m("timing_s/advantage")
+        + max(m("perf/update_actor_s"), m("perf/update_critic_s"))
+    )
     lines.append("")
     if args.device in PEAK_TFLOPS:
         upd = mean(rows, "perf/update_actor_s")
         factor = 8 if args.recompute else 6
         mfu = factor * n_params * all_tokens / upd / (PEAK_TFLOPS[args.device] * 1e12 * args.ranks)
-        lines.append(f"actor update MFU ({factor}·N·tokens / {PEAK_TFLOPS[args.device]:.0f} TFLOP/s): {mfu:.3f}")
-    lines.append(f"Prefect overhead (iteration wall - critical path of task time): "
-                 f"{mean(rows, 'timing_s/overhead'):.3f} s")
+        lines.append(
+            f"actor update MFU ({factor}·N·tokens / {PEAK_TFLOPS[args.device]:.0f} TFLOP/s): {mfu:.3f}"
+        )
+    lines.append(
+        f"Prefect overhead (iteration wall - critical path of task time): "
+        f"{mean(rows, 'timing_s/overhead'):.3f} s"
+    )
     outside = max(0.0, it - compute)
-    lines.append(f"outside model compute (Prefect, Arrow I/O, dispatch, weight sync, checkpoints): "
-                 f"{outside:.3f} s = {outside / it:.1%} of the iteration "
-                 f"(weight sync {m('weight_sync_s'):.3f} s, checkpoints "
-                 f"{max(m('timing_s/save_checkpoint_actor'), m('timing_s/save_checkpoint_critic')):.3f} s on the critical path)")
+    lines.append(
+        f"outside model compute (Prefect, Arrow I/O, dispatch, weight sync, checkpoints): "
+        f"{outside:.3f} s = {outside / it:.1%} of the iteration "
+        f"(weight sync {m('weight_sync_s'):.3f} s, checkpoints "
+        f"{max(m('timing_s/save_checkpoint_actor'), m('timing_s/save_checkpoint_critic')):.3f} s on the critical path)"
+    )
     return "\n".join(lines)
 
 
@@ -180,8 +239,8 @@ def main(argv=None) -> None:
     work = args.storage or tempfile.mkdtemp(prefix="ppoflow-bench-")
     os.makedirs(work, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect-home"))
-    from flows.ppo import install_sigterm_handler, ppo
-    from infra.config import parse_config
+    from ppoflow.flows.ppo import install_sigterm_handler, ppo
+    from ppoflow.infra.config import parse_config
 
     model_dir = os.path.join(work, "model")
     data_url = os.path.join(work, "prompts.parquet")
@@ -189,11 +248,17 @@ def main(argv=None) -> None:
     n_params = build_model(model_dir, args.preset, args.prompt_len + args.response_len + 8)
     build_prompts(data_url, max(args.prompts * (args.iters + 1), args.prompts), args.prompt_len)
     cfg = parse_config(experiment_config(args, model_dir, data_url, os.path.join(work, "runs")))
-    print(f"built model ({n_params / 1e6:.1f}M params) and prompts in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(
+        f"built model ({n_params / 1e6:.1f}M params) and prompts in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
     install_sigterm_handler()
     t0 = time.perf_counter()
     ppo(cfg, iterations=1 + args.iters)
-    print(f"flow run: {time.perf_counter() - t0:.1f} s for {1 + args.iters} iterations (first one cold)", flush=True)
+    print(
+        f"flow run: {time.perf_counter() - t0:.1f} s for {1 + args.iters} iterations (first one cold)",
+        flush=True,
+    )
     exp = cfg.storage.experiment_url
     rows = []
     for n in range(2, args.iters + 2):

@@ -29,13 +29,19 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 MODELS = {
     "tiny": dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, tie_word_embeddings=True),
     # ~153M parameters: Qwen2-shaped, GQA 12/4 heads (head_dim 64), untied 32k vocabulary.
-    "150m": dict(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4, intermediate_size=3072,
-                 tie_word_embeddings=False, vocab_size=32000),
+    "150m": dict(
+        hidden_size=768,
+        num_layers=12,
+        num_heads=12,
+        num_kv_heads=4,
+        intermediate_size=3072,
+        tie_word_embeddings=False,
+        vocab_size=32000,
+    ),
 }
 
 
@@ -62,7 +68,7 @@ def save_model(name: str, out_dir: str, dtype: str) -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from infra.tiny_models import build_char_tokenizer, tiny_config
+    from ppoflow.demo.tiny_models import build_char_tokenizer, tiny_config
 
     tok = build_char_tokenizer()
     kw = dict(MODELS[name])
@@ -82,26 +88,46 @@ def child(args: argparse.Namespace) -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    from infra.config import ExperimentConfig
-    from infra.dataproto import DataProto
-    from workers.fsdp_utils import apply_fsdp, build_mesh, load_hf_model
-    from workers.modeling import PolicyLM
-    from workers.rollout import build_rollout, build_sharding_manager
-    from workers.rollout.weight_sync import live_weights
+    from ppoflow.infra.config import ExperimentConfig
+    from ppoflow.infra.data.dataproto import DataProto
+    from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, load_hf_model
+    from ppoflow.workers.modeling import PolicyLM
+    from ppoflow.workers.rollout import build_rollout, build_sharding_manager
+    from ppoflow.workers.rollout.weight_sync import live_weights
 
-    cfg = ExperimentConfig.model_validate({
-        "model": {"path": args.model_dir, "dtype": args.dtype}, "data": {"train_files": ["unused"]},
-        "resources": {"nprocs": world},
-        "rollout": {"tensor_model_parallel_size": args.tp, "prompt_length": args.prompt_len,
-                    "response_length": args.response_len, "kv_cache_gib": args.kv_cache_gib, "seed": 0}})
-    module = apply_fsdp(PolicyLM(load_hf_model(cfg.model, "causal_lm")), build_mesh(cfg.actor.fsdp, world, "cpu"),
-                        cfg.actor.fsdp, "cpu")
+    cfg = ExperimentConfig.model_validate(
+        {
+            "model": {"path": args.model_dir, "dtype": args.dtype},
+            "data": {"train_files": ["unused"]},
+            "resources": {"nprocs": world},
+            "rollout": {
+                "tensor_model_parallel_size": args.tp,
+                "prompt_length": args.prompt_len,
+                "response_length": args.response_len,
+                "kv_cache_gib": args.kv_cache_gib,
+                "seed": 0,
+            },
+        }
+    )
+    module = apply_fsdp(
+        PolicyLM(load_hf_model(cfg.model, "causal_lm")),
+        build_mesh(cfg.actor.fsdp, world, "cpu"),
+        cfg.actor.fsdp,
+        "cpu",
+    )
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(args.model_dir)
     t0 = time.perf_counter()
-    rollout = build_rollout(cfg, model_path=args.model_dir, tokenizer=tok, actor_module=module, device="cpu",
-                            rank=rank, world_size=world)
+    rollout = build_rollout(
+        cfg,
+        model_path=args.model_dir,
+        tokenizer=tok,
+        actor_module=module,
+        device="cpu",
+        rank=rank,
+        world_size=world,
+    )
     init_s = time.perf_counter() - t0
     manager = build_sharding_manager(rollout, module, loader=args.loader)
     n_params = sum(p.numel() for p in module.parameters())
@@ -126,8 +152,13 @@ def child(args: argparse.Namespace) -> None:
     g = torch.Generator().manual_seed(rank)
     b, plen = args.prompts, args.prompt_len
     ids = torch.randint(5, 255, (b, plen), generator=g)
-    data = DataProto.from_dict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                "position_ids": torch.arange(plen).expand(b, plen).clone()})
+    data = DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(plen).expand(b, plen).clone(),
+        }
+    )
     with manager:
         rollout.generate_sequences(data[:2])  # warm-up (first forward passes)
         dist.barrier()
@@ -140,12 +171,28 @@ def child(args: argparse.Namespace) -> None:
     dist.all_reduce(tokens)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank == 0:
-        print("RESULT " + json.dumps({
-            "model": args.model, "ranks": world, "tp": args.tp, "loader": args.loader, "params": n_params,
-            "init_s": init_s, "gather_s": statistics.median(gathers), "push_s": statistics.median(pushes[1:]),
-            "push_min_s": min(pushes[1:]), "load_s": statistics.median(loads[1:]), "first_push_s": pushes[0],
-            "push_bytes_rank0": pushed_bytes, "engine_tok_s": engine_tps,
-            "group_tok_s": tokens.item() / slowest.item()}), flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "model": args.model,
+                    "ranks": world,
+                    "tp": args.tp,
+                    "loader": args.loader,
+                    "params": n_params,
+                    "init_s": init_s,
+                    "gather_s": statistics.median(gathers),
+                    "push_s": statistics.median(pushes[1:]),
+                    "push_min_s": min(pushes[1:]),
+                    "load_s": statistics.median(loads[1:]),
+                    "first_push_s": pushes[0],
+                    "push_bytes_rank0": pushed_bytes,
+                    "engine_tok_s": engine_tps,
+                    "group_tok_s": tokens.item() / slowest.item(),
+                }
+            ),
+            flush=True,
+        )
     sys.stdout.flush()
     # Fast exit: vLLM's engine owns the process group's teardown (see VLLMRollout.shutdown).
     dist.barrier()
@@ -157,19 +204,49 @@ def run_layout(args: argparse.Namespace, model: str, model_dir: str, layout: str
     ranks = int(parts[0])
     tp = next((int(p[2:]) for p in parts[1:] if p.startswith("tp")), 1)
     loader = "dtensor" if "dtensor" in parts[1:] else "hf"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           os.path.abspath(__file__), "--child", "--model", model, "--model-dir", model_dir, "--tp", str(tp),
-           "--loader", loader, "--pushes", str(args.pushes), "--prompts", str(args.prompts),
-           "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len),
-           "--dtype", args.dtype, "--kv-cache-gib", str(args.kv_cache_gib)]
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": ROOT,
-           "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks))}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        os.path.abspath(__file__),
+        "--child",
+        "--model",
+        model,
+        "--model-dir",
+        model_dir,
+        "--tp",
+        str(tp),
+        "--loader",
+        loader,
+        "--pushes",
+        str(args.pushes),
+        "--prompts",
+        str(args.prompts),
+        "--prompt-len",
+        str(args.prompt_len),
+        "--response-len",
+        str(args.response_len),
+        "--dtype",
+        args.dtype,
+        "--kv-cache-gib",
+        str(args.kv_cache_gib),
+    ]
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "PYTHONPATH": ROOT,
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks)),
+    }
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT ") or "RESULT {" in line:
-            return json.loads(line[line.index("{"):])
-    print(f"layout {layout} of {model} failed (status {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}",
-          file=sys.stderr)
+            return json.loads(line[line.index("{") :])
+    print(
+        f"layout {layout} of {model} failed (status {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}",
+        file=sys.stderr,
+    )
     return None
 
 
@@ -189,13 +266,17 @@ def main(argv: list[str] | None = None) -> None:
                     res["wall_s"] = time.perf_counter() - t0
                     rows.append(res)
                     print(json.dumps(res), flush=True)
-    head = (f"{'model':6} {'ranks':>5} {'tp':>3} {'loader':8} {'params':>8} {'gather_s':>9} {'push_s':>8} "
-            f"{'load_s':>8} {'s/Bparam':>9} {'MB/rank':>8} {'engine tok/s':>13} {'group tok/s':>12}")
+    head = (
+        f"{'model':6} {'ranks':>5} {'tp':>3} {'loader':8} {'params':>8} {'gather_s':>9} {'push_s':>8} "
+        f"{'load_s':>8} {'s/Bparam':>9} {'MB/rank':>8} {'engine tok/s':>13} {'group tok/s':>12}"
+    )
     print("\n" + head + "\n" + "-" * len(head))
     for r in rows:
-        print(f"{r['model']:6} {r['ranks']:>5} {r['tp']:>3} {r['loader']:8} {r['params'] / 1e6:>7.1f}M "
-              f"{r['gather_s']:>9.3f} {r['push_s']:>8.3f} {r['load_s']:>8.3f} {r['push_s'] / (r['params'] / 1e9):>9.2f} "
-              f"{r['push_bytes_rank0'] / 2**20:>8.1f} {r['engine_tok_s']:>13.1f} {r['group_tok_s']:>12.1f}")
+        print(
+            f"{r['model']:6} {r['ranks']:>5} {r['tp']:>3} {r['loader']:8} {r['params'] / 1e6:>7.1f}M "
+            f"{r['gather_s']:>9.3f} {r['push_s']:>8.3f} {r['load_s']:>8.3f} {r['push_s'] / (r['params'] / 1e9):>9.2f} "
+            f"{r['push_bytes_rank0'] / 2**20:>8.1f} {r['engine_tok_s']:>13.1f} {r['group_tok_s']:>12.1f}"
+        )
 
 
 if __name__ == "__main__":

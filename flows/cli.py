@@ -21,7 +21,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main", "build_parser", "CLIError"]
 
@@ -46,21 +47,36 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="ppoflow", description="PPO for language models on FSDP2 + vLLM, every iteration a Prefect flow.")
+        prog="ppoflow", description="PPO for language models on FSDP2 + vLLM, every iteration a Prefect flow."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("demo", help="build and train the tiny CPU demo (idempotent: a second call continues it)")
+    p = sub.add_parser(
+        "demo", help="build and train the tiny CPU demo (idempotent: a second call continues it)"
+    )
     p.add_argument("--storage", default="runs/demo", help="the demo's directory (default: ./runs/demo)")
-    p.add_argument("--iterations", type=_positive, default=None,
-                   help="PPO iterations to run now (default: the demo's own length on a new "
-                        "experiment, 10 more when continuing one)")
-    p.add_argument("--verbose", action="store_true", help="show Prefect's and the ranks' logs in the terminal")
+    p.add_argument(
+        "--iterations",
+        type=_positive,
+        default=None,
+        help="PPO iterations to run now (default: the demo's own length on a new "
+        "experiment, 10 more when continuing one)",
+    )
+    p.add_argument(
+        "--verbose", action="store_true", help="show Prefect's and the ranks' logs in the terminal"
+    )
 
     p = sub.add_parser("run", help="run the ppo flow on an experiment config")
     p.add_argument("config", help="YAML config: a path or fsspec URL")
     p.add_argument("--iterations", type=_positive, default=1, help="iterations to add (default 1)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set rollout.n=4 (YAML value; repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set rollout.n=4 (YAML value; repeatable)",
+    )
     p.add_argument("--quiet", action="store_true", help="only the per-iteration lines, no Prefect logs")
 
     p = sub.add_parser("status", help="print an experiment's manifest and its last metrics")
@@ -70,14 +86,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export-hf", help="write a Hugging Face model directory from a checkpoint")
     p.add_argument("experiment", help="experiment URL/path, or its YAML config")
     p.add_argument("out", help="output directory (local)")
-    p.add_argument("--iteration", type=_positive, default=None, help="committed iteration (default: the latest)")
-    p.add_argument("--role", choices=("actor", "critic"), default="actor", help="which model (default: actor)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                   help="cast the weights (default: keep the checkpoint's dtype)")
+    p.add_argument(
+        "--iteration", type=_positive, default=None, help="committed iteration (default: the latest)"
+    )
+    p.add_argument(
+        "--role", choices=("actor", "critic"), default="actor", help="which model (default: actor)"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="cast the weights (default: keep the checkpoint's dtype)",
+    )
 
-    p = sub.add_parser("tensorboard", help="write TensorBoard event files of an experiment's per-iteration metrics")
+    p = sub.add_parser(
+        "tensorboard", help="write TensorBoard event files of an experiment's per-iteration metrics"
+    )
     p.add_argument("experiment", help="experiment URL/path, or its YAML config")
-    p.add_argument("--logdir", default=None, help="where the event file goes (default: <experiment>/tensorboard)")
+    p.add_argument(
+        "--logdir", default=None, help="where the event file goes (default: <experiment>/tensorboard)"
+    )
     return parser
 
 
@@ -95,8 +123,8 @@ def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
 
 def _experiment_url(text: str) -> str:
     """An experiment URL from a URL/path or a YAML config naming one."""
-    from infra import storage
-    from infra.config import ConfigError, load_config
+    from ppoflow.infra.config import ConfigError, load_config
+    from ppoflow.infra.data import storage
 
     if text.endswith((".yaml", ".yml")):
         if not storage.exists(text):
@@ -109,11 +137,13 @@ def _experiment_url(text: str) -> str:
 
 
 def _read_state(text: str):
-    from infra import storage
-    from infra.manifest import ExperimentPaths, ManifestConflict, read_manifest
+    from ppoflow.infra.data import storage
+    from ppoflow.infra.experiment.manifest import ExperimentPaths, ManifestConflict, read_manifest
 
     url = _experiment_url(text)
-    if not storage.exists(storage.join(url, "manifest.json")) and storage.exists(storage.join(url, "config.yaml")):
+    if not storage.exists(storage.join(url, "manifest.json")) and storage.exists(
+        storage.join(url, "config.yaml")
+    ):
         url = _experiment_url(storage.join(url, "config.yaml"))  # a demo directory: its experiment
     paths = ExperimentPaths(url)
     try:
@@ -122,28 +152,39 @@ def _read_state(text: str):
         raise CLIError(str(err)) from None
     if manifest is None:
         hint = " (it exists but holds no manifest.json)" if storage.exists(url) else " (no such directory)"
-        raise CLIError(f"no experiment at {url}{hint}; give the experiment's directory "
-                       "(<storage.root>/<storage.experiment>) or its config YAML")
+        raise CLIError(
+            f"no experiment at {url}{hint}; give the experiment's directory "
+            "(<storage.root>/<storage.experiment>) or its config YAML"
+        )
     return paths, manifest
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from infra import storage
+    from ppoflow.infra.data import storage
 
     paths, manifest = _read_state(args.experiment)
     n = manifest.iteration
-    metrics = storage.read_json(paths.file(n, "metrics.json")) if n and storage.exists(paths.file(n, "metrics.json")) else {}
+    metrics = (
+        storage.read_json(paths.file(n, "metrics.json"))
+        if n and storage.exists(paths.file(n, "metrics.json"))
+        else {}
+    )
     if args.json:
         print(json.dumps({"manifest": manifest.to_json(), "metrics": metrics}, indent=1, sort_keys=True))
         return 0
     config = manifest.config_history[-1]["config"] if manifest.config_history else None
-    rows = [("experiment", f"{manifest.experiment}  ({paths.root})"),
-            ("iteration", f"{n} (committed {manifest.committed_at}; created {manifest.created_at})"),
-            ("actor checkpoint", paths.url(manifest.actor_checkpoint)),
-            ("critic checkpoint", paths.url(manifest.critic_checkpoint) or "-"),
-            ("data cursor", f"epoch {manifest.data_cursor.get('epoch')}, offset {manifest.data_cursor.get('offset')}"),
-            ("kl coef", manifest.kl_coef if manifest.kl_coef is not None else "-"),
-            ("config", f"{paths.url(config) if config else '-'} (hash {manifest.config_hash})")]
+    rows = [
+        ("experiment", f"{manifest.experiment}  ({paths.root})"),
+        ("iteration", f"{n} (committed {manifest.committed_at}; created {manifest.created_at})"),
+        ("actor checkpoint", paths.url(manifest.actor_checkpoint)),
+        ("critic checkpoint", paths.url(manifest.critic_checkpoint) or "-"),
+        (
+            "data cursor",
+            f"epoch {manifest.data_cursor.get('epoch')}, offset {manifest.data_cursor.get('offset')}",
+        ),
+        ("kl coef", manifest.kl_coef if manifest.kl_coef is not None else "-"),
+        ("config", f"{paths.url(config) if config else '-'} (hash {manifest.config_hash})"),
+    ]
     rows += [(k, v) for k, v in sorted(manifest.identity.items())]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -152,8 +193,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         first, last = manifest.trend[0], manifest.trend[-1]
         key = "critic/score/mean"
         if key in first and key in last:
-            print(f"{'reward':<{width}}  {first[key]:.3f} (iteration {first['iteration']}) -> "
-                  f"{last[key]:.3f} (iteration {last['iteration']})")
+            print(
+                f"{'reward':<{width}}  {first[key]:.3f} (iteration {first['iteration']}) -> "
+                f"{last[key]:.3f} (iteration {last['iteration']})"
+            )
     if metrics:
         print(f"\nmetrics of iteration {n} ({paths.file(n, 'metrics.json')}):")
         mw = max(len(k) for k in metrics)
@@ -166,8 +209,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
-    from infra import storage
-    from infra.checkpoint import CheckpointError, export_hf, is_complete
+    from ppoflow.infra.checkpoint.hf_export import export_hf
+    from ppoflow.infra.checkpoint.sharded import CheckpointError, is_complete
+    from ppoflow.infra.data import storage
 
     paths, manifest = _read_state(args.experiment)
     n = manifest.iteration if args.iteration is None else args.iteration
@@ -187,8 +231,10 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     key = "model.path" if args.role == "actor" else "critic.model"
     base = manifest.identity.get(key) or manifest.identity.get("model.path")
     if not base or not os.path.isdir(base):
-        raise CLIError(f"the experiment's base model {base!r} ({key}) is not a local directory; export_hf "
-                       "copies config and tokenizer from it")
+        raise CLIError(
+            f"the experiment's base model {base!r} ({key}) is not a local directory; export_hf "
+            "copies config and tokenizer from it"
+        )
     try:
         out = export_hf(checkpoint, args.out, base, dtype=args.dtype)
     except (CheckpointError, ValueError, FileNotFoundError) as err:
@@ -198,8 +244,8 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
 
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:
-    from infra import storage
-    from infra.tensorboard import write_events
+    from ppoflow.infra.data import storage
+    from ppoflow.infra.experiment.tensorboard import write_events
 
     paths, manifest = _read_state(args.experiment)
     history = []
@@ -217,9 +263,9 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from flows import demo
-    from infra import storage
-    from infra.config import ConfigError, load_config
+    from ppoflow.flows.console import print_summary, run_with_progress
+    from ppoflow.infra.config import ConfigError, load_config
+    from ppoflow.infra.data import storage
 
     if not storage.exists(args.config):
         raise CLIError(f"config {args.config} does not exist", code=2)
@@ -227,20 +273,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, _parse_overrides(args.overrides))
     except ConfigError as err:
         raise CLIError(str(err), code=2) from None
-    result = demo.run_with_progress(cfg, args.iterations)
-    demo.print_summary(cfg, result, config_path=args.config)
+    result = run_with_progress(cfg, args.iterations)
+    print_summary(cfg, result, config_path=args.config)
     return 0 if result["ok"] else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from flows import demo
+    from ppoflow.flows.demo import run_demo
 
-    result = demo.run_demo(args.storage, args.iterations)
+    result = run_demo(args.storage, args.iterations)
     return 0 if result["ok"] else 1
 
 
-COMMANDS = {"demo": cmd_demo, "run": cmd_run, "status": cmd_status, "export-hf": cmd_export_hf,
-            "tensorboard": cmd_tensorboard}
+COMMANDS = {
+    "demo": cmd_demo,
+    "run": cmd_run,
+    "status": cmd_status,
+    "export-hf": cmd_export_hf,
+    "tensorboard": cmd_tensorboard,
+}
 
 
 def _quiet_prefect_console() -> None:
@@ -260,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (args.command == "demo" and not args.verbose) or (args.command == "run" and args.quiet):
         _quiet_prefect_console()
     if args.command in ("demo", "run"):
-        from flows.ppo import install_sigterm_handler
+        from ppoflow.flows.ppo import install_sigterm_handler
 
         install_sigterm_handler()
     try:

@@ -6,7 +6,7 @@ flow run holding the iteration's tasks, not a parent run with a child) — with 
 tiny CPU experiment on local files under ``demo_storage`` (``runs/demo``, relative to the
 deployment's working directory, the checkout ``prefect deploy`` ran in). A run that finds no
 default experiment there builds it first — tiny model and tokenizer, prompts, the format warm
-start, ``config.yaml`` — with the demo's own builder (``flows.demo.prepare``), so ``prefect deployment run ppo/iteration`` works on a fresh machine without
+start, ``config.yaml`` — with the demo's own builder (``ppoflow.demo.experiment.prepare``), so ``prefect deployment run ppo/iteration`` works on a fresh machine without
 ``ppoflow demo`` ever having run, and continues the same experiment ``ppoflow demo`` trains.
 
     prefect deployment run ppo/iteration                              # the embedded default
@@ -17,12 +17,13 @@ start, ``config.yaml`` — with the demo's own builder (``flows.demo.prepare``),
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.ppo import ppo, resolve_config
-from infra.config import ExperimentConfig
+from ppoflow.flows.ppo import ppo, resolve_config
+from ppoflow.infra.config import ExperimentConfig
 
 __all__ = ["iteration", "default_config", "DEFAULT_DEMO_STORAGE"]
 
@@ -30,20 +31,29 @@ __all__ = ["iteration", "default_config", "DEFAULT_DEMO_STORAGE"]
 DEFAULT_DEMO_STORAGE = "runs/demo"
 
 
-def default_config(demo_storage: str = DEFAULT_DEMO_STORAGE,
-                   log: Callable[[str], None] | None = None) -> ExperimentConfig:
+def default_config(
+    demo_storage: str = DEFAULT_DEMO_STORAGE, log: Callable[[str], None] | None = None
+) -> ExperimentConfig:
     """The embedded default experiment under ``demo_storage``: the demo's ``config.yaml`` there,
-    after building whatever of the demo is missing (``flows.demo.prepare``; ``log`` gets its
+    after building whatever of the demo is missing (``ppoflow.demo.experiment.prepare``; ``log`` gets its
     progress lines)."""
-    from flows import demo
+    from ppoflow.demo.experiment import prepare
 
-    return demo.prepare(demo_storage, log=log)
+    return prepare(demo_storage, log=log)
 
 
-@flow(name=ppo.name, log_prints=ppo.log_prints, timeout_seconds=ppo.timeout_seconds,
-      retries=ppo.retries, retry_delay_seconds=ppo.retry_delay_seconds)
-def iteration(config: ExperimentConfig | str | None = None, iterations: int = 1,
-              demo_storage: str = DEFAULT_DEMO_STORAGE) -> dict[str, Any]:
+@flow(
+    name=ppo.name,
+    log_prints=ppo.log_prints,
+    timeout_seconds=ppo.timeout_seconds,
+    retries=ppo.retries,
+    retry_delay_seconds=ppo.retry_delay_seconds,
+)
+def iteration(
+    config: ExperimentConfig | str | None = None,
+    iterations: int = 1,
+    demo_storage: str = DEFAULT_DEMO_STORAGE,
+) -> dict[str, Any]:
     """Run ``iterations`` PPO iterations of an experiment (the ``ppo`` flow).
 
     Args:
@@ -58,8 +68,7 @@ def iteration(config: ExperimentConfig | str | None = None, iterations: int = 1,
     """
     if config in (None, ""):
         logger = get_run_logger()
-        logger.info(f"no config given: the embedded default experiment in "
-                    f"{os.path.abspath(demo_storage)}")
+        logger.info(f"no config given: the embedded default experiment in {os.path.abspath(demo_storage)}")
         cfg = default_config(demo_storage, log=logger.info)
     else:
         cfg = resolve_config(config)

@@ -1,6 +1,6 @@
 """The ``ppo`` flow: PPO iterations of one experiment, one Prefect task per step.
 
-    from flows.ppo import ppo
+    from ppoflow.flows.ppo import ppo
     ppo(load_config("experiment.yaml"), iterations=20)      # or ppo("experiment.yaml", 20)
 
 A run continues the experiment from its last committed iteration (``manifest.json``; a new
@@ -42,16 +42,25 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.futures import wait
 
-from infra import storage
-from infra.config import ConfigError, ExperimentConfig, load_config, parse_config
-from infra.experiment_lock import ExperimentLock
-from infra.manifest import ExperimentPaths, Manifest, check_identity, read_manifest
-from infra.metrics import metrics_table, summary_line, trend_markdown
-from infra.plots import plot_metrics
-from tasks import advantage, commit, generate, init_experiment, ref_log_prob, rm_score, update_actor
-from tasks import update_critic, values
-from tasks.runtime import RunContext, close_run, open_run
-from tasks.slots import device_slots
+from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
+from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.lock import ExperimentLock
+from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_identity, read_manifest
+from ppoflow.infra.experiment.metrics import metrics_table, summary_line, trend_markdown
+from ppoflow.infra.experiment.plots import plot_metrics
+from ppoflow.tasks import (
+    advantage,
+    commit,
+    generate,
+    init_experiment,
+    ref_log_prob,
+    rm_score,
+    update_actor,
+    update_critic,
+    values,
+)
+from ppoflow.tasks.runtime import RunContext, close_run, open_run
+from ppoflow.tasks.slots import device_slots
 
 __all__ = ["ppo", "resolve_config", "install_sigterm_handler", "needs_reference"]
 
@@ -64,8 +73,9 @@ def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
         return load_config(config)
     if isinstance(config, dict):
         return parse_config(config, source="flow parameter 'config'")
-    raise ConfigError(f"config must be an ExperimentConfig, a YAML path/URL or a dict; got "
-                      f"{type(config).__name__}")
+    raise ConfigError(
+        f"config must be an ExperimentConfig, a YAML path/URL or a dict; got {type(config).__name__}"
+    )
 
 
 def install_sigterm_handler() -> None:
@@ -139,10 +149,16 @@ def run_iteration(ctx: RunContext, prev: Manifest) -> tuple[Manifest, dict[str, 
 def _publish_iteration(ctx: RunContext, manifest: Manifest, metrics: dict[str, Any]) -> None:
     slug = _slug(ctx.cfg.storage.experiment)
     n = manifest.iteration
-    create_table_artifact(metrics_table(metrics), key=f"{slug}-metrics",
-                          description=f"ppo iteration {n} of {ctx.cfg.storage.experiment}")
-    create_markdown_artifact(trend_markdown(ctx.cfg.storage.experiment, manifest.trend),
-                             key=f"{slug}-summary", description=f"trend after iteration {n}")
+    create_table_artifact(
+        metrics_table(metrics),
+        key=f"{slug}-metrics",
+        description=f"ppo iteration {n} of {ctx.cfg.storage.experiment}",
+    )
+    create_markdown_artifact(
+        trend_markdown(ctx.cfg.storage.experiment, manifest.trend),
+        key=f"{slug}-summary",
+        description=f"trend after iteration {n}",
+    )
     get_run_logger().info(summary_line(n, metrics))
 
 
@@ -151,13 +167,18 @@ def _publish_plot(ctx: RunContext, manifest: Manifest) -> str | None:
     as a markdown artifact with the PNG inline (the UI's image artifacts need a public URL)."""
     if not manifest.trend:
         return None
-    url = plot_metrics(manifest.trend, storage.join(ctx.paths.root, "plots", "metrics.png"),
-                       title=f"{ctx.cfg.storage.experiment}: iterations 1-{manifest.iteration}")
+    url = plot_metrics(
+        manifest.trend,
+        storage.join(ctx.paths.root, "plots", "metrics.png"),
+        title=f"{ctx.cfg.storage.experiment}: iterations 1-{manifest.iteration}",
+    )
     png = base64.b64encode(storage.read_bytes(url)).decode()
     create_markdown_artifact(
         f"# {ctx.cfg.storage.experiment}: metrics after iteration {manifest.iteration}\n\n"
         f"![metrics](data:image/png;base64,{png})\n\n`{url}`",
-        key=f"{_slug(ctx.cfg.storage.experiment)}-plot", description="metrics plot")
+        key=f"{_slug(ctx.cfg.storage.experiment)}-plot",
+        description="metrics plot",
+    )
     return url
 
 
@@ -193,13 +214,18 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
             manifest = read_manifest(paths)
             if manifest is not None:
                 check_identity(manifest, cfg)
-                logger.info(f"experiment {cfg.storage.experiment!r}: continuing after iteration "
-                            f"{manifest.iteration} ({paths.manifest})")
+                logger.info(
+                    f"experiment {cfg.storage.experiment!r}: continuing after iteration "
+                    f"{manifest.iteration} ({paths.manifest})"
+                )
             with device_slots(cfg, logger.info):
                 try:
                     if manifest is None:
-                        ctx.prestart(pending_roles(ctx, 1) if iterations else
-                                     ["actor"] + (["critic"] if cfg.critic.enable else []))
+                        ctx.prestart(
+                            pending_roles(ctx, 1)
+                            if iterations
+                            else ["actor"] + (["critic"] if cfg.critic.enable else [])
+                        )
                         manifest = Manifest.from_json(init_experiment(key))
                     for _ in range(iterations):
                         manifest, metrics = run_iteration(ctx, manifest)
@@ -210,8 +236,12 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
                 _publish_plot(ctx, manifest)
     finally:
         close_run(key)  # idempotent; covers failures before the slots were taken
-    return {"experiment": cfg.storage.experiment, "iteration": manifest.iteration,
-            "manifest": paths.manifest, "metrics": metrics}
+    return {
+        "experiment": cfg.storage.experiment,
+        "iteration": manifest.iteration,
+        "manifest": paths.manifest,
+        "metrics": metrics,
+    }
 
 
 if __name__ == "__main__":

@@ -1,1 +1,9 @@
+"""ppoflow.infra: what the layers above share, none of it Prefect- or rank-specific.
 
+data/        the data plane: DataProto, its Arrow codec, fsspec storage, prompt datasets
+runtime/     the rank runtime: worker groups on torch's launcher, control channel, dispatch, fault drills
+experiment/  experiment state on storage: manifest, lock, metrics, plots, TensorBoard
+checkpoint/  sharded DCP checkpoints of the trained models, and export to Hugging Face
+config.py    the experiment config (one pydantic tree)
+rewards.py   rule rewards by data source, and custom reward functions by import path
+"""

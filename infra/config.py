@@ -45,7 +45,8 @@ class FSDPConfig(_Section):
 
     fsdp_size: int = -1
     param_dtype: Dtype | None = Field(
-        None, description="mixed-precision compute dtype (e.g. bfloat16 on GPU); None = the model dtype")
+        None, description="mixed-precision compute dtype (e.g. bfloat16 on GPU); None = the model dtype"
+    )
     reduce_dtype: Dtype = "float32"
     param_offload: bool = False
     optimizer_offload: bool = False
@@ -57,7 +58,9 @@ class OptimConfig(_Section):
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.01
     eps: float = 1e-8
-    warmup_steps: int = Field(0, description="linear LR warmup, in optimizer steps; overrides the ratio if > 0")
+    warmup_steps: int = Field(
+        0, description="linear LR warmup, in optimizer steps; overrides the ratio if > 0"
+    )
     warmup_steps_ratio: float = Field(0.0, ge=0.0, le=1.0)
     total_training_steps: int | None = Field(None, description="needed only for warmup_steps_ratio")
     grad_clip: float = 1.0
@@ -71,17 +74,22 @@ class ActorConfig(_Section):
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = Field(3.0, gt=1.0)
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-mean-token-sum-norm"] = "token-mean"
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
     logprob_head: Literal["checkpoint", "fused"] = Field(
-        "checkpoint", description="LM head for log-probs: chunks under activation checkpointing, or the fused "
-                                  "chunked head with a hand-written backward (fewer passes over the logits)")
-    logprob_chunk_size: int = Field(1024, ge=1, description="tokens per LM-head chunk (never the full logits)")
+        "checkpoint",
+        description="LM head for log-probs: chunks under activation checkpointing, or the fused "
+        "chunked head with a hand-written backward (fewer passes over the logits)",
+    )
+    logprob_chunk_size: int = Field(
+        1024, ge=1, description="tokens per LM-head chunk (never the full logits)"
+    )
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
@@ -92,7 +100,9 @@ class RefConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["vllm", "hf"] = Field("vllm", description="vllm, or hf (transformers generate) without vLLM")
+    engine: Literal["vllm", "hf"] = Field(
+        "vllm", description="vllm, or hf (transformers generate) without vLLM"
+    )
     n: int = Field(1, ge=1, description="responses sampled per prompt")
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -101,7 +111,9 @@ class RolloutConfig(_Section):
     response_length: int = Field(32, ge=1)
     tensor_model_parallel_size: int = Field(1, ge=1)
     dtype: Dtype | None = Field(None, description="engine dtype; None = the model dtype")
-    kv_cache_gib: float = Field(0.25, gt=0.0, description="KV-cache budget per engine, GiB (VLLM_CPU_KVCACHE_SPACE on CPU)")
+    kv_cache_gib: float = Field(
+        0.25, gt=0.0, description="KV-cache budget per engine, GiB (VLLM_CPU_KVCACHE_SPACE on CPU)"
+    )
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     max_num_seqs: int = 256
     enforce_eager: bool = True
@@ -110,15 +122,18 @@ class RolloutConfig(_Section):
 
 
 class CriticConfig(_Section):
-    enable: bool = Field(True, description="needed by GAE; outcome estimators (grpo, rloo, ...) run without it")
+    enable: bool = Field(
+        True, description="needed by GAE; outcome estimators (grpo, rloo, ...) run without it"
+    )
     model: ModelConfig | None = Field(None, description="defaults to the actor's base model")
     ppo_mini_batch_size: int = Field(16, ge=1)
     ppo_micro_batch_size_per_gpu: int = Field(4, ge=1)
     ppo_epochs: int = Field(1, ge=1)
     shuffle: bool = False
     cliprange_value: float = 0.5
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-mean-token-sum-norm"] = "token-mean"
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
     forward_micro_batch_size_per_gpu: int = Field(8, ge=1)
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
@@ -136,7 +151,9 @@ class RewardConfig(_Section):
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     rule: bool = Field(True, description="score with the rule registered for each row's data_source")
     custom_function: str | None = Field(
-        None, description="'package.module:function' (score(data_source, solution_str, ground_truth, extra_info) -> float)")
+        None,
+        description="'package.module:function' (score(data_source, solution_str, ground_truth, extra_info) -> float)",
+    )
     rm_weight: float = 1.0
 
 
@@ -148,8 +165,9 @@ class KLControlConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    adv_estimator: Literal["gae", "grpo", "rloo", "reinforce_plus_plus",
-                           "reinforce_plus_plus_baseline"] = "gae"
+    adv_estimator: Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"] = (
+        "gae"
+    )
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
@@ -197,35 +215,50 @@ class ExperimentConfig(_Section):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _check(self) -> "ExperimentConfig":
+    def _check(self) -> ExperimentConfig:
         n = self.resources.nprocs
         for name, fsdp in (("actor", self.actor.fsdp), ("critic", self.critic.fsdp), ("ref", self.ref.fsdp)):
             if fsdp.fsdp_size != -1 and (fsdp.fsdp_size < 1 or n % fsdp.fsdp_size):
-                raise ValueError(f"{name}.fsdp.fsdp_size={fsdp.fsdp_size} must be -1 or a divisor of "
-                                 f"resources.nprocs={n}")
+                raise ValueError(
+                    f"{name}.fsdp.fsdp_size={fsdp.fsdp_size} must be -1 or a divisor of resources.nprocs={n}"
+                )
         tp = self.rollout.tensor_model_parallel_size
         if n % tp:
             raise ValueError(f"rollout.tensor_model_parallel_size={tp} must divide resources.nprocs={n}")
         if self.algorithm.adv_estimator == "gae" and not self.critic.enable:
-            raise ValueError("algorithm.adv_estimator='gae' needs a critic: set critic.enable=true or pick "
-                             "an outcome estimator (grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline)")
+            raise ValueError(
+                "algorithm.adv_estimator='gae' needs a critic: set critic.enable=true or pick "
+                "an outcome estimator (grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline)"
+            )
         if self.algorithm.adv_estimator in ("grpo", "rloo") and self.rollout.n < 2:
-            raise ValueError(f"algorithm.adv_estimator='{self.algorithm.adv_estimator}' compares responses to the "
-                             "same prompt: set rollout.n >= 2")
-        for name, size in (("data.train_batch_size", self.data.train_batch_size),
-                           ("actor.ppo_mini_batch_size", self.actor.ppo_mini_batch_size)):
+            raise ValueError(
+                f"algorithm.adv_estimator='{self.algorithm.adv_estimator}' compares responses to the "
+                "same prompt: set rollout.n >= 2"
+            )
+        for name, size in (
+            ("data.train_batch_size", self.data.train_batch_size),
+            ("actor.ppo_mini_batch_size", self.actor.ppo_mini_batch_size),
+        ):
             if (size * self.rollout.n) % n:
-                raise ValueError(f"{name}={size} x rollout.n={self.rollout.n} must be a multiple of "
-                                 f"resources.nprocs={n}: every rank trains on an equal share (padding "
-                                 "rows would be trained on twice)")
+                raise ValueError(
+                    f"{name}={size} x rollout.n={self.rollout.n} must be a multiple of "
+                    f"resources.nprocs={n}: every rank trains on an equal share (padding "
+                    "rows would be trained on twice)"
+                )
         if self.data.train_batch_size % self.actor.ppo_mini_batch_size:
-            raise ValueError(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
-                             f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size}")
+            raise ValueError(
+                f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
+                f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size}"
+            )
         if self.critic.enable and self.data.train_batch_size % self.critic.ppo_mini_batch_size:
-            raise ValueError(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
-                             f"critic.ppo_mini_batch_size={self.critic.ppo_mini_batch_size}")
+            raise ValueError(
+                f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
+                f"critic.ppo_mini_batch_size={self.critic.ppo_mini_batch_size}"
+            )
         if not (self.reward.rule or self.reward.reward_model.enable or self.reward.custom_function):
-            raise ValueError("no reward source: enable reward.rule, reward.custom_function or reward.reward_model")
+            raise ValueError(
+                "no reward source: enable reward.rule, reward.custom_function or reward.reward_model"
+            )
         if self.reward.reward_model.enable and self.reward.reward_model.model is None:
             raise ValueError("reward.reward_model.enable=true needs reward.reward_model.model.path")
         return self
@@ -236,8 +269,11 @@ class ExperimentConfig(_Section):
 
     def identity(self) -> dict[str, Any]:
         """What an experiment may not change between iterations (other weights or tokenizer)."""
-        ids = {"model.path": self.model.path, "model.tokenizer": self.model.tokenizer,
-               "critic.model": self.critic_model.path if self.critic.enable else None}
+        ids = {
+            "model.path": self.model.path,
+            "model.tokenizer": self.model.tokenizer,
+            "critic.model": self.critic_model.path if self.critic.enable else None,
+        }
         return ids
 
     def config_hash(self) -> str:
@@ -269,12 +305,14 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ExperimentConf
 
 def load_config(path_or_url: str, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read a YAML config from a path or fsspec URL; ``overrides`` are dotted keys (``{"rollout.n": 4}``)."""
-    from infra import storage
+    from ppoflow.infra.data import storage
 
     text = storage.read_bytes(path_or_url).decode()
     data = yaml.safe_load(text) or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path_or_url}: the top level of a config must be a mapping, got {type(data).__name__}")
+        raise ConfigError(
+            f"{path_or_url}: the top level of a config must be a mapping, got {type(data).__name__}"
+        )
     for key, value in (overrides or {}).items():
         node = data
         *parents, leaf = key.split(".")

@@ -10,14 +10,23 @@
     update_critic    -> checkpoints/critic/n
     commit           -> metrics.json, manifest n
 
-``tasks.runtime`` holds the flow-run-scoped worker groups the tasks look up by run key.
+``ppoflow.tasks.runtime`` holds the flow-run-scoped worker groups the tasks look up by run key.
 """
 
-from tasks.advantage import advantage
-from tasks.commit import commit, init_experiment
-from tasks.generate import generate
-from tasks.score import ref_log_prob, rm_score, values
-from tasks.update import update_actor, update_critic
+from ppoflow.tasks.advantage import advantage
+from ppoflow.tasks.commit import commit, init_experiment
+from ppoflow.tasks.generate import generate
+from ppoflow.tasks.score import ref_log_prob, rm_score, values
+from ppoflow.tasks.update import update_actor, update_critic
 
-__all__ = ["advantage", "commit", "generate", "init_experiment", "ref_log_prob", "rm_score",
-           "update_actor", "update_critic", "values"]
+__all__ = [
+    "advantage",
+    "commit",
+    "generate",
+    "init_experiment",
+    "ref_log_prob",
+    "rm_score",
+    "update_actor",
+    "update_critic",
+    "values",
+]

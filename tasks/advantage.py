@@ -3,7 +3,7 @@
 1. ``token_level_scores`` (B, R): ``reward.rm_weight * rm_scores`` (reward model) plus the rule /
    custom score of the decoded response placed on its last response token.
 2. ``token_level_rewards``: with ``algorithm.use_kl_in_reward`` the scores minus
-   ``beta * KL(old || ref)`` per token (``algos.apply_kl_penalty``); the KL controller's
+   ``beta * KL(old || ref)`` per token (``ppoflow.algos.apply_kl_penalty``); the KL controller's
    coefficient comes from the manifest of iteration n-1 and its updated value goes into the
    receipt (``extra.kl_coef``), which ``commit`` stores in manifest n. Otherwise the scores.
    (KL as a loss, ``actor.use_kl_loss``, happens in ``update_actor`` with ``ref_log_prob``.)
@@ -22,13 +22,13 @@ import numpy as np
 import torch
 from prefect import task
 
-from algos import apply_kl_penalty, compute_advantage, get_kl_controller
-from infra.config import ExperimentConfig
-from infra.dataproto import DataProto
-from infra.faults import maybe_fail
-from infra.metrics import compute_data_metrics
-from tasks.common import TASK_OPTIONS, Timer, find_receipt, write_receipt
-from tasks.runtime import get_run
+from ppoflow.algos import apply_kl_penalty, compute_advantage, get_kl_controller
+from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.experiment.metrics import compute_data_metrics
+from ppoflow.infra.runtime.faults import maybe_fail
+from ppoflow.tasks.common import TASK_OPTIONS, Timer, find_receipt, write_receipt
+from ppoflow.tasks.runtime import get_run
 
 __all__ = ["advantage", "rule_scores", "kl_controller"]
 
@@ -45,15 +45,18 @@ def kl_controller(cfg: ExperimentConfig, kl_coef: float | None):
 
 def rule_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any) -> torch.Tensor:
     """(B,) rule / custom-function score of each decoded response."""
-    from infra.rewards import score_batch
+    from ppoflow.infra.rewards import score_batch
 
     responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
-    texts = [tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
-             for row, m in zip(responses, mask)]
+    texts = [tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(responses, mask)]
     nt = batch.non_tensor_batch
-    scores = score_batch(list(nt["data_source"]), texts, list(nt["ground_truth"]),
-                         list(nt.get("extra_info", [None] * len(texts))),
-                         custom_function=cfg.reward.custom_function)
+    scores = score_batch(
+        list(nt["data_source"]),
+        texts,
+        list(nt["ground_truth"]),
+        list(nt.get("extra_info", [None] * len(texts))),
+        custom_function=cfg.reward.custom_function,
+    )
     return torch.as_tensor(np.asarray(scores, dtype=np.float32))
 
 
@@ -74,8 +77,9 @@ def _load(receipts: dict[str, dict[str, Any]], key: str) -> DataProto | None:
 
 
 @task(name="advantage", task_run_name="advantage-{n}", **TASK_OPTIONS)
-def advantage(run: str, n: int, generated: dict[str, Any], scored: dict[str, dict[str, Any]],
-              kl_coef: float | None) -> dict[str, Any]:
+def advantage(
+    run: str, n: int, generated: dict[str, Any], scored: dict[str, dict[str, Any]], kl_coef: float | None
+) -> dict[str, Any]:
     """Rewards, KL penalty and advantages of iteration ``n``.
 
     Args:
@@ -102,23 +106,44 @@ def advantage(run: str, n: int, generated: dict[str, Any], scored: dict[str, dic
         if cfg.algorithm.use_kl_in_reward:
             ctrl = kl_controller(cfg, kl_coef)
             rewards, kl_metrics = apply_kl_penalty(
-                scores, batch.batch["old_log_probs"], batch.batch["ref_log_prob"], mask, ctrl,
-                kind=cfg.algorithm.kl_penalty)
+                scores,
+                batch.batch["old_log_probs"],
+                batch.batch["ref_log_prob"],
+                mask,
+                ctrl,
+                kind=cfg.algorithm.kl_penalty,
+            )
             metrics.update(kl_metrics)
             new_kl = ctrl.value
         else:
             rewards = scores
         adv, ret = compute_advantage(
-            cfg.algorithm.adv_estimator, token_level_rewards=rewards, response_mask=mask,
-            values=batch.batch.get("values"), index=batch.non_tensor_batch["uid"],
-            gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-            norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
-        batch.batch.update(token_level_scores=scores, token_level_rewards=rewards,
-                           advantages=adv.float(), returns=ret.float())
+            cfg.algorithm.adv_estimator,
+            token_level_rewards=rewards,
+            response_mask=mask,
+            values=batch.batch.get("values"),
+            index=batch.non_tensor_batch["uid"],
+            gamma=cfg.algorithm.gamma,
+            lam=cfg.algorithm.lam,
+            norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+        )
+        batch.batch.update(
+            token_level_scores=scores,
+            token_level_rewards=rewards,
+            advantages=adv.float(),
+            returns=ret.float(),
+        )
         metrics.update(compute_data_metrics(batch.batch))
         out_url = ctx.paths.file(n, "advantages.arrow")
         batch.save(out_url)
-    receipt = write_receipt(ctx, n, "advantage", outputs={"advantages": out_url}, metrics=metrics,
-                            timing_s=timer.seconds, extra={"kl_coef": new_kl})
+    receipt = write_receipt(
+        ctx,
+        n,
+        "advantage",
+        outputs={"advantages": out_url},
+        metrics=metrics,
+        timing_s=timer.seconds,
+        extra={"kl_coef": new_kl},
+    )
     maybe_fail("advantage", "after")
     return receipt

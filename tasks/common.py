@@ -19,24 +19,37 @@ Retries: every task retries (``TASK_RETRIES`` times) except on errors that a ret
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from prefect.cache_policies import NO_CACHE
 
-from infra import storage
-from infra.config import ConfigError
-from infra.experiment_lock import ExperimentLocked
-from infra.manifest import ManifestConflict, now_iso
-from infra.prompts_data import DataError
-from tasks.runtime import RunContext
+from ppoflow.infra.config import ConfigError
+from ppoflow.infra.data import storage
+from ppoflow.infra.data.prompts import DataError
+from ppoflow.infra.experiment.lock import ExperimentLocked
+from ppoflow.infra.experiment.manifest import ManifestConflict, now_iso
+from ppoflow.tasks.runtime import RunContext
 
-__all__ = ["TASK_OPTIONS", "TASK_RETRIES", "PERMANENT_ERRORS", "retryable", "find_receipt",
-           "write_receipt", "Timer", "output_complete"]
+__all__ = [
+    "TASK_OPTIONS",
+    "TASK_RETRIES",
+    "PERMANENT_ERRORS",
+    "retryable",
+    "find_receipt",
+    "write_receipt",
+    "Timer",
+    "output_complete",
+]
 
 TASK_RETRIES = 2
-PERMANENT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, ExperimentLocked,
-                                                     ManifestConflict)
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    DataError,
+    ExperimentLocked,
+    ManifestConflict,
+)
 
 
 def retryable(task: Any, task_run: Any, state: Any) -> bool:
@@ -50,16 +63,20 @@ def retryable(task: Any, task_run: Any, state: Any) -> bool:
     return True
 
 
-TASK_OPTIONS: dict[str, Any] = dict(retries=TASK_RETRIES, retry_delay_seconds=1,
-                                    retry_condition_fn=retryable, cache_policy=NO_CACHE,
-                                    persist_result=False)
+TASK_OPTIONS: dict[str, Any] = dict(
+    retries=TASK_RETRIES,
+    retry_delay_seconds=1,
+    retry_condition_fn=retryable,
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
 
 
 def output_complete(url: str, checkpoint: bool = False) -> bool:
     """True when the output at ``url`` is complete: a checkpoint with its completion marker, or
     a file that exists (DataProto and JSON writes are atomic)."""
     if checkpoint:
-        from infra.checkpoint import is_complete
+        from ppoflow.infra.checkpoint.sharded import is_complete
 
         return is_complete(url)
     return storage.exists(url)
@@ -79,16 +96,29 @@ def find_receipt(ctx: RunContext, n: int, task: str) -> dict[str, Any] | None:
     return None
 
 
-def write_receipt(ctx: RunContext, n: int, task: str, *, outputs: dict[str, str | None],
-                  checkpoints: dict[str, str | None] | None = None,
-                  metrics: dict[str, Any] | None = None, timing_s: float = 0.0,
-                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_receipt(
+    ctx: RunContext,
+    n: int,
+    task: str,
+    *,
+    outputs: dict[str, str | None],
+    checkpoints: dict[str, str | None] | None = None,
+    metrics: dict[str, Any] | None = None,
+    timing_s: float = 0.0,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Record that ``task`` finished iteration ``n`` (call after its outputs are complete)."""
-    receipt = {"task": task, "iteration": n,
-               "outputs": {k: ctx.paths.ref(v) for k, v in outputs.items()},
-               "checkpoints": {k: ctx.paths.ref(v) for k, v in (checkpoints or {}).items()},
-               "metrics": metrics or {}, "timing_s": timing_s, "extra": extra or {},
-               "finished_at": now_iso(), "resumed": False}
+    receipt = {
+        "task": task,
+        "iteration": n,
+        "outputs": {k: ctx.paths.ref(v) for k, v in outputs.items()},
+        "checkpoints": {k: ctx.paths.ref(v) for k, v in (checkpoints or {}).items()},
+        "metrics": metrics or {},
+        "timing_s": timing_s,
+        "extra": extra or {},
+        "finished_at": now_iso(),
+        "resumed": False,
+    }
     storage.write_json_atomic(ctx.paths.receipt(n, task), receipt)
     return _resolved(ctx, receipt)
 
@@ -104,7 +134,7 @@ def _resolved(ctx: RunContext, receipt: dict[str, Any]) -> dict[str, Any]:
 class Timer:
     """Wall-clock seconds of a block: ``with Timer() as t: ...; t.seconds``."""
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         self.t0 = time.perf_counter()
         self.seconds = 0.0
         return self

@@ -18,11 +18,11 @@ import numpy as np
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from infra.dataproto import DataProto
-from infra.faults import maybe_fail
-from infra.metrics import reduce_rank_metrics
-from tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
-from tasks.runtime import get_run
+from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.experiment.metrics import reduce_rank_metrics
+from ppoflow.infra.runtime.faults import maybe_fail
+from ppoflow.tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
+from ppoflow.tasks.runtime import get_run
 
 __all__ = ["generate", "iteration_seed"]
 
@@ -47,20 +47,31 @@ def generate(run: str, n: int, actor_checkpoint: str, cursor: dict[str, int]) ->
     cfg, paths = ctx.cfg, ctx.paths
     with task_logs(ctx, "actor") as logger, Timer() as timer:
         progress = create_progress_artifact(0.0, description=f"iteration {n}: generation")
-        rows, next_cursor = ctx.dataset.take(cursor, cfg.data.train_batch_size, seed=cfg.data.seed,
-                                             shuffle=cfg.data.shuffle)
+        rows, next_cursor = ctx.dataset.take(
+            cursor, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
+        )
         base_seed = iteration_seed(cfg.seed, cfg.rollout.seed, n)
         prompts, stats = ctx.dataset.tokenize(
-            rows, ctx.tokenizer, prompt_length=cfg.rollout.prompt_length,
+            rows,
+            ctx.tokenizer,
+            prompt_length=cfg.rollout.prompt_length,
             apply_chat_template=cfg.data.apply_chat_template,
-            meta_info={"iteration": n, "seed": base_seed})
+            meta_info={"iteration": n, "seed": base_seed},
+        )
         prompts_url, rollout_url = paths.file(n, "prompts.arrow"), paths.file(n, "rollout.arrow")
         prompts.save(prompts_url)
-        update_progress_artifact(progress, 10.0, description=f"iteration {n}: {len(rows)} prompts "
-                                 f"from epoch {cursor.get('epoch', 0)} offset {cursor.get('offset', 0)}")
+        update_progress_artifact(
+            progress,
+            10.0,
+            description=f"iteration {n}: {len(rows)} prompts "
+            f"from epoch {cursor.get('epoch', 0)} offset {cursor.get('offset', 0)}",
+        )
         ctx.group("actor", actor_checkpoint, progress=logger.info)
-        update_progress_artifact(progress, 20.0, description=f"iteration {n}: actor group ready, "
-                                 f"sampling {len(rows)} x {cfg.rollout.n} responses")
+        update_progress_artifact(
+            progress,
+            20.0,
+            description=f"iteration {n}: actor group ready, sampling {len(rows)} x {cfg.rollout.n} responses",
+        )
         ctx.call("actor", "generate_sequences", prompts_url, out_url=rollout_url)
         meta = DataProto.load(rollout_url, columns=[]).meta_info
         update_progress_artifact(progress, 100.0, description=f"iteration {n}: rollout written")
@@ -69,10 +80,14 @@ def generate(run: str, n: int, actor_checkpoint: str, cursor: dict[str, int]) ->
         metrics["weight_sync_s"] = metrics["rollout/weight_sync_s"]
     metrics["data/truncated_prompts"] = float(stats["truncated"])
     metrics["data/epoch"] = float(cursor.get("epoch", 0))
-    receipt = write_receipt(ctx, n, "generate",
-                            outputs={"prompts": prompts_url, "rollout": rollout_url},
-                            metrics=metrics, timing_s=timer.seconds,
-                            extra={"next_cursor": next_cursor, "truncated_prompts": stats["truncated"],
-                                   "seed": base_seed})
+    receipt = write_receipt(
+        ctx,
+        n,
+        "generate",
+        outputs={"prompts": prompts_url, "rollout": rollout_url},
+        metrics=metrics,
+        timing_s=timer.seconds,
+        extra={"next_cursor": next_cursor, "truncated_prompts": stats["truncated"], "seed": base_seed},
+    )
     maybe_fail("generate", "after")
     return receipt

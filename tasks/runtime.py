@@ -20,21 +20,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from infra import faults, storage
-from infra.config import ExperimentConfig
-from infra.launch import RankFailure, WorkerGroup, WorkerGroupDead
-from infra.manifest import ExperimentPaths
+from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.infra.runtime import faults
+from ppoflow.infra.runtime.launch import RankFailure, WorkerGroup, WorkerGroupDead
 
 __all__ = ["RunContext", "open_run", "get_run", "close_run", "WORKERS", "ROLE_NAMES"]
 
 #: The worker class of each group, by the name tasks use for it.
 WORKERS = {
-    "actor": "workers.actor_rollout_ref_worker:ActorRolloutRefWorker",
-    "critic": "workers.critic_worker:CriticWorker",
-    "reward_model": "workers.reward_model_worker:RewardModelWorker",
+    "actor": "ppoflow.workers.actor_rollout_ref_worker:ActorRolloutRefWorker",
+    "critic": "ppoflow.workers.critic_worker:CriticWorker",
+    "reward_model": "ppoflow.workers.reward_model_worker:RewardModelWorker",
 }
 #: The ``role`` each group's worker is built with.
 ROLE_NAMES = {"actor": "actor_rollout_ref", "critic": "critic", "reward_model": "reward_model"}
@@ -59,7 +61,7 @@ class RunContext:
         self.key, self.cfg = key, cfg
         self.paths = ExperimentPaths.of(cfg)
         self.log = log or _LOG
-        self.lock: Any = None          # the ExperimentLock, set by the flow
+        self.lock: Any = None  # the ExperimentLock, set by the flow
         self._slots = {role: _Slot() for role in WORKERS}
         self._sinks: dict[str, Any] = {}
         self._dataset: Any = None
@@ -76,7 +78,8 @@ class RunContext:
                 from transformers import AutoTokenizer
 
                 self._tokenizer = AutoTokenizer.from_pretrained(
-                    self.cfg.model.tokenizer, trust_remote_code=self.cfg.model.trust_remote_code)
+                    self.cfg.model.tokenizer, trust_remote_code=self.cfg.model.trust_remote_code
+                )
             return self._tokenizer
 
     @property
@@ -84,12 +87,14 @@ class RunContext:
         """The prompt dataset (read once per run)."""
         with self._mutex:
             if self._dataset is None:
-                from infra.prompts_data import PromptDataset
+                from ppoflow.infra.data.prompts import PromptDataset
 
                 self._dataset = PromptDataset(
-                    self.cfg.data.train_files, prompt_key=self.cfg.data.prompt_key,
+                    self.cfg.data.train_files,
+                    prompt_key=self.cfg.data.prompt_key,
                     require_ground_truth=self.cfg.reward.rule,
-                    storage_options=self.cfg.storage.storage_options or None)
+                    storage_options=self.cfg.storage.storage_options or None,
+                )
             return self._dataset
 
     # ------------------------------------------------------------------ logs
@@ -110,8 +115,9 @@ class RunContext:
             self._sinks.pop(role, None)
 
     # ------------------------------------------------------------------ groups
-    def group(self, role: str, state: str | None = None, *,
-              progress: Callable[[str], None] | None = None) -> WorkerGroup:
+    def group(
+        self, role: str, state: str | None = None, *, progress: Callable[[str], None] | None = None
+    ) -> WorkerGroup:
         """The live group of ``role``, started or rebuilt if needed, holding checkpoint ``state``.
 
         ``state=None`` accepts any state (e.g. ref log-probs use the fixed reference weights).
@@ -131,6 +137,7 @@ class RunContext:
         """Start the groups of ``roles`` in background threads (their starts overlap each other
         and the first tasks); a task that needs one waits for it. A failed start is only logged
         here: the task that needs the group starts it again and reports the error."""
+
         def start(role: str) -> None:
             try:
                 self.group(role, None)
@@ -140,21 +147,29 @@ class RunContext:
         for role in roles:
             slot = self._slots[role]
             if slot.group is None or not slot.group.alive:
-                threading.Thread(target=start, args=(role,), name=f"ppoflow-start-{role}",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=start, args=(role,), name=f"ppoflow-start-{role}", daemon=True
+                ).start()
 
     def _start(self, role: str, slot: _Slot, progress: Callable[[str], None] | None) -> None:
         if slot.group is not None:
             slot.group.shutdown()
         cfg = self.cfg
         config = {"config": cfg.model_dump(mode="json"), "role": ROLE_NAMES[role]}
-        group = WorkerGroup(WORKERS[role], nprocs=cfg.resources.nprocs, config=config,
-                            device=cfg.resources.device, log=lambda line: self._emit(role, line),
-                            env=self._rank_env())
+        group = WorkerGroup(
+            WORKERS[role],
+            nprocs=cfg.resources.nprocs,
+            config=config,
+            device=cfg.resources.device,
+            log=lambda line: self._emit(role, line),
+            env=self._rank_env(),
+        )
         slot.group, slot.state = group, None
         slot.starts += 1
-        (progress or self.log.info)(f"starting the {role} worker group ({cfg.resources.nprocs} "
-                                    f"ranks on {cfg.resources.device}, start #{slot.starts})")
+        (progress or self.log.info)(
+            f"starting the {role} worker group ({cfg.resources.nprocs} "
+            f"ranks on {cfg.resources.device}, start #{slot.starts})"
+        )
         try:
             group.start()
             group.call("init_model")
@@ -206,8 +221,10 @@ class RunContext:
                         _LOG.warning("shutting down the %s group failed: %s", role, exc)
                     slot.group = None
 
-        threads = [threading.Thread(target=stop, args=item, name=f"ppoflow-stop-{item[0]}")
-                   for item in self._slots.items()]
+        threads = [
+            threading.Thread(target=stop, args=item, name=f"ppoflow-stop-{item[0]}")
+            for item in self._slots.items()
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -235,8 +252,10 @@ def get_run(key: str) -> RunContext:
     try:
         return _RUNS[key]
     except KeyError:
-        raise RuntimeError(f"no open ppoflow run {key!r}: ppoflow tasks run inside the `ppo` flow, "
-                           f"which opens the run's worker groups") from None
+        raise RuntimeError(
+            f"no open ppoflow run {key!r}: ppoflow tasks run inside the `ppo` flow, "
+            f"which opens the run's worker groups"
+        ) from None
 
 
 def close_run(key: str) -> None:

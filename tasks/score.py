@@ -16,15 +16,16 @@ from typing import Any
 
 from prefect import task
 
-from infra.faults import maybe_fail
-from tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
-from tasks.runtime import get_run
+from ppoflow.infra.runtime.faults import maybe_fail
+from ppoflow.tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
+from ppoflow.tasks.runtime import get_run
 
 __all__ = ["ref_log_prob", "values", "rm_score"]
 
 
-def _score(run: str, n: int, name: str, role: str, method: str, filename: str,
-           rollout_url: str, state: str | None) -> dict[str, Any]:
+def _score(
+    run: str, n: int, name: str, role: str, method: str, filename: str, rollout_url: str, state: str | None
+) -> dict[str, Any]:
     ctx = get_run(run)
     done = find_receipt(ctx, n, name)
     if done is not None:
@@ -42,19 +43,43 @@ def _score(run: str, n: int, name: str, role: str, method: str, filename: str,
 @task(name="ref_log_prob", task_run_name="ref_log_prob-{n}", **TASK_OPTIONS)
 def ref_log_prob(run: str, n: int, generated: dict[str, Any]) -> dict[str, Any]:
     """Log-probs of the sampled responses under the frozen reference policy."""
-    return _score(run, n, "ref_log_prob", "actor", "compute_ref_log_prob", "ref_log_prob.arrow",
-                  generated["outputs"]["rollout"], state=None)
+    return _score(
+        run,
+        n,
+        "ref_log_prob",
+        "actor",
+        "compute_ref_log_prob",
+        "ref_log_prob.arrow",
+        generated["outputs"]["rollout"],
+        state=None,
+    )
 
 
 @task(name="values", task_run_name="values-{n}", **TASK_OPTIONS)
 def values(run: str, n: int, generated: dict[str, Any], critic_checkpoint: str) -> dict[str, Any]:
     """The critic's values of the rollout, with the critic of ``critic_checkpoint`` (n-1)."""
-    return _score(run, n, "values", "critic", "compute_values", "values.arrow",
-                  generated["outputs"]["rollout"], state=critic_checkpoint)
+    return _score(
+        run,
+        n,
+        "values",
+        "critic",
+        "compute_values",
+        "values.arrow",
+        generated["outputs"]["rollout"],
+        state=critic_checkpoint,
+    )
 
 
 @task(name="rm_score", task_run_name="rm_score-{n}", **TASK_OPTIONS)
 def rm_score(run: str, n: int, generated: dict[str, Any]) -> dict[str, Any]:
     """The reward model's score of each response (on its last token)."""
-    return _score(run, n, "rm_score", "reward_model", "compute_rm_score", "rm_scores.arrow",
-                  generated["outputs"]["rollout"], state=None)
+    return _score(
+        run,
+        n,
+        "rm_score",
+        "reward_model",
+        "compute_rm_score",
+        "rm_scores.arrow",
+        generated["outputs"]["rollout"],
+        state=None,
+    )

@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from infra.config import ConfigError, ExperimentConfig
+from ppoflow.infra.config import ConfigError, ExperimentConfig
 
 __all__ = ["device_slots", "limit_name", "machine_devices"]
 
@@ -70,9 +71,11 @@ def device_slots(cfg: ExperimentConfig, log: Callable[[str], None]) -> Iterator[
     if device == "cpu":
         need = min(need, size)  # CPU ranks may share cores: more ranks than cores take them all
     if need > size:
-        raise ConfigError(f"resources.nprocs={need} needs {need} device slots but the global "
-                          f"concurrency limit {name!r} has {size}; lower resources.nprocs or raise "
-                          f"the limit (prefect gcl update {name} --limit {need})")
+        raise ConfigError(
+            f"resources.nprocs={need} needs {need} device slots but the global "
+            f"concurrency limit {name!r} has {size}; lower resources.nprocs or raise "
+            f"the limit (prefect gcl update {name} --limit {need})"
+        )
     log(f"taking {need} of {size} slot(s) of {name!r}")
     with concurrency(name, occupy=need, strict=True):
         yield {"limit": name, "slots": need, "size": size}

@@ -13,16 +13,17 @@ from typing import Any
 
 from prefect import task
 
-from infra.faults import maybe_fail
-from infra.metrics import reduce_rank_metrics
-from tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
-from tasks.runtime import get_run
+from ppoflow.infra.experiment.metrics import reduce_rank_metrics
+from ppoflow.infra.runtime.faults import maybe_fail
+from ppoflow.tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
+from ppoflow.tasks.runtime import get_run
 
 __all__ = ["update_actor", "update_critic"]
 
 
-def _update(run: str, n: int, name: str, role: str, advantages: dict[str, Any],
-            previous_checkpoint: str) -> dict[str, Any]:
+def _update(
+    run: str, n: int, name: str, role: str, advantages: dict[str, Any], previous_checkpoint: str
+) -> dict[str, Any]:
     ctx = get_run(run)
     done = find_receipt(ctx, n, name)
     if done is not None:
@@ -35,12 +36,17 @@ def _update(run: str, n: int, name: str, role: str, advantages: dict[str, Any],
         per_rank = ctx.call(role, name, advantages["outputs"]["advantages"])
         metrics = reduce_rank_metrics(per_rank)
         with Timer() as save:
-            ctx.call(role, "save_checkpoint", checkpoint,
-                     extra={"iteration": n, "experiment": ctx.cfg.storage.experiment})
+            ctx.call(
+                role,
+                "save_checkpoint",
+                checkpoint,
+                extra={"iteration": n, "experiment": ctx.cfg.storage.experiment},
+            )
         ctx.set_state(role, checkpoint)
     metrics[f"timing_s/save_checkpoint_{role}"] = save.seconds
-    receipt = write_receipt(ctx, n, name, outputs={}, checkpoints={role: checkpoint},
-                            metrics=metrics, timing_s=timer.seconds)
+    receipt = write_receipt(
+        ctx, n, name, outputs={}, checkpoints={role: checkpoint}, metrics=metrics, timing_s=timer.seconds
+    )
     maybe_fail(name, "after")
     return receipt
 

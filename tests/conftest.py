@@ -2,7 +2,7 @@ from tests.s3_server import s3_server  # noqa
 
 
 # ----------------------------------------------------------------------------- flow tests
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")
@@ -22,9 +22,16 @@ def _write_gsm8k_like(path, n: int) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{i}+{i % 5}="}],
-             "ability": "math", "reward_model": {"ground_truth": str(i + i % 5), "style": "rule"},
-             "extra_info": {"index": i}} for i in range(n)]
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"{i}+{i % 5}="}],
+            "ability": "math",
+            "reward_model": {"ground_truth": str(i + i % 5), "style": "rule"},
+            "extra_info": {"index": i},
+        }
+        for i in range(n)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), path)
     return str(path)
 
@@ -32,12 +39,14 @@ def _write_gsm8k_like(path, n: int) -> str:
 @pytest.fixture(scope="session")
 def flow_assets(tmp_path_factory):
     """A tiny policy, a tiny reward model and 12 prompts, built once per session."""
-    from infra.tiny_models import save_tiny_model, save_tiny_reward_model
+    from ppoflow.demo.tiny_models import save_tiny_model, save_tiny_reward_model
 
     base = tmp_path_factory.mktemp("flow-assets")
-    return {"model": save_tiny_model(str(base / "policy"), seed=0),
-            "rm": save_tiny_reward_model(str(base / "rm"), seed=1),
-            "data": _write_gsm8k_like(base / "train.parquet", 12)}
+    return {
+        "model": save_tiny_model(str(base / "policy"), seed=0),
+        "rm": save_tiny_reward_model(str(base / "rm"), seed=1),
+        "data": _write_gsm8k_like(base / "train.parquet", 12),
+    }
 
 
 @pytest.fixture(scope="session")
@@ -45,24 +54,47 @@ def flow_config(flow_assets):
     """``make(root, experiment, **dotted_overrides) -> ExperimentConfig``: the tiny PPO config of
     the flow tests (2 CPU ranks, vLLM, GAE with a critic, a reward model + the GSM8K rule, an
     adaptive KL penalty in the reward: every task of the graph runs)."""
-    from infra.config import parse_config
+    from ppoflow.infra.config import parse_config
 
     def make(root: str, experiment: str, **over):
         data = {
             "model": {"path": flow_assets["model"]},
             "data": {"train_files": [flow_assets["data"]], "train_batch_size": 4, "seed": 0},
-            "rollout": {"engine": "vllm", "n": 2, "prompt_length": 16, "response_length": 8,
-                        "kv_cache_gib": 0.02, "max_num_seqs": 16,
-                        "log_prob_micro_batch_size_per_gpu": 4},
-            "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2,
-                      "log_prob_micro_batch_size_per_gpu": 4, "optim": {"lr": 1e-3}},
+            "rollout": {
+                "engine": "vllm",
+                "n": 2,
+                "prompt_length": 16,
+                "response_length": 8,
+                "kv_cache_gib": 0.02,
+                "max_num_seqs": 16,
+                "log_prob_micro_batch_size_per_gpu": 4,
+            },
+            "actor": {
+                "ppo_mini_batch_size": 2,
+                "ppo_micro_batch_size_per_gpu": 2,
+                "log_prob_micro_batch_size_per_gpu": 4,
+                "optim": {"lr": 1e-3},
+            },
             "ref": {"log_prob_micro_batch_size_per_gpu": 4},
-            "critic": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2,
-                       "forward_micro_batch_size_per_gpu": 4, "optim": {"lr": 1e-3}},
-            "reward": {"rule": True, "reward_model": {"enable": True, "model": {"path": flow_assets["rm"]},
-                                                      "micro_batch_size_per_gpu": 4}},
-            "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True,
-                          "kl_ctrl": {"type": "adaptive", "kl_coef": 0.05, "target_kl": 0.01, "horizon": 50}},
+            "critic": {
+                "ppo_mini_batch_size": 2,
+                "ppo_micro_batch_size_per_gpu": 2,
+                "forward_micro_batch_size_per_gpu": 4,
+                "optim": {"lr": 1e-3},
+            },
+            "reward": {
+                "rule": True,
+                "reward_model": {
+                    "enable": True,
+                    "model": {"path": flow_assets["rm"]},
+                    "micro_batch_size_per_gpu": 4,
+                },
+            },
+            "algorithm": {
+                "adv_estimator": "gae",
+                "use_kl_in_reward": True,
+                "kl_ctrl": {"type": "adaptive", "kl_coef": 0.05, "target_kl": 0.01, "horizon": 50},
+            },
             "storage": {"root": root, "experiment": experiment},
             "resources": {"nprocs": 2, "device": "cpu"},
             "seed": 7,
@@ -83,12 +115,67 @@ def base_run(prefect_harness, flow_config, tmp_path_factory):
     """The uninterrupted reference: a new experiment, 2 iterations in one flow run."""
     import time
 
-    from flows.ppo import ppo
+    from ppoflow.flows.ppo import ppo
 
     root = str(tmp_path_factory.mktemp("base-run"))
     cfg = flow_config(root, "exp")
     t0 = time.perf_counter()
     state = ppo(cfg, iterations=2, return_state=True)
     wall = time.perf_counter() - t0
-    return {"cfg": cfg, "root": root, "url": cfg.storage.experiment_url, "state": state,
-            "result": state.result(), "wall_s": wall}
+    return {
+        "cfg": cfg,
+        "root": root,
+        "url": cfg.storage.experiment_url,
+        "state": state,
+        "result": state.result(),
+        "wall_s": wall,
+    }
+
+
+# ----------------------------------------------------------------------------- FSDP worker tests
+@pytest.fixture
+def one_thread():
+    """In-process reference computations on one thread (two threads on two busy cores are slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    """A tiny Qwen2 and a batch for the FSDP worker tests: ``{dir, batch, tmp}``."""
+    from ppoflow.demo.tiny_models import save_tiny_model
+    from tests.fsdp_scripts.ppo_reference import make_batch
+
+    d = str(tmp_path_factory.mktemp("tiny"))
+    save_tiny_model(d, seed=0)
+    return {"dir": d, "batch": make_batch(d), "tmp": tmp_path_factory.mktemp("io")}
+
+
+# ----------------------------------------------------------------------------- the demo
+@pytest.fixture(scope="session")
+def demo(prefect_harness, tmp_path_factory) -> dict:
+    """The demo at a small size (``tests.support.small_demo.SMALL``), run once per session:
+    ``{root, url, run, lines, mtimes}``."""
+    import os
+
+    from ppoflow.flows.demo import run_demo
+    from tests.support.small_demo import SMALL
+
+    root = str(tmp_path_factory.mktemp("demo") / "demo")
+    lines: list[str] = []
+    run = run_demo(root, iterations=2, spec=SMALL, out=lines.append)
+    mtimes = {
+        name: os.path.getmtime(os.path.join(root, name))
+        for name in ("models/base", "models/sft", "data/train.parquet", "config.yaml")
+    }
+    return {
+        "root": root,
+        "url": os.path.join(root, "larger-digit"),
+        "run": run,
+        "lines": lines,
+        "mtimes": mtimes,
+    }

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
 BUCKET = "ppoflow-test"
-_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
+_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+)
 
 
 def _free_port() -> int:

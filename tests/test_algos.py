@@ -11,10 +11,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from algos import (
+from ppoflow.algos import (
     LOSS_AGG_MODES,
     AdaptiveKLController,
     FixedKLController,
@@ -32,80 +32,20 @@ from algos import (
     masked_var,
     masked_whiten,
 )
-
-F64 = torch.float64
-SETTINGS = settings(max_examples=50, deadline=None, database=None)  # no .hypothesis/ example store
-SHAPES = dict(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 6), length=st.integers(1, 9))
-
-
-# ---------------------------------------------------------------- helpers and plain-Python references
-
-
-def random_mask(gen: torch.Generator, batch: int, length: int) -> torch.Tensor:
-    """(B, T) float64 0/1 mask with holes anywhere in a row and, sometimes, whole rows empty."""
-    mask = (torch.rand(batch, length, generator=gen) < 0.7).to(F64)
-    empty_rows = torch.rand(batch, generator=gen) < 0.15
-    mask[empty_rows] = 0.0
-    return mask
-
-
-def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=gen, dtype=F64)
-
-
-def rows(t: torch.Tensor) -> list:
-    return t.tolist()
-
-
-def ref_mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
-
-
-def ref_var(xs: list[float]) -> float:
-    """Unbiased variance, 0 with fewer than two values."""
-    if len(xs) < 2:
-        return 0.0
-    mu = ref_mean(xs)
-    return sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)
-
-
-def valid_values(values: list[list[float]], mask: list[list[float]]) -> list[float]:
-    return [v for vrow, mrow in zip(values, mask) for v, m in zip(vrow, mrow) if m]
-
-
-def ref_whiten(values: list[list[float]], mask: list[list[float]], shift_mean: bool = True) -> list[list[float]]:
-    flat = valid_values(values, mask)
-    mu, var = ref_mean(flat), ref_var(flat)
-    scale = 1.0 / math.sqrt(var + 1e-8)
-    out = []
-    for vrow, mrow in zip(values, mask):
-        out.append([((v - mu) * scale + (0.0 if shift_mean else mu)) if m else 0.0 for v, m in zip(vrow, mrow)])
-    return out
-
-
-def ref_agg(loss: list[list[float]], mask: list[list[float]], mode: str) -> float:
-    if mode == "token-mean":
-        return ref_mean(valid_values(loss, mask))
-    per_seq = []
-    for lrow, mrow in zip(loss, mask):
-        vals = [x for x, m in zip(lrow, mrow) if m]
-        if not vals:
-            continue
-        if mode == "seq-mean-token-sum":
-            per_seq.append(sum(vals))
-        elif mode == "seq-mean-token-mean":
-            per_seq.append(sum(vals) / len(vals))
-        elif mode == "seq-mean-token-sum-norm":
-            per_seq.append(sum(vals) / len(lrow))
-    return ref_mean(per_seq)
-
-
-def close(actual: torch.Tensor | float, expected, tol: float = 1e-9) -> None:
-    expected_t = torch.as_tensor(expected, dtype=F64)
-    actual_t = torch.as_tensor(actual).to(F64)
-    assert actual_t.shape == expected_t.shape, (actual_t.shape, expected_t.shape)
-    torch.testing.assert_close(actual_t, expected_t, rtol=tol, atol=tol)
-
+from tests.support.algo_reference import (
+    F64,
+    SETTINGS,
+    SHAPES,
+    close,
+    randn,
+    random_mask,
+    ref_agg,
+    ref_mean,
+    ref_var,
+    ref_whiten,
+    rows,
+    valid_values,
+)
 
 # ---------------------------------------------------------------- masked reductions
 
@@ -119,8 +59,14 @@ def test_masked_reductions_match_reference(seed, batch, length):
     flat = valid_values(v, m)
     close(masked_sum(values, mask), sum(flat))
     close(masked_mean(values, mask), ref_mean(flat))
-    close(masked_mean(values, mask, dim=-1), [ref_mean([x for x, k in zip(vr, mr) if k]) for vr, mr in zip(v, m)])
-    close(masked_sum(values, mask, dim=0), [sum(v[b][t] for b in range(batch) if m[b][t]) for t in range(length)])
+    close(
+        masked_mean(values, mask, dim=-1),
+        [ref_mean([x for x, k in zip(vr, mr) if k]) for vr, mr in zip(v, m)],
+    )
+    close(
+        masked_sum(values, mask, dim=0),
+        [sum(v[b][t] for b in range(batch) if m[b][t]) for t in range(length)],
+    )
     close(masked_var(values, mask), ref_var(flat))
     biased = sum((x - ref_mean(flat)) ** 2 for x in flat) / len(flat) if flat else 0.0
     close(masked_var(values, mask, unbiased=False), biased)
@@ -165,7 +111,12 @@ def ref_entropy(zs: list[float]) -> float:
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), length=st.integers(1, 4), vocab=st.integers(1, 12))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    batch=st.integers(1, 3),
+    length=st.integers(1, 4),
+    vocab=st.integers(1, 12),
+)
 def test_entropy_and_logprobs_match_reference(seed, batch, length, vocab):
     gen = torch.Generator().manual_seed(seed)
     logits = randn(gen, batch, length, vocab) * 4.0
@@ -250,11 +201,16 @@ def test_policy_loss_matches_reference(seed, batch, length, low, high, c, mode):
     mask = random_mask(gen, batch, length)
     pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(old, new, adv, mask, low, high, c, mode)
     o, n, a, m = rows(old), rows(new), rows(adv), rows(mask)
-    per_token = [[ref_policy_token(o[b][t], n[b][t], a[b][t], low, high, c) for t in range(length)] for b in range(batch)]
+    per_token = [
+        [ref_policy_token(o[b][t], n[b][t], a[b][t], low, high, c) for t in range(length)]
+        for b in range(batch)
+    ]
     close(pg_loss, ref_agg([[x[0] for x in r] for r in per_token], m, mode))
     close(clipfrac, ref_mean(valid_values([[float(x[1]) for x in r] for r in per_token], m)))
     close(clipfrac_lower, ref_mean(valid_values([[float(x[2]) for x in r] for r in per_token], m)))
-    close(ppo_kl, ref_mean(valid_values([[o[b][t] - n[b][t] for t in range(length)] for b in range(batch)], m)))
+    close(
+        ppo_kl, ref_mean(valid_values([[o[b][t] - n[b][t] for t in range(length)] for b in range(batch)], m))
+    )
 
 
 # (log-ratio, advantage, expected loss, clipped?, dual-clipped?) with clip 0.2/0.28, c = 3

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from algos import (
+from ppoflow.algos import (
     ADV_ESTIMATORS,
     compute_advantage,
     compute_gae_advantage_return,
@@ -25,7 +25,7 @@ from algos import (
     get_adv_estimator,
     register_adv_estimator,
 )
-from tests.test_algos import F64, SETTINGS, SHAPES, close, random_mask, randn, ref_mean, ref_whiten, rows
+from tests.support.algo_reference import F64, SETTINGS, SHAPES, close, randn, random_mask, ref_whiten, rows
 
 UNIT = st.floats(0.0, 1.0)
 
@@ -263,7 +263,9 @@ def test_grpo_identical_scores_give_zero():
 
 
 def test_registry_names_and_unknown():
-    assert {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"} <= set(ADV_ESTIMATORS)
+    assert {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"} <= set(
+        ADV_ESTIMATORS
+    )
     assert get_adv_estimator("gae") is compute_gae_advantage_return
     with pytest.raises(ValueError, match="gae.*grpo"):
         get_adv_estimator("ppo")
@@ -274,7 +276,9 @@ def test_compute_advantage_dispatch_matches_direct_calls():
     rewards, values = randn(gen, 4, 5), randn(gen, 4, 5)
     mask = random_mask(gen, 4, 5)
     index = np.array(["p0", "p0", "p1", "p1"], dtype=object)
-    common = dict(token_level_rewards=rewards, response_mask=mask, values=values, index=index, gamma=0.9, lam=0.7)
+    common = dict(
+        token_level_rewards=rewards, response_mask=mask, values=values, index=index, gamma=0.9, lam=0.7
+    )
     cases = {
         "gae": compute_gae_advantage_return(rewards, values, mask, 0.9, 0.7),
         "grpo": compute_grpo_outcome_advantage(rewards, mask, index),
@@ -302,7 +306,9 @@ def test_compute_advantage_errors():
     with pytest.raises(ValueError, match="index"):
         compute_advantage("grpo", token_level_rewards=rewards, response_mask=mask)
     with pytest.raises(TypeError, match="epsilon"):
-        compute_advantage("rloo", token_level_rewards=rewards, response_mask=mask, index=np.array([0, 0]), epsilon=1)
+        compute_advantage(
+            "rloo", token_level_rewards=rewards, response_mask=mask, index=np.array([0, 0]), epsilon=1
+        )
     with pytest.raises(ValueError, match="known"):
         compute_advantage("nope", token_level_rewards=rewards, response_mask=mask)
 

@@ -15,10 +15,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra import storage
-from infra.arrow_codec import META_KEY
-from infra.dataproto import DataProto, DataProtoFormatError
-from tests.test_dataproto import assert_proto_equal
+from ppoflow.infra.data import storage
+from ppoflow.infra.data.arrow_codec import META_KEY
+from ppoflow.infra.data.dataproto import DataProto, DataProtoFormatError
+from tests.support.protos import assert_proto_equal
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64]  # fmt: skip
@@ -160,7 +160,10 @@ def test_non_contiguous_and_compressed(tmp_path):
 def test_bad_files_raise_format_error(tmp_path):
     random_bytes = tmp_path / "random.arrow"
     random_bytes.write_bytes(os.urandom(4096))
-    with pytest.raises(DataProtoFormatError, match=r"random\.arrow is not a ppoflow DataProto file: it is not an Arrow IPC file"):
+    with pytest.raises(
+        DataProtoFormatError,
+        match=r"random\.arrow is not a ppoflow DataProto file: it is not an Arrow IPC file",
+    ):
         DataProto.load(str(random_bytes))
     empty = tmp_path / "empty.arrow"
     empty.write_bytes(b"")
@@ -171,7 +174,10 @@ def test_bad_files_raise_format_error(tmp_path):
     table = pa.table({"a": [1, 2], "b": ["x", "y"]})
     with ipc.new_file(plain, table.schema) as writer:
         writer.write_table(table)
-    with pytest.raises(DataProtoFormatError, match=r"plain\.arrow is an Arrow IPC file but not a ppoflow DataProto.*columns: a, b.*DataProto\.from_dict"):
+    with pytest.raises(
+        DataProtoFormatError,
+        match=r"plain\.arrow is an Arrow IPC file but not a ppoflow DataProto.*columns: a, b.*DataProto\.from_dict",
+    ):
         DataProto.load(plain)
 
     good = str(tmp_path / "good.arrow")
@@ -179,9 +185,14 @@ def test_bad_files_raise_format_error(tmp_path):
     data = open(good, "rb").read()
     truncated = tmp_path / "truncated.arrow"
     truncated.write_bytes(data[: len(data) // 2])
-    with pytest.raises(DataProtoFormatError, match=r"truncated\.arrow cannot be read as a DataProto: .*truncated or corrupt.*DataProto\.save"):
+    with pytest.raises(
+        DataProtoFormatError,
+        match=r"truncated\.arrow cannot be read as a DataProto: .*truncated or corrupt.*DataProto\.save",
+    ):
         DataProto.load(str(truncated))
-    with pytest.raises(DataProtoFormatError, match=r"has no column\(s\) 'nope' \(available: bool, .*Pass columns="):
+    with pytest.raises(
+        DataProtoFormatError, match=r"has no column\(s\) 'nope' \(available: bool, .*Pass columns="
+    ):
         DataProto.load(good, columns=["bool", "nope"])
     assert isinstance(DataProtoFormatError("x"), ValueError)
     with pytest.raises(FileNotFoundError):

@@ -1,4 +1,4 @@
-"""Checkpoints (infra.checkpoint, infra.hf_export) on real gloo ranks and in-process.
+"""Checkpoints (ppoflow.infra.checkpoint.sharded, ppoflow.infra.checkpoint.hf_export) on real gloo ranks and in-process.
 
 One module fixture builds the tiny model, saves a 1-process checkpoint ``c1`` after step 1, then
 runs two torchrun jobs (tests/ckpt_scripts/ckpt_ranks.py): 2 ranks (save ``c2``; 2->2, 1->2 and
@@ -22,8 +22,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from infra import checkpoint as ck
-from infra.tiny_models import save_tiny_model
+from ppoflow.demo.tiny_models import save_tiny_model
+from ppoflow.infra.checkpoint import sharded as ck
+from ppoflow.infra.checkpoint.hf_export import export_hf
 from tests.ckpt_scripts.common import batch, full_params, make_optim, max_diff, train_step
 
 pytestmark = pytest.mark.slow
@@ -35,10 +36,22 @@ TOL = 1e-6
 
 def torchrun(nprocs: int, *args: str, env: dict | None = None, timeout: float = 240) -> float:
     """Run the rank script under torchrun; fail with its output tail. Returns the wall time."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
-           "--max-restarts=0", SCRIPT, *args]
-    full_env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                "OMP_NUM_THREADS": "1", **(env or {})}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nprocs}",
+        "--max-restarts=0",
+        SCRIPT,
+        *args,
+    ]
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+        **(env or {}),
+    }
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"torchrun {args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -165,7 +178,7 @@ def test_export_hf_gives_the_same_logits(run, tmp_path):
     from transformers import AutoModelForCausalLM
 
     work = run["work"]
-    out = ck.export_hf(os.path.join(work, "c2"), str(tmp_path / "hf"), os.path.join(work, "base"))
+    out = export_hf(os.path.join(work, "c2"), str(tmp_path / "hf"), os.path.join(work, "base"))
     names = sorted(os.listdir(out))
     assert "model.safetensors" in names and "tokenizer_config.json" in names and "config.json" in names
     assert "lm_head.weight" not in load_file(os.path.join(out, "model.safetensors")), "tied: no lm_head"
@@ -176,7 +189,7 @@ def test_export_hf_gives_the_same_logits(run, tmp_path):
     assert float((logits - saved).abs().max()) <= 1e-5
     with pytest.raises(ValueError, match="does not match the architecture"):
         save_tiny_model(str(tmp_path / "other"), hidden_size=128, num_heads=4)
-        ck.export_hf(os.path.join(work, "c2"), str(tmp_path / "bad"), str(tmp_path / "other"))
+        export_hf(os.path.join(work, "c2"), str(tmp_path / "bad"), str(tmp_path / "other"))
 
 
 def test_incomplete_checkpoint_is_refused(run, tmp_path):
@@ -231,13 +244,15 @@ def test_bad_inputs_fail_clearly(run, tmp_path):
     opt, _ = make_optim(model)
     with pytest.raises(ck.CheckpointError, match="no optimizer state"):
         ck.load_checkpoint(str(tmp_path / "model_only"), model, opt)
-    from infra.tiny_models import save_tiny_model as stm
+    from ppoflow.demo.tiny_models import save_tiny_model as stm
 
     stm(str(tmp_path / "bigger"), hidden_size=128, num_heads=4)
     from transformers import AutoModelForCausalLM
 
     with pytest.raises(ck.CheckpointError, match="failed"):
-        ck.load_checkpoint(str(tmp_path / "model_only"), AutoModelForCausalLM.from_pretrained(str(tmp_path / "bigger")))
+        ck.load_checkpoint(
+            str(tmp_path / "model_only"), AutoModelForCausalLM.from_pretrained(str(tmp_path / "bigger"))
+        )
 
 
 def test_never_stepped_optimizer_stays_fresh(run, tmp_path):

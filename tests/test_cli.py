@@ -11,13 +11,7 @@ import sys
 
 import pytest
 
-from flows.cli import main
-from tests.test_demo import demo_experiment
-
-
-@pytest.fixture(scope="module")
-def demo(prefect_harness, tmp_path_factory):
-    return demo_experiment(tmp_path_factory)
+from ppoflow.flows.cli import main
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -28,8 +22,19 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 # ------------------------------------------------------------------------------ bad arguments
 
-@pytest.mark.parametrize("argv", [[], ["bogus"], ["run"], ["demo", "--iterations", "-1"],
-                                  ["demo", "--iterations", "many"], ["export-hf", "x"], ["tensorboard"]])
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["bogus"],
+        ["run"],
+        ["demo", "--iterations", "-1"],
+        ["demo", "--iterations", "many"],
+        ["export-hf", "x"],
+        ["tensorboard"],
+    ],
+)
 def test_bad_command_lines_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -61,6 +66,7 @@ def test_console_script_is_installed():
 
 # ------------------------------------------------------------------------------ on the demo
 
+
 @pytest.mark.slow
 def test_status_prints_manifest_and_metrics(demo, capsys):
     code, out, _ = run_cli(capsys, "status", demo["url"])
@@ -77,7 +83,7 @@ def test_export_hf_latest_and_earlier_iteration(demo, capsys, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from infra.checkpoint import load_full_state_dict
+    from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 
     out_dir = str(tmp_path / "hf")
     code, out, _ = run_cli(capsys, "export-hf", demo["url"], out_dir)
@@ -86,8 +92,12 @@ def test_export_hf_latest_and_earlier_iteration(demo, capsys, tmp_path):
     tok = AutoTokenizer.from_pretrained(out_dir)
     saved = load_full_state_dict(os.path.join(demo["url"], "checkpoints", "actor", "000002"))
     assert torch.equal(model.state_dict()["model.embed_tokens.weight"], saved["model.embed_tokens.weight"])
-    ids = tok.apply_chat_template([{"role": "user", "content": "max(3,7)="}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "max(3,7)="}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     assert model.generate(**ids, max_new_tokens=2, do_sample=False).shape[1] >= ids["input_ids"].shape[1] + 1
 
     code, out, _ = run_cli(capsys, "export-hf", demo["url"], str(tmp_path / "hf1"), "--iteration", "1")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from infra.config import ConfigError, ExperimentConfig, dump_config, load_config, parse_config
+from ppoflow.infra.config import ConfigError, ExperimentConfig, dump_config, load_config, parse_config
 
 BASE = {"model": {"path": "m"}, "data": {"train_files": ["d.parquet"]}}
 
@@ -32,16 +32,32 @@ def test_unknown_field_and_bad_literal_are_named():
     assert "rollout.nn" in text and "Extra inputs are not permitted" in text
 
 
-@pytest.mark.parametrize("sections, needle", [
-    ({"resources": {"nprocs": 2}, "actor": {"fsdp": {"fsdp_size": 3}}}, "actor.fsdp.fsdp_size=3"),
-    ({"resources": {"nprocs": 2}, "rollout": {"tensor_model_parallel_size": 4}}, "tensor_model_parallel_size=4"),
-    ({"critic": {"enable": False}}, "adv_estimator='gae' needs a critic"),
-    ({"algorithm": {"adv_estimator": "grpo"}, "critic": {"enable": False}}, "rollout.n >= 2"),
-    ({"data": {"train_files": ["x"], "train_batch_size": 10}, "actor": {"ppo_mini_batch_size": 4}}, "multiple of"),
-    ({"reward": {"rule": False}}, "no reward source"),
-    ({"resources": {"nprocs": 2}, "data": {"train_files": ["x"], "train_batch_size": 3},
-      "actor": {"ppo_mini_batch_size": 3}, "critic": {"ppo_mini_batch_size": 3}}, "trained on twice"),
-])
+@pytest.mark.parametrize(
+    "sections, needle",
+    [
+        ({"resources": {"nprocs": 2}, "actor": {"fsdp": {"fsdp_size": 3}}}, "actor.fsdp.fsdp_size=3"),
+        (
+            {"resources": {"nprocs": 2}, "rollout": {"tensor_model_parallel_size": 4}},
+            "tensor_model_parallel_size=4",
+        ),
+        ({"critic": {"enable": False}}, "adv_estimator='gae' needs a critic"),
+        ({"algorithm": {"adv_estimator": "grpo"}, "critic": {"enable": False}}, "rollout.n >= 2"),
+        (
+            {"data": {"train_files": ["x"], "train_batch_size": 10}, "actor": {"ppo_mini_batch_size": 4}},
+            "multiple of",
+        ),
+        ({"reward": {"rule": False}}, "no reward source"),
+        (
+            {
+                "resources": {"nprocs": 2},
+                "data": {"train_files": ["x"], "train_batch_size": 3},
+                "actor": {"ppo_mini_batch_size": 3},
+                "critic": {"ppo_mini_batch_size": 3},
+            },
+            "trained on twice",
+        ),
+    ],
+)
 def test_cross_field_rules(sections, needle):
     with pytest.raises(ConfigError, match="invalid config") as err:
         parse_config(_with(**sections))

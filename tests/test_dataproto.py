@@ -8,46 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra.dataproto import DataProto
-
-_INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor reinterpreted as ints of the same width (bit-exact comparison, NaN-safe)."""
-    return t.view(_INT_VIEW[t.dtype]) if t.dtype in _INT_VIEW else t
-
-
-def same_values(a, b) -> bool:
-    """Strict equality of Python values: types must match, NaN equals NaN."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float):
-        return a == b or (a != a and b != b)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(map(same_values, a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_values(a[k], b[k]) for k in a)
-    return a == b
-
-
-def assert_proto_equal(a: DataProto, b: DataProto, meta: bool = True) -> None:
-    """Same keys, dtypes, shapes and bit-identical values."""
-    assert list(a.batch) == list(b.batch)
-    for k in a.batch:
-        assert a.batch[k].dtype == b.batch[k].dtype, k
-        assert a.batch[k].shape == b.batch[k].shape, k
-        assert torch.equal(bits(a.batch[k]), bits(b.batch[k])), k
-    assert sorted(a.non_tensor_batch) == sorted(b.non_tensor_batch)
-    for k in a.non_tensor_batch:
-        x, y = a.non_tensor_batch[k], b.non_tensor_batch[k]
-        assert x.dtype == y.dtype and x.shape == y.shape, k
-        if x.dtype.kind == "O":
-            assert same_values(x.tolist(), y.tolist()), (k, x, y)
-        else:
-            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
-    if meta:
-        assert a.meta_info == b.meta_info
+from ppoflow.infra.data.dataproto import DataProto
+from tests.support.protos import assert_proto_equal
 
 
 def make(n: int = 6, meta: dict | None = None) -> DataProto:
@@ -100,14 +62,22 @@ def test_select_and_pop():
     with pytest.raises(KeyError, match="nope"):
         p.select(batch_keys=["nope"])
     popped = p.pop(batch_keys=["score"], non_tensor_batch_keys=["uid"], meta_info_keys=["b"])
-    assert list(popped.batch) == ["score"] and list(popped.non_tensor_batch) == ["uid"] and popped.meta_info == {"b": 2}
+    assert (
+        list(popped.batch) == ["score"]
+        and list(popped.non_tensor_batch) == ["uid"]
+        and popped.meta_info == {"b": 2}
+    )
     assert list(p.batch) == ["ids"] and list(p.non_tensor_batch) == ["extra"] and p.meta_info == {"a": 1}
     assert len(p.pop()) == 0 and len(p) == 6
 
 
 def test_union_merges_and_refuses_conflicts():
     p = make()
-    q = DataProto.from_dict({"ids": p.batch["ids"].clone(), "v": torch.ones(6)}, {"uid": p.non_tensor_batch["uid"].copy()}, {"x": 1, "step": 1})
+    q = DataProto.from_dict(
+        {"ids": p.batch["ids"].clone(), "v": torch.ones(6)},
+        {"uid": p.non_tensor_batch["uid"].copy()},
+        {"x": 1, "step": 1},
+    )
     u = p.union(q)
     assert set(u.batch) == {"ids", "score", "v"} and set(u.non_tensor_batch) == {"uid", "extra"}
     assert u.meta_info == {"step": 1, "x": 1}

@@ -1,7 +1,7 @@
 """The demo's code path end to end at a small size: build, warm start, 2 PPO iterations, artifacts.
 
-``demo_experiment`` runs :func:`flows.demo.run_demo` once per session (tests/test_cli.py reuses
-it): the same builders, config and flow as ``ppoflow demo``, with fewer prompts, samples and
+The ``demo`` fixture (tests/conftest.py) runs :func:`ppoflow.flows.demo.run_demo` once per session
+(tests/test_cli.py uses it too): the same builders, config and flow as ``ppoflow demo``, with fewer prompts, samples and
 warm-start steps. Whether PPO *learns* is checked by running the demo itself, not here.
 """
 
@@ -15,51 +15,34 @@ import pyarrow.ipc
 import pyarrow.parquet as pq
 import pytest
 
-from flows.demo import DemoSpec, iteration_line, prepare
-from infra import demo_task, storage
-from workers.sft import SFTConfig
+from ppoflow.demo import task as demo_task
+from ppoflow.demo.experiment import prepare
+from ppoflow.demo.sft import SFTConfig
+from ppoflow.flows.console import iteration_line
+from ppoflow.infra.data import storage
+from tests.support.small_demo import SMALL
 
-SMALL = DemoSpec(
-    prompts=64, sft_examples=128,
-    sft=SFTConfig(steps=4, batch_size=16, warmup_steps=1, log_every=2),
-    overrides={"data.train_batch_size": 8, "rollout.n": 2, "rollout.max_num_seqs": 16,
-               "rollout.kv_cache_gib": 0.02, "actor.ppo_mini_batch_size": 4, "critic.ppo_mini_batch_size": 4,
-               "actor.ppo_micro_batch_size_per_gpu": 4, "critic.ppo_micro_batch_size_per_gpu": 4})
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ARROW_FILES = ("prompts", "rollout", "ref_log_prob", "values", "advantages")
-METRIC_KEYS = ("critic/score/mean", "critic/rewards/mean", "actor/reward_kl_penalty", "actor/entropy",
-               "response_length/mean", "critic/vf_loss", "actor/pg_loss", "timing_s/iteration")
-_SESSION: dict = {}
-
-
-def demo_experiment(tmp_path_factory) -> dict:
-    """The small demo, run once per session: ``{root, url, run, lines, mtimes}``."""
-    if "demo" not in _SESSION:
-        from flows.demo import run_demo
-
-        root = str(tmp_path_factory.mktemp("demo") / "demo")
-        lines: list[str] = []
-        run = run_demo(root, iterations=2, spec=SMALL, out=lines.append)
-        mtimes = {name: os.path.getmtime(os.path.join(root, name))
-                  for name in ("models/base", "models/sft", "data/train.parquet", "config.yaml")}
-        _SESSION["demo"] = {"root": root, "url": os.path.join(root, "larger-digit"), "run": run,
-                            "lines": lines, "mtimes": mtimes}
-    return _SESSION["demo"]
-
-
-@pytest.fixture(scope="module")
-def demo(prefect_harness, tmp_path_factory):
-    return demo_experiment(tmp_path_factory)
-
-
+METRIC_KEYS = (
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "actor/reward_kl_penalty",
+    "actor/entropy",
+    "response_length/mean",
+    "critic/vf_loss",
+    "actor/pg_loss",
+    "timing_s/iteration",
+)
 # ------------------------------------------------------------------------------ fast unit tests
+
 
 def test_task_rule_and_rows():
     assert demo_task.score(demo_task.DATA_SOURCE, "7", "7", None) == 1.0
     assert demo_task.score(demo_task.DATA_SOURCE, " 7 ", "7", None) == 1.0
     for wrong in ("8", "77", "7a", "", "seven", "7 8"):
         assert demo_task.score(demo_task.DATA_SOURCE, wrong, "7", None) == 0.0
-    from infra.rewards import get_reward_fn
+    from ppoflow.infra.rewards import get_reward_fn
 
     assert get_reward_fn(demo_task.DATA_SOURCE) is demo_task.score
     rows = demo_task.build_rows(500, seed=3)
@@ -68,7 +51,9 @@ def test_task_rule_and_rows():
         a, b = _operands(row["prompt"][0]["content"])
         assert max(a, b) == int(row["reward_model"]["ground_truth"])
     answers = [row["reward_model"]["ground_truth"] for row in rows]
-    assert set(answers) == {str(d) for d in range(10)} and max(map(answers.count, set(answers))) < 80  # ~uniform
+    assert (
+        set(answers) == {str(d) for d in range(10)} and max(map(answers.count, set(answers))) < 80
+    )  # ~uniform
 
 
 def _operands(question: str) -> tuple[int, int]:
@@ -99,11 +84,19 @@ pytestmark_slow = pytest.mark.slow
 def test_demo_run_succeeds_and_prints_progress(demo):
     assert demo["run"]["ok"], demo["run"]["error"]
     lines = demo["lines"]
-    assert [line for line in lines if line.startswith("iteration ")][:2] == \
-        [line for line in lines if line.startswith(("iteration    1 |", "iteration    2 |"))]
+    assert [line for line in lines if line.startswith("iteration ")][:2] == [
+        line for line in lines if line.startswith(("iteration    1 |", "iteration    2 |"))
+    ]
     text = "\n".join(lines)
-    for needle in ("reward:            iteration 1:", "difference", "wall time:", "plot:", "Prefect UI:",
-                   "ppoflow run " + os.path.join(demo["root"], "config.yaml"), "prefect deployment run ppo/iteration"):
+    for needle in (
+        "reward:            iteration 1:",
+        "difference",
+        "wall time:",
+        "plot:",
+        "Prefect UI:",
+        "ppoflow run " + os.path.join(demo["root"], "config.yaml"),
+        "prefect deployment run ppo/iteration",
+    ):
         assert needle in text, f"{needle!r} missing from the demo output:\n{text}"
 
 
@@ -148,21 +141,34 @@ def test_demo_experiment_artifacts(demo):
 @pytestmark_slow
 def test_prepare_again_reuses_everything(demo):
     cfg = prepare(demo["root"], SMALL, log=None)
-    assert cfg.storage.experiment_url == demo["url"] and cfg.model.path == os.path.join(demo["root"], "models", "sft")
+    assert cfg.storage.experiment_url == demo["url"] and cfg.model.path == os.path.join(
+        demo["root"], "models", "sft"
+    )
     for name, mtime in demo["mtimes"].items():
         assert os.path.getmtime(os.path.join(demo["root"], name)) == mtime, f"{name} was rebuilt"
 
 
 # ------------------------------------------------------------------------------ plots, TensorBoard, SFT
 
+
 def _history(n: int = 5) -> list[dict]:
-    return [{"iteration": i, "critic/score/mean": 0.1 * i, "critic/rewards/mean": 0.1 * i - 0.01,
-             "actor/reward_kl_penalty": 0.01 * i, "response_length/mean": 2.0, "critic/vf_loss": 1.0 / i,
-             "timestamp": 1.7e9 + 5 * i, "note": "text is skipped"} for i in range(1, n + 1)]
+    return [
+        {
+            "iteration": i,
+            "critic/score/mean": 0.1 * i,
+            "critic/rewards/mean": 0.1 * i - 0.01,
+            "actor/reward_kl_penalty": 0.01 * i,
+            "response_length/mean": 2.0,
+            "critic/vf_loss": 1.0 / i,
+            "timestamp": 1.7e9 + 5 * i,
+            "note": "text is skipped",
+        }
+        for i in range(1, n + 1)
+    ]
 
 
 def test_plot_metrics_writes_a_png_to_any_url(tmp_path):
-    from infra.plots import plot_metrics, series
+    from ppoflow.infra.experiment.plots import plot_metrics, series
 
     url = plot_metrics(_history(), str(tmp_path / "sub" / "m.png"), title="t")
     data = open(url, "rb").read()
@@ -170,7 +176,10 @@ def test_plot_metrics_writes_a_png_to_any_url(tmp_path):
     assert not [p for p in os.listdir(tmp_path / "sub") if p != "m.png"]  # no temp file left
     assert plot_metrics([], "memory://plots/empty.png") == "memory://plots/empty.png"  # "no data" panels
     assert storage.read_bytes("memory://plots/empty.png").startswith(PNG_MAGIC)
-    assert series([{"a": 1.0}, {"b": 2}, {"a": float("nan")}, {"a": 3, "iteration": 9}], "a") == ([1.0, 9.0], [1.0, 3.0])
+    assert series([{"a": 1.0}, {"b": 2}, {"a": float("nan")}, {"a": 3, "iteration": 9}], "a") == (
+        [1.0, 9.0],
+        [1.0, 3.0],
+    )
     with pytest.raises(TypeError):
         plot_metrics({"critic/score/mean": 1.0}, str(tmp_path / "x.png"))
 
@@ -179,7 +188,7 @@ def test_tensorboard_events_are_readable_and_append_only(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from infra.tensorboard import event_bytes, write_events
+    from ppoflow.infra.experiment.tensorboard import event_bytes, write_events
 
     history = _history(6)
     assert event_bytes(history).startswith(event_bytes(history[:3]))  # a longer history appends
@@ -195,18 +204,24 @@ def test_sft_teaches_the_format_and_publishes_a_hf_directory(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from infra.tiny_models import save_tiny_model
-    from workers.sft import SUMMARY_FILE, SFTConfig, sft
+    from ppoflow.demo.sft import SUMMARY_FILE, sft
+    from ppoflow.demo.tiny_models import save_tiny_model
 
     base = save_tiny_model(str(tmp_path / "base"), hidden_size=64, num_layers=1, num_heads=2)
     examples = [([{"role": "user", "content": f"{i}+0="}], str(i)) for i in range(10)]
-    summary = sft(base, str(tmp_path / "sft"), examples, SFTConfig(steps=40, batch_size=10, lr=3e-3), log=None)
+    summary = sft(
+        base, str(tmp_path / "sft"), examples, SFTConfig(steps=40, batch_size=10, lr=3e-3), log=None
+    )
     assert summary["loss_last"] < summary["loss_first"] / 2
     assert storage.read_json(str(tmp_path / "sft" / SUMMARY_FILE))["examples"] == 10
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "sft"))
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "sft"))
-    ids = tok.apply_chat_template([{"role": "user", "content": "3+0="}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "3+0="}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**ids, max_new_tokens=3, do_sample=False)
     assert out[0, -1].item() == tok.eos_token_id or tok.eos_token_id in out[0].tolist()
     with pytest.raises(FileExistsError):

@@ -60,8 +60,9 @@ class _Service:
     def __init__(self, name: str, args: list[str], env: dict[str, str], logdir: Path):
         self.name, self.log = name, logdir / f"{name}.log"
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -118,8 +119,8 @@ def _wait_healthy(server: _Service, api: str, timeout_s: float = 180.0) -> None:
 
 
 def test_deploy_and_run_iteration_twice(tmp_path):
-    from flows.deployment import default_config
-    from infra.manifest import ExperimentPaths, read_manifest
+    from ppoflow.flows.deployment import default_config
+    from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 
     t0 = time.monotonic()
     prefect = _prefect_cli()
@@ -129,10 +130,15 @@ def test_deploy_and_run_iteration_twice(tmp_path):
     logs.mkdir()
     demo_storage = str(tmp_path / "demo")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL=api,
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false",
-               PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_CLI_COLORS="false",
-               PREFECT_CLI_WRAP_LINES="false")
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PREFECT_API_URL=api,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_CLI_COLORS="false",
+        PREFECT_CLI_WRAP_LINES="false",
+    )
     prefect_yaml = (REPO / "prefect.yaml").read_bytes()
     timings: dict[str, float] = {}
 
@@ -141,17 +147,21 @@ def test_deploy_and_run_iteration_twice(tmp_path):
         return time.monotonic()
 
     def cli(*args: str, timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run([prefect, *args], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        done = subprocess.run(
+            [prefect, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        )
         if check:
-            assert done.returncode == 0, (f"`prefect {' '.join(args)}` exited {done.returncode}\n"
-                                          f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+            assert done.returncode == 0, (
+                f"`prefect {' '.join(args)}` exited {done.returncode}\n"
+                f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+            )
         return done
 
     server = worker = None
     try:
-        server = _Service("server", [prefect, "server", "start", "--host", "127.0.0.1",
-                                     "--port", str(port)], env, logs)
+        server = _Service(
+            "server", [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, logs
+        )
         _wait_healthy(server, api)
         t = lap("server start", t0)
 
@@ -162,9 +172,10 @@ def test_deploy_and_run_iteration_twice(tmp_path):
 
         # What prefect.yaml promises, as the server holds it.
         dep = _api_get(api, "/deployments/name/ppo/iteration")
-        assert dep["entrypoint"] == "flows/deployment.py:iteration" and dep["work_pool_name"] == POOL
-        assert dep["pull_steps"] == [{"prefect.deployments.steps.set_working_directory":
-                                      {"directory": str(REPO)}}]  # this checkout, resolved at deploy
+        assert dep["entrypoint"] == "ppoflow.flows.deployment:iteration" and dep["work_pool_name"] == POOL
+        assert dep["pull_steps"] == [
+            {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
+        ]  # this checkout, resolved at deploy
         assert dep["parameters"] == {"iterations": 1, "demo_storage": demo_storage}
         assert dep["global_concurrency_limit"]["limit"] == 1
         [schedule] = dep["schedules"]
@@ -173,12 +184,21 @@ def test_deploy_and_run_iteration_twice(tmp_path):
         worker = _Service("worker", [prefect, "worker", "start", "--pool", POOL], env, logs)
         iterations = []
         for attempt in (1, 2):
-            run = cli("deployment", "run", "ppo/iteration", "--watch", "--watch-timeout", "600",
-                      timeout=660, check=False)
+            run = cli(
+                "deployment",
+                "run",
+                "ppo/iteration",
+                "--watch",
+                "--watch-timeout",
+                "600",
+                timeout=660,
+                check=False,
+            )
             t = lap(f"run {attempt}", t)
             assert run.returncode == 0 and "finished successfully in 'Completed'" in run.stdout, (
                 f"run {attempt} did not complete (exit {run.returncode})\n{run.stdout[-6000:]}\n"
-                f"{run.stderr[-3000:]}\n{_tail(worker.log, 8000)}")
+                f"{run.stderr[-3000:]}\n{_tail(worker.log, 8000)}"
+            )
             # The first run built the embedded default under demo_storage (nothing else did);
             # from then on default_config only reads its config.yaml.
             manifest = read_manifest(ExperimentPaths.of(default_config(demo_storage)))
@@ -190,7 +210,8 @@ def test_deploy_and_run_iteration_twice(tmp_path):
             time.sleep(0.5)
         assert not worker.descendants(), (
             f"processes still running under the worker: "
-            f"{[(p.pid, p.cmdline()[:4]) for p in worker.descendants()]}")
+            f"{[(p.pid, p.cmdline()[:4]) for p in worker.descendants()]}"
+        )
     finally:
         # The worker first (it talks to the server). Prefect 3.9.1's worker does not always stop
         # on its first SIGTERM (it sends itself SIGINT, and sometimes keeps polling); on a second
@@ -200,6 +221,8 @@ def test_deploy_and_run_iteration_twice(tmp_path):
             ended["worker"] = worker.stop((signal.SIGTERM, signal.SIGTERM), grace_s=5.0)
         if server is not None:
             ended["server"] = server.stop((signal.SIGTERM,), grace_s=20.0)
-    print(f"\ndeployment test: {time.monotonic() - t0:.0f} s in all; "
-          + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    print(
+        f"\ndeployment test: {time.monotonic() - t0:.0f} s in all; "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
+    )
     assert not any(ended.values()), f"processes left running after the runs: {ended}"

@@ -7,77 +7,55 @@ compare against it. Helpers here are shared with tests/test_flow_resume.py.
 from __future__ import annotations
 
 import os
-import shutil
 
 import pyarrow as pa
 import pyarrow.ipc
 import pytest
-import torch
 
-from infra import storage
-from infra.checkpoint import is_complete, load_full_state_dict
-from infra.manifest import ExperimentPaths, read_manifest
-from infra.metrics import is_timing_key
+from ppoflow.infra.checkpoint.sharded import is_complete
+from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from tests.support.experiments import copy_experiment
 
 pytestmark = pytest.mark.slow
 
 ARROW_FILES = ("prompts", "rollout", "ref_log_prob", "values", "rm_scores", "advantages")
 REQUIRED_METRICS = (
-    "perf/throughput", "response_length/mean", "critic/score/mean", "critic/rewards/mean",
-    "critic/advantages/mean", "critic/returns/mean", "critic/values/mean", "critic/vf_explained_var",
-    "actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm", "actor/lr",
-    "critic/vf_loss", "critic/grad_norm", "actor/reward_kl_penalty", "timing_s/iteration", "weight_sync_s",
-    *(f"timing_s/{t}" for t in ("generate", "ref_log_prob", "values", "rm_score", "advantage",
-                                "update_actor", "update_critic", "commit")))
+    "perf/throughput",
+    "response_length/mean",
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "critic/advantages/mean",
+    "critic/returns/mean",
+    "critic/values/mean",
+    "critic/vf_explained_var",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+    "actor/lr",
+    "critic/vf_loss",
+    "critic/grad_norm",
+    "actor/reward_kl_penalty",
+    "timing_s/iteration",
+    "weight_sync_s",
+    *(
+        f"timing_s/{t}"
+        for t in (
+            "generate",
+            "ref_log_prob",
+            "values",
+            "rm_score",
+            "advantage",
+            "update_actor",
+            "update_critic",
+            "commit",
+        )
+    ),
+)
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def copy_experiment(src_url: str, dst_root: str, name: str, at: int | None = None) -> str:
-    """Copy an experiment directory; with ``at`` roll the copy back to manifest ``at`` (what an
-    experiment looks like when iteration ``at + 1`` never happened). Returns the new URL."""
-    dst = os.path.join(dst_root, name)
-    shutil.copytree(src_url, dst)
-    if at is not None:
-        for sub in ("iterations", "checkpoints/actor", "checkpoints/critic"):
-            for entry in os.listdir(os.path.join(dst, sub)):
-                if int(entry) > at:
-                    shutil.rmtree(os.path.join(dst, sub, entry))
-        shutil.copy(os.path.join(dst, "iterations", f"{at:06d}", "manifest.json"),
-                    os.path.join(dst, "manifest.json"))
-    return dst
-
-
-def comparable_metrics(url: str, n: int) -> dict:
-    """metrics.json of iteration ``n`` without the timings (they differ between runs)."""
-    metrics = storage.read_json(ExperimentPaths(url).file(n, "metrics.json"))
-    return {k: v for k, v in metrics.items() if not is_timing_key(k)}
-
-
-def rng_states(checkpoint_url: str) -> dict:
-    """The per-rank RNG states a checkpoint saved (``rng/rank_*.json``)."""
-    rng = storage.join(checkpoint_url, "rng")
-    return {name: storage.read_json(storage.join(rng, name)) for name in storage.listdir(rng)}
-
-
-def assert_same_commit(url_a: str, url_b: str, n: int) -> None:
-    """Iteration ``n`` of two experiments: equal checkpoints (every tensor bit for bit, and each
-    rank's RNG state, which decides what later iterations sample), metrics (timings excluded),
-    data cursor and KL coefficient."""
-    pa_, pb = ExperimentPaths(url_a), ExperimentPaths(url_b)
-    ma, mb = (storage.read_json(p.file(n, "manifest.json")) for p in (pa_, pb))
-    assert ma["data_cursor"] == mb["data_cursor"] and ma["kl_coef"] == mb["kl_coef"]
-    assert ma["actor_checkpoint"] == mb["actor_checkpoint"] == f"checkpoints/actor/{n:06d}"
-    for role in ("actor", "critic"):
-        a = load_full_state_dict(pa_.checkpoint(role, n))
-        b = load_full_state_dict(pb.checkpoint(role, n))
-        assert a.keys() == b.keys()
-        diff = [k for k in a if not torch.equal(a[k], b[k])]
-        assert not diff, f"{role} checkpoint {n} differs in {diff[:5]}"
-    assert comparable_metrics(url_a, n) == comparable_metrics(url_b, n)
-    for role in ("actor", "critic"):
-        assert rng_states(pa_.checkpoint(role, n)) == rng_states(pb.checkpoint(role, n)), \
-            f"the {role} checkpoint {n} holds other RNG states: later iterations would sample differently"
 
 
 def artifacts(state) -> dict:
@@ -86,8 +64,11 @@ def artifacts(state) -> dict:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])
+            )
+        )
     out: dict = {}
     for a in sorted(found, key=lambda a: a.created):
         out.setdefault(a.key, []).append(a.type)
@@ -102,6 +83,7 @@ def read_arrow(url: str) -> pa.Table:
 
 # ----------------------------------------------------------------------------- tests
 
+
 def test_two_iterations_commit_manifests_files_and_metrics(base_run):
     url = base_run["url"]
     paths = ExperimentPaths(url)
@@ -109,8 +91,11 @@ def test_two_iterations_commit_manifests_files_and_metrics(base_run):
     assert manifest.iteration == 2 and base_run["result"]["iteration"] == 2
     chain = [storage.read_json(paths.file(n, "manifest.json")) for n in (0, 1, 2)]
     assert [m["iteration"] for m in chain] == [0, 1, 2]
-    assert [m["data_cursor"] for m in chain] == [{"epoch": 0, "offset": 0}, {"epoch": 0, "offset": 4},
-                                                 {"epoch": 0, "offset": 8}]
+    assert [m["data_cursor"] for m in chain] == [
+        {"epoch": 0, "offset": 0},
+        {"epoch": 0, "offset": 4},
+        {"epoch": 0, "offset": 8},
+    ]
     assert chain[0]["kl_coef"] == 0.05 and chain[2]["kl_coef"] != 0.05  # adaptive, persisted
     assert [t["iteration"] for t in manifest.trend] == [1, 2]
     assert not os.path.exists(paths.lock)  # released
@@ -122,10 +107,18 @@ def test_two_iterations_commit_manifests_files_and_metrics(base_run):
         tables = {name: read_arrow(paths.file(n, f"{name}.arrow")) for name in ARROW_FILES}
         assert tables["prompts"].num_rows == 4
         assert all(t.num_rows == 8 for name, t in tables.items() if name != "prompts")
-        assert {"responses", "response_mask", "old_log_probs", "rollout_log_probs", "uid"} <= \
-            set(tables["rollout"].column_names)
-        assert {"token_level_scores", "token_level_rewards", "advantages", "returns", "values",
-                "ref_log_prob", "rm_scores"} <= set(tables["advantages"].column_names)
+        assert {"responses", "response_mask", "old_log_probs", "rollout_log_probs", "uid"} <= set(
+            tables["rollout"].column_names
+        )
+        assert {
+            "token_level_scores",
+            "token_level_rewards",
+            "advantages",
+            "returns",
+            "values",
+            "ref_log_prob",
+            "rm_scores",
+        } <= set(tables["advantages"].column_names)
         metrics = storage.read_json(paths.file(n, "metrics.json"))
         missing = [k for k in REQUIRED_METRICS if k not in metrics]
         assert not missing, f"metrics.json of iteration {n} lacks {missing}"
@@ -134,14 +127,16 @@ def test_two_iterations_commit_manifests_files_and_metrics(base_run):
     assert kinds["exp-metrics"] == ["table", "table"] and kinds["exp-summary"] == ["markdown"] * 2
     assert kinds["exp-plot"] == ["markdown"] and kinds[None].count("progress") == 2
     m1 = storage.read_json(paths.file(1, "metrics.json"))
-    print(f"\nbase run: {base_run['wall_s']:.1f} s for init + 2 iterations; iteration wall "
-          f"{m1['timing_s/iteration']:.2f} s / critical path {m1['timing_s/critical_path']:.2f} s"
-          f" / Prefect+flow overhead {m1['timing_s/overhead']:.3f} s (iteration 1); iteration 2: "
-          f"{storage.read_json(paths.file(2, 'metrics.json'))['timing_s/overhead']:.3f} s")
+    print(
+        f"\nbase run: {base_run['wall_s']:.1f} s for init + 2 iterations; iteration wall "
+        f"{m1['timing_s/iteration']:.2f} s / critical path {m1['timing_s/critical_path']:.2f} s"
+        f" / Prefect+flow overhead {m1['timing_s/overhead']:.3f} s (iteration 1); iteration 2: "
+        f"{storage.read_json(paths.file(2, 'metrics.json'))['timing_s/overhead']:.3f} s"
+    )
 
 
 def test_identity_change_is_refused_and_nothing_changes(base_run, flow_config, tmp_path):
-    from flows.ppo import ppo
+    from ppoflow.flows.ppo import ppo
 
     url = copy_experiment(base_run["url"], str(tmp_path), "exp")
     before = storage.read_bytes(os.path.join(url, "manifest.json"))
@@ -157,11 +152,18 @@ def test_identity_change_is_refused_and_nothing_changes(base_run, flow_config, t
 def test_whole_flow_on_s3(prefect_harness, flow_config, s3_server):
     """storage.root on S3 (moto): experiment lock, data, checkpoints and manifest all there.
     A lighter config (GRPO: no critic, no reward model) keeps it to one worker group."""
-    from flows.ppo import ppo
+    from ppoflow.flows.ppo import ppo
 
-    cfg = flow_config(f"{s3_server['url']}/flows", "s3exp", **{
-        "critic.enable": False, "algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": False,
-        "reward.reward_model.enable": False})
+    cfg = flow_config(
+        f"{s3_server['url']}/flows",
+        "s3exp",
+        **{
+            "critic.enable": False,
+            "algorithm.adv_estimator": "grpo",
+            "algorithm.use_kl_in_reward": False,
+            "reward.reward_model.enable": False,
+        },
+    )
     result = ppo(cfg, iterations=1)
     paths = ExperimentPaths(cfg.storage.experiment_url)
     assert result["iteration"] == 1 and read_manifest(paths).iteration == 1

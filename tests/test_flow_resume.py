@@ -22,16 +22,24 @@ import time
 
 import pytest
 
-from infra import faults, storage
-from infra.checkpoint import is_complete
-from infra.manifest import ExperimentPaths, read_manifest
-from tests.test_flow import assert_same_commit, copy_experiment
+from ppoflow.infra.checkpoint.sharded import is_complete
+from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.runtime import faults
+from tests.support.experiments import assert_same_commit, copy_experiment
 
 pytestmark = pytest.mark.slow
 
-FIRST_RUN_FAULTS = ("task:generate:after", "task:ref_log_prob:before", "task:values:after",
-                    "task:rm_score:before", "task:advantage:after", "rank_exit:update_actor:1",
-                    "task:update_actor:after", "task:update_critic:before:always")
+FIRST_RUN_FAULTS = (
+    "task:generate:after",
+    "task:ref_log_prob:before",
+    "task:values:after",
+    "task:rm_score:before",
+    "task:advantage:after",
+    "rank_exit:update_actor:1",
+    "task:update_actor:after",
+    "task:update_critic:before:always",
+)
 DONE_IN_FIRST_RUN = ("generate", "ref_log_prob", "values", "rm_score", "advantage", "update_actor")
 
 
@@ -41,13 +49,14 @@ def attempts(state) -> dict[str, int]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
-            id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )
     return {tr.name.rsplit("-", 1)[0]: tr.run_count for tr in runs}
 
 
 def test_faults_retries_resume_and_a_refused_concurrent_run(base_run, flow_config, tmp_path, monkeypatch):
-    from flows.ppo import ppo
+    from ppoflow.flows.ppo import ppo
 
     url = copy_experiment(base_run["url"], str(tmp_path), "exp", at=1)
     paths = ExperimentPaths(url)
@@ -59,15 +68,24 @@ def test_faults_retries_resume_and_a_refused_concurrent_run(base_run, flow_confi
     state = ppo(cfg, iterations=1, return_state=True)
     assert state.is_failed()
     assert "task 'update_critic' fails before" in str(state.result(raise_on_failure=False))
-    assert attempts(state) == {"generate": 2, "ref_log_prob": 2, "values": 2, "rm_score": 2,
-                               "advantage": 2, "update_actor": 3, "update_critic": 3}
+    assert attempts(state) == {
+        "generate": 2,
+        "ref_log_prob": 2,
+        "values": 2,
+        "rm_score": 2,
+        "advantage": 2,
+        "update_actor": 3,
+        "update_critic": 3,
+    }
     assert read_manifest(paths).iteration == 1  # nothing committed
     for task in DONE_IN_FIRST_RUN:
         assert storage.exists(paths.receipt(2, task))
     assert not storage.exists(paths.receipt(2, "update_critic"))
     assert is_complete(paths.checkpoint("actor", 2)) and not is_complete(paths.checkpoint("critic", 2))
     assert not os.path.exists(paths.lock)
-    stamps = {name: os.stat(paths.file(2, name)).st_mtime_ns for name in ("rollout.arrow", "advantages.arrow")}
+    stamps = {
+        name: os.stat(paths.file(2, name)).st_mtime_ns for name in ("rollout.arrow", "advantages.arrow")
+    }
 
     # 2. run again: resumes at update_critic; a second run meanwhile is refused
     monkeypatch.setenv(faults.ENV_VAR, "task:commit:after")

@@ -5,9 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infra import faults
-from infra.metrics import (compute_data_metrics, is_timing_key, reduce_rank_metrics, summary_line,
-                           trend_markdown)
+from ppoflow.infra.experiment.metrics import (
+    compute_data_metrics,
+    is_timing_key,
+    reduce_rank_metrics,
+    summary_line,
+    trend_markdown,
+)
+from ppoflow.infra.runtime import faults
 
 
 @pytest.fixture(autouse=True)
@@ -18,8 +23,11 @@ def _fresh_faults():
 
 
 def test_fault_entries_fire_once_or_always(monkeypatch):
-    monkeypatch.setenv(faults.ENV_VAR, "task:advantage:before, task:commit:after:always,"
-                                       "rank_exit:update_actor:1,rank_raise:compute_values:0:always")
+    monkeypatch.setenv(
+        faults.ENV_VAR,
+        "task:advantage:before, task:commit:after:always,"
+        "rank_exit:update_actor:1,rank_raise:compute_values:0:always",
+    )
     with pytest.raises(faults.FaultInjected, match="advantage"):
         faults.maybe_fail("advantage", "before")
     faults.maybe_fail("advantage", "before")  # fired once: the retry passes
@@ -46,7 +54,8 @@ def test_bad_fault_entries_name_the_allowed_forms(monkeypatch, bad):
 def test_data_metrics_on_a_hand_made_batch():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     batch = {
-        "response_mask": mask, "responses": torch.zeros(2, 3, dtype=torch.long),
+        "response_mask": mask,
+        "responses": torch.zeros(2, 3, dtype=torch.long),
         "attention_mask": torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]]),
         "token_level_scores": torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 3.0]]),
         "token_level_rewards": torch.tensor([[0.0, 0.5, 9.0], [0.0, 0.0, 2.5]]),
@@ -69,17 +78,18 @@ def test_rank_reduction_and_text():
     assert is_timing_key("rollout/tokens_per_s") and not is_timing_key("actor/pg_loss")
     line = summary_line(3, {"critic/rewards/mean": 0.25, "actor/ppo_kl": 0.001, "timing_s/iteration": 1.5})
     assert line.startswith("iteration 3: reward 0.25") and "kl 0.001" in line and "in 1.5 s" in line
-    md = trend_markdown("exp", [{"iteration": 1, "critic/rewards/mean": 0.1},
-                                {"iteration": 2, "critic/rewards/mean": 0.4}])
+    md = trend_markdown(
+        "exp", [{"iteration": 1, "critic/rewards/mean": 0.1}, {"iteration": 2, "critic/rewards/mean": 0.4}]
+    )
     assert "| 2 | 0.4 |" in md and "reward: 0.1 (iteration 1) → 0.4 (iteration 2)" in md
 
 
 def test_retry_rule_skips_config_errors_only():
     from prefect.states import Failed
 
-    from infra.config import ConfigError
-    from infra.experiment_lock import ExperimentLocked
-    from tasks.common import retryable
+    from ppoflow.infra.config import ConfigError
+    from ppoflow.infra.experiment.lock import ExperimentLocked
+    from ppoflow.tasks.common import retryable
 
     def failed(exc):
         return Failed(data=exc)
@@ -91,7 +101,7 @@ def test_retry_rule_skips_config_errors_only():
 
 
 def test_iteration_seed_depends_on_the_seeds_and_the_iteration_only():
-    from tasks.generate import iteration_seed
+    from ppoflow.tasks.generate import iteration_seed
 
     assert iteration_seed(7, 0, 3) == iteration_seed(7, 0, 3)
     assert len({iteration_seed(7, 0, n) for n in range(1, 50)}) == 49
@@ -103,8 +113,8 @@ def test_device_slots_are_a_strict_limit_created_on_first_use(prefect_harness, f
     from prefect.client.orchestration import get_client
     from prefect.concurrency.sync import concurrency
 
-    from infra.config import ConfigError
-    from tasks.slots import device_slots, limit_name
+    from ppoflow.infra.config import ConfigError
+    from ppoflow.tasks.slots import device_slots, limit_name
 
     cfg = flow_config(str(tmp_path), "x", **{"resources.nprocs": 4})
     logs: list[str] = []
@@ -114,8 +124,9 @@ def test_device_slots_are_a_strict_limit_created_on_first_use(prefect_harness, f
             limit = client.read_global_concurrency_limit_by_name(limit_name("cpu"))
         assert limit.active_slots == held["size"]
         with pytest.raises(TimeoutError):  # a second run on this machine waits for the slots
-            with concurrency(limit_name("cpu"), occupy=held["size"] - held["slots"] + 1, strict=True,
-                             timeout_seconds=1):
+            with concurrency(
+                limit_name("cpu"), occupy=held["size"] - held["slots"] + 1, strict=True, timeout_seconds=1
+            ):
                 pass
     with get_client(sync_client=True) as client:
         assert client.read_global_concurrency_limit_by_name(limit_name("cpu")).active_slots == 0

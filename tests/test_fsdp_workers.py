@@ -1,4 +1,4 @@
-"""FSDP workers on real gloo ranks (infra.launch.WorkerGroup), tiny Qwen2, float32.
+"""FSDP workers on real gloo ranks (ppoflow.infra.runtime.launch.WorkerGroup), tiny Qwen2, float32.
 
 Checked against a single process without FSDP, written plainly here:
 - ``compute_log_prob`` (2 ranks) == ``log_softmax(logits / T)`` of a plain HF forward, within 1e-5;
@@ -19,29 +19,30 @@ import time
 import pytest
 import torch
 
-from infra.checkpoint import load_full_state_dict
-from infra.dataproto import DataProto
-from infra.tiny_models import save_tiny_model
-from tests.fsdp_scripts.ppo_reference import (ACTOR, CRITIC, LOGPROB_TOL, P, R, TEMPERATURE, WEIGHT_TOL, make_batch,
-                                              make_config, max_weight_diff, mini_batch_groups, plain_actor,
-                                              plain_critic, plain_log_probs, plain_values, reference_actor_update,
-                                              reference_critic_update, save_batch, start_group)
+from ppoflow.infra.checkpoint.sharded import load_full_state_dict
+from ppoflow.infra.data.dataproto import DataProto
+from tests.fsdp_scripts.ppo_reference import (
+    ACTOR,
+    CRITIC,
+    LOGPROB_TOL,
+    TEMPERATURE,
+    WEIGHT_TOL,
+    P,
+    R,
+    make_config,
+    max_weight_diff,
+    mini_batch_groups,
+    plain_actor,
+    plain_critic,
+    plain_log_probs,
+    plain_values,
+    reference_actor_update,
+    reference_critic_update,
+    save_batch,
+    start_group,
+)
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """In-process reference computations on one thread (two threads on two busy cores are slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> dict:
-    d = str(tmp_path_factory.mktemp("tiny"))
-    save_tiny_model(d, seed=0)
-    return {"dir": d, "batch": make_batch(d), "tmp": tmp_path_factory.mktemp("io")}
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.slow
@@ -50,9 +51,10 @@ def test_actor_log_prob_and_update_match_single_process(tiny):
     batch, tmp = tiny["batch"], tiny["tmp"]
     data_url = save_batch(batch, str(tmp / "rollout.arrow"))
     t0 = time.perf_counter()
-    prompts_url = save_batch({k: v[::4, :P] for k, v in batch.items() if k in ("input_ids", "attention_mask",
-                                                                               "position_ids")},
-                             str(tmp / "prompts.arrow"))
+    prompts_url = save_batch(
+        {k: v[::4, :P] for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")},
+        str(tmp / "prompts.arrow"),
+    )
     with start_group(ACTOR, cfg, 2, role="actor_rollout_ref") as group:
         infos = group.call("init_model")
         t_init = time.perf_counter() - t0
@@ -66,8 +68,9 @@ def test_actor_log_prob_and_update_match_single_process(tiny):
         gen_err = (gen.batch["old_log_probs"] - gen.batch["rollout_log_probs"])[gmask].abs().max().item()
         assert gen_err < LOGPROB_TOL, gen_err
 
-        out = DataProto.load(group.call("compute_log_prob", data_url, out_url=str(tmp / "lp.arrow"),
-                                        calculate_entropy=True))
+        out = DataProto.load(
+            group.call("compute_log_prob", data_url, out_url=str(tmp / "lp.arrow"), calculate_entropy=True)
+        )
         hf = __import__("transformers").AutoModelForCausalLM.from_pretrained(tiny["dir"], dtype=torch.float32)
         want_lp, want_ent = plain_log_probs(hf.eval(), batch)
         mask = batch["response_mask"].bool()
@@ -84,11 +87,20 @@ def test_actor_log_prob_and_update_match_single_process(tiny):
         ckpt = str(tmp / "actor_ckpt")
         group.call("save_checkpoint", ckpt, extra={"iteration": 1})
     m = metrics[0]
-    assert {k: v for k, v in m.items() if not k.startswith("perf/")} == \
-           {k: v for k, v in metrics[1].items() if not k.startswith("perf/")}
+    assert {k: v for k, v in m.items() if not k.startswith("perf/")} == {
+        k: v for k, v in metrics[1].items() if not k.startswith("perf/")
+    }
     assert m["actor/optimizer_steps"] == 2 and m["actor/skipped_steps"] == 0
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower",
-                "actor/entropy", "actor/grad_norm", "actor/lr", "actor/kl_loss"):
+    for key in (
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/pg_clipfrac_lower",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/lr",
+        "actor/kl_loss",
+    ):
         assert key in m and m[key] == m[key], key
 
     groups = mini_batch_groups(16, 2, cfg.actor.ppo_mini_batch_size * cfg.rollout.n // 2, 1)
@@ -96,9 +108,11 @@ def test_actor_log_prob_and_update_match_single_process(tiny):
     got = load_full_state_dict(ckpt)
     diff = max_weight_diff(got, want)
     moved = max((want[k] - hf.state_dict()[k]).abs().max().item() for k in want)
-    print(f"\nactor: init {t_init:.1f}s, log-prob err {lp_err:.2e}, entropy err {ent_err:.2e}, rollout vs "
-          f"recomputed {gen_err:.2e}, ref err {ref_err:.2e}, "
-          f"weight diff {diff:.2e} (update moved weights by up to {moved:.2e}), total {time.perf_counter() - t0:.1f}s")
+    print(
+        f"\nactor: init {t_init:.1f}s, log-prob err {lp_err:.2e}, entropy err {ent_err:.2e}, rollout vs "
+        f"recomputed {gen_err:.2e}, ref err {ref_err:.2e}, "
+        f"weight diff {diff:.2e} (update moved weights by up to {moved:.2e}), total {time.perf_counter() - t0:.1f}s"
+    )
     assert moved > 1e-3
     assert diff < WEIGHT_TOL
 
@@ -138,9 +152,10 @@ def test_critic_values_and_update_match_single_process(tiny):
 
 # ---------------------------------------------------------------- single process, no FSDP (fast)
 
+
 def test_warmup_schedule():
-    from infra.config import OptimConfig
-    from workers.fsdp_utils import build_optimizer
+    from ppoflow.infra.config import OptimConfig
+    from ppoflow.workers.fsdp_utils import build_optimizer
 
     opt, sched = build_optimizer(torch.nn.Linear(2, 2), OptimConfig(lr=1.0, warmup_steps=4))
     lrs = []
@@ -153,7 +168,9 @@ def test_warmup_schedule():
         build_optimizer(torch.nn.Linear(2, 2), OptimConfig(warmup_steps_ratio=0.1))
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+)
 def test_grad_accumulation_is_exact_for_every_loss_agg_mode(tiny, mode):
     """Micro-batches of 1 row and of the whole mini-batch give the same gradient (chunk size 5
     splits the LM head into several checkpointed chunks). SGD with lr 1 makes the weight change the
@@ -188,7 +205,7 @@ def test_non_finite_grad_norm_skips_the_step(tiny):
 
 
 def test_mini_batch_rows_cover_every_row_each_epoch():
-    from workers.actor import mini_batch_rows
+    from ppoflow.workers.actor import mini_batch_rows
 
     plain = [r.tolist() for r in mini_batch_rows(10, 4, 2, shuffle=False, seed=0)]
     assert plain == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] * 2
@@ -201,9 +218,9 @@ def test_full_params_carry_the_checkpoint_names(tiny):
     """iter_full_params (what the rollout's weight sync streams) names tensors as the HF checkpoint."""
     from safetensors.torch import load_file
 
-    from infra.config import ModelConfig
-    from workers.fsdp_utils import iter_full_params, load_hf_model
-    from workers.modeling import PolicyLM
+    from ppoflow.infra.config import ModelConfig
+    from ppoflow.workers.fsdp_utils import iter_full_params, load_hf_model
+    from ppoflow.workers.modeling import PolicyLM
 
     stored = load_file(os.path.join(tiny["dir"], "model.safetensors"))
     streamed = dict(iter_full_params(PolicyLM(load_hf_model(ModelConfig(path=tiny["dir"]), "causal_lm"))))
@@ -215,7 +232,7 @@ def test_full_params_carry_the_checkpoint_names(tiny):
 def test_chunked_head_matches_full_log_softmax(impl):
     """Log-probs, entropy and their gradients (hidden, weight, bias) equal autograd through a full
     (N, V) log-softmax, with temperature and an entropy term, for both head implementations."""
-    from workers.modeling import chunked_log_probs
+    from ppoflow.workers.modeling import chunked_log_probs
 
     g = torch.Generator().manual_seed(0)
     n, h, v, t = 13, 8, 50, 0.7
@@ -230,10 +247,16 @@ def test_chunked_head_matches_full_log_softmax(impl):
         head.zero_grad()
         hidden.grad = None
         ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
-        return [hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()], lp.detach(), ent.detach()
+        return (
+            [hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()],
+            lp.detach(),
+            ent.detach(),
+        )
 
     logp_all = torch.log_softmax(head(hidden) / t, dim=-1)
-    want, want_lp, want_ent = grads(logp_all.gather(-1, labels[:, None])[:, 0], -(logp_all.exp() * logp_all).sum(-1))
+    want, want_lp, want_ent = grads(
+        logp_all.gather(-1, labels[:, None])[:, 0], -(logp_all.exp() * logp_all).sum(-1)
+    )
     got, lp, ent = grads(*chunked_log_probs(hidden, head, labels, t, True, True, chunk_size=5, impl=impl))
     assert (lp - want_lp).abs().max() < 1e-5 and (ent - want_ent).abs().max() < 1e-5
     for a, b in zip(got, want):

@@ -17,18 +17,27 @@ import time
 import pytest
 import torch
 
-from infra.checkpoint import load_full_state_dict
-from infra.dataproto import DataProto
-from tests.fsdp_scripts.ppo_reference import (ACTOR, WEIGHT_TOL, make_config, max_weight_diff, mini_batch_groups,
-                                              reference_actor_update, save_batch, start_group)
-from tests.test_fsdp_workers import one_thread, tiny  # noqa: F401  (fixtures)
+from ppoflow.infra.checkpoint.sharded import load_full_state_dict
+from ppoflow.infra.data.dataproto import DataProto
+from tests.fsdp_scripts.ppo_reference import (
+    ACTOR,
+    WEIGHT_TOL,
+    make_config,
+    max_weight_diff,
+    mini_batch_groups,
+    reference_actor_update,
+    save_batch,
+    start_group,
+)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 HSDP_TOL = 5e-6  # 4-rank HSDP vs 2-rank FSDP, log-probs and weights (fp32): only summation order differs
 
 
-def _run(cfg, nprocs: int, data_url: str, tmp, tag: str, reload: str | None = None) -> tuple[dict, torch.Tensor, dict, float]:
+def _run(
+    cfg, nprocs: int, data_url: str, tmp, tag: str, reload: str | None = None
+) -> tuple[dict, torch.Tensor, dict, float]:
     """init -> compute_log_prob -> update_actor -> save_checkpoint on one group (then, with
     ``reload``, load that checkpoint and save it again as ``ckpt_reloaded``); returns (rank-0 init
     info, log-probs, full weights from the checkpoint, seconds)."""
@@ -66,8 +75,10 @@ def test_hsdp_2x2_matches_plain_fsdp_and_single_process(tiny):
     w_diff = max_weight_diff(w4, w2)
     want = reference_actor_update(tiny["dir"], batch, cfg_fsdp, mini_batch_groups(16, 2, 8, 2))
     ref_diff = max(max_weight_diff(w2, want), max_weight_diff(w4, want))
-    print(f"\nHSDP 2x2 vs FSDP 2: log-prob diff {lp_diff:.2e}, weight diff {w_diff:.2e}, vs single process "
-          f"{ref_diff:.2e}; groups {s2:.1f}s (2 ranks), {s4:.1f}s (4 ranks)")
+    print(
+        f"\nHSDP 2x2 vs FSDP 2: log-prob diff {lp_diff:.2e}, weight diff {w_diff:.2e}, vs single process "
+        f"{ref_diff:.2e}; groups {s2:.1f}s (2 ranks), {s4:.1f}s (4 ranks)"
+    )
     # the 2-rank FSDP checkpoint loads into the 2 x 2 HSDP actor exactly (saved again, bit for bit)
     assert max_weight_diff(load_full_state_dict(str(tmp / "ckpt_reloaded")), w2) == 0.0
     assert lp_diff < HSDP_TOL

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from infra.control import pid_alive
-from infra.dataproto import DataProto
-from infra.launch import Dispatch, RankFailure, WorkerGroup, WorkerGroupDead
+from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.runtime.control import pid_alive
+from ppoflow.infra.runtime.launch import Dispatch, RankFailure, WorkerGroup, WorkerGroupDead
 from tests.toy_workers import ToyWorker, double_plus
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,8 @@ def make_proto(n: int, seed: int = 0) -> DataProto:
     return DataProto.from_dict(
         tensors={"x": torch.randn(n, 3, generator=g), "id": torch.arange(n)},
         non_tensors={"name": np.array([f"row{i}" for i in range(n)], dtype=object)},
-        meta_info={"source": "test"})
+        meta_info={"source": "test"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +81,7 @@ def marker(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def group(lines, marker):
     t0 = time.monotonic()
-    g = WorkerGroup(TOY, nprocs=2, config={"answer": 42, "shutdown_marker": marker}, log=lines,
-                    grace_s=1.0)
+    g = WorkerGroup(TOY, nprocs=2, config={"answer": 42, "shutdown_marker": marker}, log=lines, grace_s=1.0)
     with g:
         print(f"\n[timing] group start {time.monotonic() - t0:.2f} s")
         yield g
@@ -90,7 +90,7 @@ def group(lines, marker):
 
 # ---------------------------------------------------------------------- control plane
 def test_dispatch_registry():
-    from infra.dispatch import dispatch_mode_of, register
+    from ppoflow.infra.runtime.dispatch import dispatch_mode_of, register
 
     assert dispatch_mode_of(ToyWorker, "info") is Dispatch.ONE_TO_ALL
     assert dispatch_mode_of(ToyWorker, "double") is Dispatch.DP_COMPUTE_PROTO
@@ -115,8 +115,10 @@ def test_one_to_all_runs_on_every_rank(group):
 
 def test_json_args_and_rank_zero(group):
     out = group.call("echo", 1, "two", [3.5, None], flag=True, d={"k": "v"})
-    assert out == [{"args": [1, "two", [3.5, None]], "kwargs": {"flag": True, "d": {"k": "v"}},
-                    "rank": r} for r in (0, 1)]
+    assert out == [
+        {"args": [1, "two", [3.5, None]], "kwargs": {"flag": True, "d": {"k": "v"}}, "rank": r}
+        for r in (0, 1)
+    ]
     assert group.call("count") < 1000  # rank 0's value only
 
 
@@ -152,8 +154,7 @@ def test_many_calls_keep_the_group_warm(group, tmp_path):
     for i in range(10):
         group.call("double", url, out_url=str(tmp_path / f"out{i}.arrow"))
     per_dp = (time.perf_counter() - t0) / 10 * 1e3
-    print(f"\n[timing] ONE_TO_ALL call {per_call:.2f} ms; DP_COMPUTE_PROTO call (16 rows) "
-          f"{per_dp:.1f} ms")
+    print(f"\n[timing] ONE_TO_ALL call {per_call:.2f} ms; DP_COMPUTE_PROTO call (16 rows) {per_dp:.1f} ms")
     assert per_call < 50 and per_dp < 1000
     assert not [p for p in os.listdir(group.scratch) if p.startswith("call-")]  # chunks removed
 
@@ -193,8 +194,9 @@ def test_dp_layout_reported_by_ranks(group, tmp_path):
         assert group.call("set_layout", 1) == [{"dp_rank": 0, "dp_size": 1}] * 2
         stats = group.call("stats", str(tmp_path / "in.arrow"))
         assert stats[0]["ids"] == stats[1]["ids"] == [0, 1, 2, 3, 4, 0]  # padded to world size
-        out = DataProto.load(group.call("double", str(tmp_path / "in.arrow"),
-                                        out_url=str(tmp_path / "o.arrow")))
+        out = DataProto.load(
+            group.call("double", str(tmp_path / "in.arrow"), out_url=str(tmp_path / "o.arrow"))
+        )
         assert torch.equal(out.batch["y"], double_plus(data.batch["x"]))
     finally:
         group.call("set_layout", 2)
@@ -239,8 +241,9 @@ def test_rank_raises_while_others_wait_in_collective_or_sleep():
     with pytest.raises(RankFailure) as info:
         g.call("fail", 1, in_collective=True, busy_rank=2, busy_s=60.0)
     dt = time.monotonic() - t0
-    print(f"\n[timing] raise + other ranks stuck (all_reduce, sleep) -> RankFailure in {dt:.2f} s "
-          f"(grace 1.0 s)")
+    print(
+        f"\n[timing] raise + other ranks stuck (all_reduce, sleep) -> RankFailure in {dt:.2f} s (grace 1.0 s)"
+    )
     msg = str(info.value)
     assert info.value.rank == 1 and info.value.method == "fail"
     assert "rank 1 raised in 'fail'" in msg and "ValueError: toy failure on rank 1" in msg
@@ -331,7 +334,7 @@ def test_worker_constructor_failure_fails_start():
 DRIVER = """
 import json, os, sys
 sys.path.insert(0, {root!r})
-from infra.launch import WorkerGroup
+from ppoflow.infra.runtime.launch import WorkerGroup
 g = WorkerGroup("tests.toy_workers:ToyWorker", nprocs=2, config={{}}).start()
 print(json.dumps(g.pids + [g.launcher_pid]), flush=True)
 os._exit(3)  # die without shutdown, finalizers or atexit
@@ -339,8 +342,9 @@ os._exit(3)  # die without shutdown, finalizers or atexit
 
 
 def test_ranks_exit_when_the_driver_dies():
-    out = subprocess.run([sys.executable, "-c", DRIVER.format(root=ROOT)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER.format(root=ROOT)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 3, out.stderr[-2000:]
     t0 = time.monotonic()
     assert_all_gone(json.loads(out.stdout.strip().splitlines()[-1]), timeout=10)

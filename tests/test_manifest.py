@@ -11,18 +11,30 @@ import time
 
 import pytest
 
-from infra import storage
-from infra.config import ExperimentConfig
-from infra.experiment_lock import ExperimentLock, ExperimentLocked
-from infra.manifest import (ExperimentPaths, IdentityMismatch, Manifest, ManifestConflict,
-                            check_identity, initial_manifest, next_manifest, publish, read_manifest)
+from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.lock import ExperimentLock, ExperimentLocked
+from ppoflow.infra.experiment.manifest import (
+    ExperimentPaths,
+    IdentityMismatch,
+    Manifest,
+    ManifestConflict,
+    check_identity,
+    initial_manifest,
+    next_manifest,
+    publish,
+    read_manifest,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cfg(root: str, **over) -> ExperimentConfig:
-    data = {"model": {"path": "/models/tiny"}, "data": {"train_files": ["x.parquet"]},
-            "storage": {"root": root, "experiment": "exp"}}
+    data = {
+        "model": {"path": "/models/tiny"},
+        "data": {"train_files": ["x.parquet"]},
+        "storage": {"root": root, "experiment": "exp"},
+    }
     for key, value in over.items():
         node = data
         *parents, leaf = key.split(".")
@@ -43,10 +55,16 @@ def test_manifest_publish_and_advance(tmp_path):
     assert storage.exists(paths.config(cfg.config_hash()))
 
     cfg2 = _cfg(str(tmp_path), **{"actor.optim.lr": 3e-6})  # allowed change: recorded
-    m1 = next_manifest(m0, cfg2, paths, actor_checkpoint=paths.checkpoint("actor", 1),
-                       critic_checkpoint=paths.checkpoint("critic", 1),
-                       data_cursor={"epoch": 0, "offset": 16}, kl_coef=0.001,
-                       metrics={"critic/score/mean": 0.5, "other": 1.0})
+    m1 = next_manifest(
+        m0,
+        cfg2,
+        paths,
+        actor_checkpoint=paths.checkpoint("actor", 1),
+        critic_checkpoint=paths.checkpoint("critic", 1),
+        data_cursor={"epoch": 0, "offset": 16},
+        kl_coef=0.001,
+        metrics={"critic/score/mean": 0.5, "other": 1.0},
+    )
     publish(paths, m1)
     got = read_manifest(paths)
     assert got.iteration == 1 and got.data_cursor == {"epoch": 0, "offset": 16}
@@ -61,9 +79,14 @@ def test_manifest_publish_and_advance(tmp_path):
     assert read_manifest(paths).iteration == 0
 
 
-@pytest.mark.parametrize("key,value", [("model.path", "/models/other"),
-                                       ("model.tokenizer_path", "/tok/other"),
-                                       ("critic.model", {"path": "/models/critic"})])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("model.path", "/models/other"),
+        ("model.tokenizer_path", "/tok/other"),
+        ("critic.model", {"path": "/models/critic"}),
+    ],
+)
 def test_identity_change_is_refused_with_the_fix(tmp_path, key, value):
     cfg = _cfg(str(tmp_path))
     paths = ExperimentPaths.of(cfg)
@@ -72,8 +95,11 @@ def test_identity_change_is_refused_with_the_fix(tmp_path, key, value):
     with pytest.raises(IdentityMismatch) as err:
         check_identity(m0, _cfg(str(tmp_path), **{key: value}))
     msg = str(err.value)
-    named = {"model.path": "model.path", "model.tokenizer_path": "model.tokenizer",
-             "critic.model": "critic.model"}[key]
+    named = {
+        "model.path": "model.path",
+        "model.tokenizer_path": "model.tokenizer",
+        "critic.model": "critic.model",
+    }[key]
     assert f"with {named}=" in msg and "storage.experiment" in msg  # the field, the fix
     assert "/models/tiny" in msg  # the old value
 
@@ -84,6 +110,7 @@ def test_manifest_rejects_unknown_format(tmp_path):
 
 
 # ----------------------------------------------------------------------------- lock
+
 
 def test_lock_refuses_a_live_owner_and_releases(tmp_path):
     url = str(tmp_path / "exp" / "lock.json")
@@ -100,8 +127,10 @@ def test_lock_refuses_a_live_owner_and_releases(tmp_path):
 
 def test_lock_taken_over_from_a_dead_pid_and_a_stale_heartbeat(tmp_path):
     url = str(tmp_path / "lock.json")
-    code = ("import os, sys; from infra.experiment_lock import ExperimentLock; "
-            "ExperimentLock(sys.argv[1], 'dead-run').acquire(); os._exit(0)")  # dies holding it
+    code = (
+        "import os, sys; from ppoflow.infra.experiment.lock import ExperimentLock; "
+        "ExperimentLock(sys.argv[1], 'dead-run').acquire(); os._exit(0)"
+    )  # dies holding it
     subprocess.run([sys.executable, "-c", code, url], check=True, cwd=ROOT)
     assert json.loads(open(url).read())["run_id"] == "dead-run"
     logs = []
@@ -109,8 +138,13 @@ def test_lock_taken_over_from_a_dead_pid_and_a_stale_heartbeat(tmp_path):
     assert "is gone" in logs[0]
     lock.release()
     # an owner on another host with an old heartbeat is stale; with a fresh one it is not
-    other = {"run_id": "far", "host": socket.gethostname() + "-x", "pid": 1, "token": "t",
-             "heartbeat_at": time.time()}
+    other = {
+        "run_id": "far",
+        "host": socket.gethostname() + "-x",
+        "pid": 1,
+        "token": "t",
+        "heartbeat_at": time.time(),
+    }
     storage.write_json_atomic(url, other)
     with pytest.raises(ExperimentLocked):
         ExperimentLock(url, "run-c", stale_after_s=60).acquire()
@@ -139,8 +173,9 @@ def test_lock_on_s3_is_conditional(s3_server):
     a.check()
     # a stale owner (old heartbeat, other host) is taken over with one conditional write
     data = json.loads(storage.read_bytes(url))
-    storage.write_bytes_atomic(url, json.dumps({**data, "host": "elsewhere",
-                                                "heartbeat_at": time.time() - 999}).encode())
+    storage.write_bytes_atomic(
+        url, json.dumps({**data, "host": "elsewhere", "heartbeat_at": time.time() - 999}).encode()
+    )
     b = ExperimentLock(url, "run-b", stale_after_s=60).acquire()
     a.heartbeat()
     with pytest.raises(ExperimentLocked):

@@ -26,24 +26,26 @@ import torch
 pytestmark = pytest.mark.slow
 
 WORKER = "tests.rollout_scripts.rollout_test_worker:RolloutTestWorker"
-P, R = 160, 8          # prompt_length > the CPU KV block (128 tokens); response_length
-LONG = 150             # one prompt longer than a KV block: the prefix-cache trap
+P, R = 160, 8  # prompt_length > the CPU KV block (128 tokens); response_length
+LONG = 150  # one prompt longer than a KV block: the prefix-cache trap
 LOGPROB_TOL = 1e-4
 
 
 def _prompts(lengths: list[int], seed: int = 0, pad: int = 1):
     """Left-padded random prompts (token ids 5..199) with masks, position ids and a uid column."""
-    from infra.dataproto import DataProto
+    from ppoflow.infra.data.dataproto import DataProto
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.full((len(lengths), P), pad, dtype=torch.long)
     mask = torch.zeros((len(lengths), P), dtype=torch.long)
     for i, n in enumerate(lengths):
-        ids[i, P - n:] = torch.randint(5, 200, (n,), generator=g)
-        mask[i, P - n:] = 1
+        ids[i, P - n :] = torch.randint(5, 200, (n,), generator=g)
+        mask[i, P - n :] = 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos},
-                               {"uid": [f"p{i}" for i in range(len(lengths))]})
+    return DataProto.from_dict(
+        {"input_ids": ids, "attention_mask": mask, "position_ids": pos},
+        {"uid": [f"p{i}" for i in range(len(lengths))]},
+    )
 
 
 def _greedy_prompts():
@@ -52,7 +54,7 @@ def _greedy_prompts():
 
 def _sample_prompts():
     """The same two prompts twice: the dispatcher gives rows 0-1 to rank 0 and rows 2-3 to rank 1."""
-    from infra.dataproto import DataProto
+    from ppoflow.infra.data.dataproto import DataProto
 
     return DataProto.concat([_prompts([9, 30], seed=1), _prompts([9, 30], seed=1)])
 
@@ -63,7 +65,7 @@ class Reference:
     def __init__(self, model_dir: str, ckpt_url: str):
         from transformers import AutoModelForCausalLM
 
-        from infra.checkpoint import load_full_state_dict
+        from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         weights = load_full_state_dict(ckpt_url)
@@ -83,9 +85,15 @@ class Reference:
         out = []
         for ids, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"]):
             toks = ids[mask.bool()].unsqueeze(0)
-            gen = self.model.generate(toks, attention_mask=torch.ones_like(toks), max_new_tokens=R,
-                                      do_sample=False, eos_token_id=0, pad_token_id=1)[0, toks.shape[1]:].tolist()
-            out.append(gen[:gen.index(0) + 1] if 0 in gen else gen)
+            gen = self.model.generate(
+                toks,
+                attention_mask=torch.ones_like(toks),
+                max_new_tokens=R,
+                do_sample=False,
+                eos_token_id=0,
+                pad_token_id=1,
+            )[0, toks.shape[1] :].tolist()
+            out.append(gen[: gen.index(0) + 1] if 0 in gen else gen)
         return out
 
     @torch.no_grad()
@@ -98,8 +106,8 @@ class Reference:
             prompt = out.batch["prompts"][i][p_mask]
             resp = out.batch["responses"][i][r_mask]
             full = torch.cat([prompt, resp]).unsqueeze(0)
-            logits = self.model(full).logits[0, len(prompt) - 1:-1] / temperature
-            res[i, :len(resp)] = logits.log_softmax(-1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
+            logits = self.model(full).logits[0, len(prompt) - 1 : -1] / temperature
+            res[i, : len(resp)] = logits.log_softmax(-1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
         return res
 
 
@@ -116,20 +124,26 @@ def _lp_diff(out, ref: torch.Tensor | None = None) -> float:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from infra.tiny_models import save_tiny_model
+    from ppoflow.demo.tiny_models import save_tiny_model
 
     return save_tiny_model(str(tmp_path_factory.mktemp("rollout") / "tiny"), seed=0)
 
 
 def _group(model_dir: str, lines: list, **cfg):
-    from infra.launch import WorkerGroup
+    from ppoflow.infra.runtime.launch import WorkerGroup
 
-    config = {"model_path": model_dir, "prompt_length": P, "response_length": R, "kv_cache_gib": 0.0625, **cfg}
+    config = {
+        "model_path": model_dir,
+        "prompt_length": P,
+        "response_length": R,
+        "kv_cache_gib": 0.0625,
+        **cfg,
+    }
     return WorkerGroup(WORKER, nprocs=2, config=config, log=lines.append)
 
 
 def _call(group, work: str, method: str, data, name: str, **meta):
-    from infra.dataproto import DataProto
+    from ppoflow.infra.data.dataproto import DataProto
 
     url = os.path.join(work, f"{name}-in.arrow")
     data.save(url)
@@ -152,12 +166,17 @@ def dp2(tiny_model, tmp_path_factory):
         rec["after"] = _call(g, work, "generate", greedy_prompts, "after", do_sample=False)
         rec["push_after"] = g.call("layout")[0]["last_push"]
         rec["sampled"] = _call(g, work, "generate", sample_prompts, "sampled", n=3, temperature=0.7)
-        rec["seeded"] = [_call(g, work, "generate", sample_prompts, f"seeded{i}", n=2, temperature=0.7, seed=5)
-                         for i in range(2)]
-        rec["hf_greedy"] = _call(g, work, "generate", greedy_prompts, "hf-greedy", engine="hf", do_sample=False)
-        rec["hf_sampled"] = _call(g, work, "generate", sample_prompts, "hf-sampled", engine="hf", n=2,
-                                  temperature=0.7)
-        g.call("perturb", 2)                       # the live weights move on; the engine must not see them
+        rec["seeded"] = [
+            _call(g, work, "generate", sample_prompts, f"seeded{i}", n=2, temperature=0.7, seed=5)
+            for i in range(2)
+        ]
+        rec["hf_greedy"] = _call(
+            g, work, "generate", greedy_prompts, "hf-greedy", engine="hf", do_sample=False
+        )
+        rec["hf_sampled"] = _call(
+            g, work, "generate", sample_prompts, "hf-sampled", engine="hf", n=2, temperature=0.7
+        )
+        g.call("perturb", 2)  # the live weights move on; the engine must not see them
         g.call("use_checkpoint", os.path.join(work, "ckpt1"))
         rec["from_ckpt"] = _call(g, work, "generate", greedy_prompts, "ckpt", do_sample=False)
         rec["push_ckpt"] = g.call("layout")[0]["last_push"]
@@ -193,21 +212,28 @@ def test_live_push_log_probs_match_actor_tied_head(dp2):
 def test_long_prompt_after_push_uses_new_weights(dp2):
     """(c) the prompt longer than a KV block (cached before the push) follows the new weights."""
     i = [int(m.sum()) for m in dp2["prompts"].batch["attention_mask"]].index(LONG)
-    ref = dp2["ref1"].greedy(dp2["prompts"][i:i + 1])[0]
+    ref = dp2["ref1"].greedy(dp2["prompts"][i : i + 1])[0]
     assert _responses(dp2["after"])[i] == ref
 
 
 def test_output_columns(dp2):
     out, prompts = dp2["after"], dp2["prompts"]
     b = len(prompts)
-    for key, shape in {"prompts": (b, P), "responses": (b, R), "input_ids": (b, P + R), "attention_mask": (b, P + R),
-                       "position_ids": (b, P + R), "response_mask": (b, R), "rollout_log_probs": (b, R)}.items():
+    for key, shape in {
+        "prompts": (b, P),
+        "responses": (b, R),
+        "input_ids": (b, P + R),
+        "attention_mask": (b, P + R),
+        "position_ids": (b, P + R),
+        "response_mask": (b, R),
+        "rollout_log_probs": (b, R),
+    }.items():
         assert tuple(out.batch[key].shape) == shape, key
     assert torch.equal(out.batch["prompts"], prompts.batch["input_ids"])
     assert torch.equal(out.batch["input_ids"][:, P:], out.batch["responses"])
     assert torch.equal(out.batch["attention_mask"][:, P:], out.batch["response_mask"])
     pos = out.batch["position_ids"]
-    assert torch.equal(pos[:, P:], pos[:, P - 1:P] + torch.arange(1, R + 1))
+    assert torch.equal(pos[:, P:], pos[:, P - 1 : P] + torch.arange(1, R + 1))
     assert list(out.non_tensor_batch["uid"]) == list(prompts.non_tensor_batch["uid"])
     meta = out.meta_info
     assert (meta["n"], meta["do_sample"], meta["temperature"]) == (1, False, 1.0)
@@ -221,10 +247,12 @@ def test_sampling_n_and_dp_replicas(dp2):
     assert list(out.non_tensor_batch["uid"]) == [u for u in ["p0", "p1", "p0", "p1"] for _ in range(n)]
     resp = _responses(out)
     for i in range(4):
-        group = resp[i * n:(i + 1) * n]
+        group = resp[i * n : (i + 1) * n]
         assert len({tuple(r) for r in group}) > 1, f"prompt row {i}: all {n} samples identical"
     for i in range(2):  # row i on rank 0, row i + 2 (same prompt) on rank 1
-        assert resp[i * n:(i + 1) * n] != resp[(i + 2) * n:(i + 3) * n], "DP replicas returned identical samples"
+        assert resp[i * n : (i + 1) * n] != resp[(i + 2) * n : (i + 3) * n], (
+            "DP replicas returned identical samples"
+        )
     assert _lp_diff(out) < LOGPROB_TOL  # log-probs after temperature, as the actor computes them
 
 
@@ -311,9 +339,10 @@ def test_hf_rollout_engine(dp2):
 
 # ----------------------------------------------------------------------------- no ranks, no engine
 
+
 def test_sampling_settings_resolve():
-    from infra.config import RolloutConfig
-    from workers.rollout.base import SamplingSettings
+    from ppoflow.infra.config import RolloutConfig
+    from ppoflow.workers.rollout.base import SamplingSettings
 
     cfg = RolloutConfig(n=4, temperature=0.9, top_k=0, response_length=16)
     s = SamplingSettings.resolve(cfg, {})
@@ -327,13 +356,19 @@ def test_sampling_settings_resolve():
 
 def test_assemble_output_layout():
     """Right-padded responses, masks, positions continuing the prompt, non-tensors interleaved."""
-    from infra.config import RolloutConfig
-    from workers.rollout.base import SamplingSettings, assemble_output
+    from ppoflow.infra.config import RolloutConfig
+    from ppoflow.workers.rollout.base import SamplingSettings, assemble_output
 
     prompts = _prompts([3, 5], seed=2)
     s = SamplingSettings.resolve(RolloutConfig(n=2, response_length=4), {})
-    out = assemble_output(prompts, [[7, 0], [8, 9, 10, 11], [12], [13, 14, 0]],
-                          [[-1.0, -2.0], [-1.0] * 4, [-3.0], [-1.0, -1.0, -0.5]], s, pad_token_id=1, metrics={"x": 1.0})
+    out = assemble_output(
+        prompts,
+        [[7, 0], [8, 9, 10, 11], [12], [13, 14, 0]],
+        [[-1.0, -2.0], [-1.0] * 4, [-3.0], [-1.0, -1.0, -0.5]],
+        s,
+        pad_token_id=1,
+        metrics={"x": 1.0},
+    )
     assert out.batch["responses"][0].tolist() == [7, 0, 1, 1]
     assert out.batch["response_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]
     assert out.batch["rollout_log_probs"][0].tolist() == [-1.0, -2.0, 0.0, 0.0]

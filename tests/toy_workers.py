@@ -9,7 +9,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from workers.base import Dispatch, Worker, register
+from ppoflow.workers.base import Dispatch, Worker, register
 
 
 def double_plus(x: torch.Tensor) -> torch.Tensor:
@@ -31,9 +31,16 @@ class ToyWorker(Worker):
         """Rank facts plus a gloo all_reduce of (rank + 1)."""
         t = torch.tensor([float(self.rank + 1)])
         dist.all_reduce(t)
-        return {"rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
-                "device": str(self.device), "pid": os.getpid(), "allreduce": t.item(),
-                "threads": torch.get_num_threads(), "config": self.config}
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local_rank": self.local_rank,
+            "device": str(self.device),
+            "pid": os.getpid(),
+            "allreduce": t.item(),
+            "threads": torch.get_num_threads(),
+            "config": self.config,
+        }
 
     @register(Dispatch.ONE_TO_ALL)
     def device_allreduce(self) -> dict:
@@ -54,8 +61,9 @@ class ToyWorker(Worker):
         return self.calls + 1000 * self.rank
 
     @register(Dispatch.ONE_TO_ALL)
-    def fail(self, rank: int, in_collective: bool = False, busy_rank: int | None = None,
-             busy_s: float = 0.0) -> None:
+    def fail(
+        self, rank: int, in_collective: bool = False, busy_rank: int | None = None, busy_s: float = 0.0
+    ) -> None:
         """``rank`` raises; ``busy_rank`` first sleeps ``busy_s`` (deaf to the driver); with
         ``in_collective`` the other ranks then wait in an all_reduce that never completes."""
         if self.rank == rank:
@@ -82,12 +90,13 @@ class ToyWorker(Worker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def double(self, data, offset: float = 0.0):
         """DataProto -> DataProto: y = x * 2 + 1 + offset, keeps ids, tags the rank in meta_info."""
-        from infra.dataproto import DataProto
+        from ppoflow.infra.data.dataproto import DataProto
 
         out = DataProto.from_dict(
             tensors={"y": double_plus(data.batch["x"]) + offset, "id": data.batch["id"]},
             non_tensors={"name": data.non_tensor_batch["name"]},
-            meta_info={"rank": self.rank, "rows": len(data)})
+            meta_info={"rank": self.rank, "rows": len(data)},
+        )
         dist.barrier()
         return out
 

@@ -16,20 +16,30 @@ mini-batch in a single process, whatever the micro-batch size, rank count or pad
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from algos import agg_loss, compute_policy_loss, kl_penalty
-from workers.fsdp_utils import finish_mini_batch, global_sum, reshard_all
+from ppoflow.algos import agg_loss, compute_policy_loss, kl_penalty
+from ppoflow.workers.fsdp_utils import finish_mini_batch, global_sum, reshard_all
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
-    from infra.config import ActorConfig
+    from ppoflow.infra.config import ActorConfig
 
-__all__ = ["DataParallelPPOActor", "agg_count", "row_slices", "response_mask_of", "to_device",
-           "mini_batch_rows", "summarize_steps", "world_size", "mini_batch_rows_per_rank"]
+__all__ = [
+    "DataParallelPPOActor",
+    "agg_count",
+    "row_slices",
+    "response_mask_of",
+    "to_device",
+    "mini_batch_rows",
+    "summarize_steps",
+    "world_size",
+    "mini_batch_rows_per_rank",
+]
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 
@@ -44,8 +54,10 @@ def mini_batch_rows_per_rank(mini_batch_size: int, rollout_n: int, dp_size: int,
     """``mini_batch_size * rollout_n / dp_size``; ValueError naming the config if it does not divide."""
     rows = mini_batch_size * rollout_n
     if rows % dp_size:
-        raise ValueError(f"{section}.ppo_mini_batch_size * rollout.n = {rows} rows must be divisible by the "
-                         f"data-parallel size {dp_size}")
+        raise ValueError(
+            f"{section}.ppo_mini_batch_size * rollout.n = {rows} rows must be divisible by the "
+            f"data-parallel size {dp_size}"
+        )
     return rows // dp_size
 
 
@@ -92,7 +104,7 @@ class DataParallelPPOActor:
 
     Args:
         config: the ``actor`` section (micro/mini-batch sizes, clip ratios, losses, optimizer).
-        module: an FSDP-sharded ``workers.modeling.PolicyLM`` (the root).
+        module: an FSDP-sharded ``ppoflow.workers.modeling.PolicyLM`` (the root).
         optimizer, lr_scheduler: ``None`` for a reference policy (``update_policy`` then raises).
         rollout_n: responses per prompt (a mini-batch is ``ppo_mini_batch_size * rollout_n`` rows).
         dp_size: number of distinct data shards (the driver's ``dp_size``: the world size, or fewer
@@ -103,10 +115,20 @@ class DataParallelPPOActor:
         log_prob_micro_batch_size: override of ``config.log_prob_micro_batch_size_per_gpu`` (ref).
     """
 
-    def __init__(self, config: ActorConfig, module: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 lr_scheduler: Any = None, *, rollout_n: int = 1, dp_size: int = 1,
-                 device: torch.device | str = "cpu", default_temperature: float = 1.0,
-                 log_prob_micro_batch_size: int | None = None, seed: int = 0):
+    def __init__(
+        self,
+        config: ActorConfig,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scheduler: Any = None,
+        *,
+        rollout_n: int = 1,
+        dp_size: int = 1,
+        device: torch.device | str = "cpu",
+        default_temperature: float = 1.0,
+        log_prob_micro_batch_size: int | None = None,
+        seed: int = 0,
+    ):
         self.config, self.module = config, module
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.device = torch.device(device)
@@ -119,22 +141,33 @@ class DataParallelPPOActor:
     @property
     def mini_batch_size(self) -> int:
         """Rows of one mini-batch on this rank: ``ppo_mini_batch_size * rollout_n / dp_size``."""
-        return mini_batch_rows_per_rank(self.config.ppo_mini_batch_size, self.rollout_n, self.dp_size, "actor")
+        return mini_batch_rows_per_rank(
+            self.config.ppo_mini_batch_size, self.rollout_n, self.dp_size, "actor"
+        )
 
     def _temperature(self, data) -> float:
         """Sampling temperature of the rollout (``meta_info["temperature"]``, else the default)."""
         return float(data.meta_info.get("temperature", self.default_temperature))
 
-    def _forward(self, mb: dict[str, torch.Tensor], temperature: float, with_entropy: bool,
-                 entropy_grad: bool = False) -> dict[str, torch.Tensor]:
+    def _forward(
+        self, mb: dict[str, torch.Tensor], temperature: float, with_entropy: bool, entropy_grad: bool = False
+    ) -> dict[str, torch.Tensor]:
         """Module forward on one micro-batch: (b, R) log-probs (+ entropy), zero off the response mask."""
-        return self.module(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                           position_ids=mb["position_ids"], responses=mb["responses"],
-                           response_mask=response_mask_of(mb), temperature=temperature,
-                           with_entropy=with_entropy, entropy_grad=entropy_grad)
+        return self.module(
+            input_ids=mb["input_ids"],
+            attention_mask=mb["attention_mask"],
+            position_ids=mb["position_ids"],
+            responses=mb["responses"],
+            response_mask=response_mask_of(mb),
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
 
     @torch.no_grad()
-    def compute_log_prob(self, data, calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def compute_log_prob(
+        self, data, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs of ``responses`` under the current policy, micro-batch by micro-batch.
 
         Args:
@@ -158,20 +191,33 @@ class DataParallelPPOActor:
         reshard_all(self.module)
         return torch.cat(log_probs), (torch.cat(entropies) if calculate_entropy else None)
 
-    def _micro_losses(self, mb: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_losses(
+        self, mb: dict[str, torch.Tensor], temperature: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """PPO loss of one micro-batch (as ``agg_loss`` over this micro-batch) and its metrics."""
         cfg = self.config
         mask = response_mask_of(mb)
         out = self._forward(mb, temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0)
         log_prob = out["log_probs"]
         pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
-            mb["old_log_probs"], log_prob, mb["advantages"], mask, clip_ratio_low=cfg.clip_ratio_low,
-            clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode)
+            mb["old_log_probs"],
+            log_prob,
+            mb["advantages"],
+            mask,
+            clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            loss_agg_mode=cfg.loss_agg_mode,
+        )
         entropy = agg_loss(out["entropy"], mask, cfg.loss_agg_mode)
         loss = pg_loss - cfg.entropy_coeff * entropy if cfg.entropy_coeff != 0 else pg_loss
-        metrics = {"actor/pg_loss": pg_loss.item(), "actor/pg_clipfrac": clipfrac.item(),
-                   "actor/ppo_kl": ppo_kl.item(), "actor/pg_clipfrac_lower": clipfrac_lower.item(),
-                   "actor/entropy": entropy.item()}
+        metrics = {
+            "actor/pg_loss": pg_loss.item(),
+            "actor/pg_clipfrac": clipfrac.item(),
+            "actor/ppo_kl": ppo_kl.item(),
+            "actor/pg_clipfrac_lower": clipfrac_lower.item(),
+            "actor/entropy": entropy.item(),
+        }
         if cfg.use_kl_loss:
             kld = kl_penalty(log_prob, mb["ref_log_prob"], cfg.kl_loss_type)
             kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode)
@@ -179,8 +225,9 @@ class DataParallelPPOActor:
             metrics["actor/kl_loss"] = kl_loss.item()
         return loss, metrics
 
-    def _train_mini_batch(self, batch: dict[str, torch.Tensor], rows: torch.Tensor,
-                          temperature: float) -> dict[str, float]:
+    def _train_mini_batch(
+        self, batch: dict[str, torch.Tensor], rows: torch.Tensor, temperature: float
+    ) -> dict[str, float]:
         """Gradient accumulation over the micro-batches of one mini-batch, then one optimizer step."""
         cfg = self.config
         local_count = agg_count(response_mask_of(batch)[rows], cfg.loss_agg_mode)
@@ -193,8 +240,9 @@ class DataParallelPPOActor:
             (loss * (weight * self.grad_scale)).backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + weight * value
-        return finish_mini_batch(self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums,
-                                 self.device, "actor")
+        return finish_mini_batch(
+            self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums, self.device, "actor"
+        )
 
     def update_policy(self, data) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches (gradient accumulation), one optimizer step per
@@ -224,8 +272,9 @@ class DataParallelPPOActor:
         self.module.train()
         steps: list[dict[str, float]] = []
         self.updates += 1  # a different shuffle per call
-        for rows in mini_batch_rows(len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle,
-                                    self.seed * 1_000_003 + self.updates):
+        for rows in mini_batch_rows(
+            len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle, self.seed * 1_000_003 + self.updates
+        ):
             steps.append(self._train_mini_batch(batch, rows, temperature))
         self.module.eval()
         return summarize_steps(steps, "actor")

@@ -9,7 +9,7 @@ with role one of
     rollout             rollout engine + an FSDP copy of the policy (no optimizer) for old log-probs
     ref                 frozen reference only
 
-Driver-callable methods (see ``infra.launch.WorkerGroup.call``):
+Driver-callable methods (see ``ppoflow.infra.runtime.launch.WorkerGroup.call``):
 
     init_model()                              ONE_TO_ALL   -> per-rank {role, mesh, params, seconds}
     generate_sequences(prompts)               DP_COMPUTE_PROTO -> rollout + "old_log_probs"
@@ -23,29 +23,40 @@ Driver-callable methods (see ``infra.launch.WorkerGroup.call``):
 from __future__ import annotations
 
 import functools
-
 import gc
 import time
 from typing import Any
 
-from infra.config import ExperimentConfig, FSDPConfig
-from infra.dataproto import DataProto
-from workers.actor import DataParallelPPOActor
-from workers.base import Dispatch, Worker, register
-from workers.fsdp_utils import build_fsdp_model, build_mesh, build_optimizer, mesh_info, move_optimizer_state
-from workers.modeling import PolicyLM
+from ppoflow.infra.config import ExperimentConfig, FSDPConfig
+from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.workers.actor import DataParallelPPOActor
+from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.workers.fsdp_utils import (
+    build_fsdp_model,
+    build_mesh,
+    build_optimizer,
+    mesh_info,
+    move_optimizer_state,
+)
+from ppoflow.workers.modeling import PolicyLM
 
 __all__ = ["ActorRolloutRefWorker", "ROLES", "parse_worker_config"]
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "rollout", "ref")
 
 
-def parse_worker_config(config: dict[str, Any], roles: tuple[str, ...], default_role: str) -> tuple[ExperimentConfig, str]:
+def parse_worker_config(
+    config: dict[str, Any], roles: tuple[str, ...], default_role: str
+) -> tuple[ExperimentConfig, str]:
     """``{"config": dict | json str, "role": str}`` -> (ExperimentConfig, role), validated."""
     if "config" not in config:
         raise KeyError("the worker config needs a 'config' entry (ExperimentConfig.model_dump(mode='json'))")
     raw = config["config"]
-    cfg = ExperimentConfig.model_validate_json(raw) if isinstance(raw, str) else ExperimentConfig.model_validate(raw)
+    cfg = (
+        ExperimentConfig.model_validate_json(raw)
+        if isinstance(raw, str)
+        else ExperimentConfig.model_validate(raw)
+    )
     role = config.get("role", default_role)
     if role not in roles:
         raise ValueError(f"unknown role {role!r}; allowed: {', '.join(roles)}")
@@ -82,10 +93,22 @@ class ActorRolloutRefWorker(Worker):
         ckpt = trainable and self.cfg.model.enable_gradient_checkpointing
         actor = self.cfg.actor
         wrap = functools.partial(PolicyLM, chunk_size=actor.logprob_chunk_size, head_impl=actor.logprob_head)
-        module = build_fsdp_model(self.cfg.model, "causal_lm", wrap, mesh, fsdp_cfg, self.device,
-                                  trainable=trainable, gradient_checkpointing=ckpt, seed=self.cfg.seed)
-        info = {**mesh_info(mesh, module), "gradient_checkpointing": bool(module.hf_model.is_gradient_checkpointing),
-                "param_offload": fsdp_cfg.param_offload}
+        module = build_fsdp_model(
+            self.cfg.model,
+            "causal_lm",
+            wrap,
+            mesh,
+            fsdp_cfg,
+            self.device,
+            trainable=trainable,
+            gradient_checkpointing=ckpt,
+            seed=self.cfg.seed,
+        )
+        info = {
+            **mesh_info(mesh, module),
+            "gradient_checkpointing": bool(module.hf_model.is_gradient_checkpointing),
+            "param_offload": fsdp_cfg.param_offload,
+        }
         return module, info
 
     def _build_rollout(self) -> dict[str, Any]:
@@ -94,13 +117,21 @@ class ActorRolloutRefWorker(Worker):
         only its TP rank 0 returns results)."""
         from transformers import AutoTokenizer
 
-        from workers.rollout import build_rollout, build_sharding_manager
+        from ppoflow.workers.rollout import build_rollout, build_sharding_manager
 
         model = self.cfg.model
-        self.tokenizer = AutoTokenizer.from_pretrained(model.tokenizer, trust_remote_code=model.trust_remote_code)
-        self.rollout = build_rollout(self.cfg, model_path=model.path, tokenizer=self.tokenizer,
-                                     actor_module=self.actor.module, device=str(self.device), rank=self.rank,
-                                     world_size=self.world_size)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model.tokenizer, trust_remote_code=model.trust_remote_code
+        )
+        self.rollout = build_rollout(
+            self.cfg,
+            model_path=model.path,
+            tokenizer=self.tokenizer,
+            actor_module=self.actor.module,
+            device=str(self.device),
+            rank=self.rank,
+            world_size=self.world_size,
+        )
         self.sharding_manager = build_sharding_manager(self.rollout, self.actor.module)
         self.dp_rank = int(getattr(self.rollout, "dp_rank", self.rank))
         self.dp_size = int(getattr(self.rollout, "dp_size", self.world_size))
@@ -117,8 +148,13 @@ class ActorRolloutRefWorker(Worker):
         t0 = time.perf_counter()
         cfg = self.cfg
         info: dict[str, Any] = {"rank": self.rank, "role": self.role}
-        common = dict(rollout_n=cfg.rollout.n, dp_size=self.dp_size, device=self.device,
-                      default_temperature=cfg.rollout.temperature, seed=cfg.seed)
+        common = dict(
+            rollout_n=cfg.rollout.n,
+            dp_size=self.dp_size,
+            device=self.device,
+            default_temperature=cfg.rollout.temperature,
+            seed=cfg.seed,
+        )
         if self.is_actor or self.is_rollout:
             module, info["actor"] = self._build_policy(cfg.actor.fsdp, trainable=self.is_actor)
             optimizer = scheduler = None
@@ -127,8 +163,12 @@ class ActorRolloutRefWorker(Worker):
             self.actor = DataParallelPPOActor(cfg.actor, module, optimizer, scheduler, **common)
         if self.is_ref:
             module, info["ref"] = self._build_policy(cfg.ref.fsdp, trainable=False)
-            self.ref = DataParallelPPOActor(cfg.actor, module, **common,
-                                            log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu)
+            self.ref = DataParallelPPOActor(
+                cfg.actor,
+                module,
+                **common,
+                log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
+            )
         if self.is_rollout:
             info["rollout"] = self._build_rollout()
         info["init_s"] = round(time.perf_counter() - t0, 3)
@@ -138,7 +178,9 @@ class ActorRolloutRefWorker(Worker):
         """The actor / ref / rollout, or a clear error naming the role that lacks it."""
         obj = getattr(self, what)
         if obj is None:
-            raise RuntimeError(f"{what} is not available in role {self.role!r} (or init_model was not called)")
+            raise RuntimeError(
+                f"{what} is not available in role {self.role!r} (or init_model was not called)"
+            )
         return obj
 
     # ------------------------------------------------------------------ compute
@@ -195,7 +237,7 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, url: str, extra: dict[str, Any] | None = None) -> str:
         """Sharded DCP checkpoint of the actor (model, optimizer, LR schedule) at ``url``."""
-        from infra.checkpoint import save_checkpoint
+        from ppoflow.infra.checkpoint.sharded import save_checkpoint
 
         actor = self._need("actor")
         return save_checkpoint(url, actor.module, actor.optimizer, actor.lr_scheduler, extra=extra)
@@ -203,7 +245,7 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, url: str, with_optimizer: bool = True) -> dict[str, Any]:
         """Load the actor from ``url`` (any world size / mesh); returns the checkpoint's ``extra``."""
-        from infra.checkpoint import load_checkpoint
+        from ppoflow.infra.checkpoint.sharded import load_checkpoint
 
         actor = self._need("actor")
         optimizer = actor.optimizer if with_optimizer else None

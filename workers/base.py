@@ -1,6 +1,6 @@
-"""The base class of every worker that runs inside the ranks of a ``infra.launch.WorkerGroup``.
+"""The base class of every worker that runs inside the ranks of a ``ppoflow.infra.runtime.launch.WorkerGroup``.
 
-    from workers.base import Worker, register, Dispatch
+    from ppoflow.workers.base import Worker, register, Dispatch
 
     class MyWorker(Worker):
         def __init__(self, config: dict):
@@ -10,7 +10,7 @@
         @register(Dispatch.DP_COMPUTE_PROTO)
         def compute_values(self, data: DataProto, **kwargs) -> DataProto | dict | None: ...
 
-Calling convention inside a rank (what ``infra.rank_entry`` does for you):
+Calling convention inside a rank (what ``ppoflow.infra.runtime.rank_entry`` does for you):
 - The worker is built once per group with the JSON config dict the driver passed to the group;
   torch.distributed is already initialised (gloo on CPU, nccl on CUDA).
 - ONE_TO_ALL / RANK_ZERO methods get the JSON ``*args, **kwargs`` of the driver call and return
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from infra.dispatch import Dispatch, register
+from ppoflow.infra.runtime.dispatch import Dispatch, register
 
 __all__ = ["Worker", "register", "Dispatch"]
 
@@ -65,8 +65,10 @@ class Worker:
         """Hook called once on every rank when the group shuts down (collectives still work)."""
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(rank={self.rank}/{self.world_size}, "
-                f"dp={self.dp_rank}/{self.dp_size}, device={self.device})")
+        return (
+            f"{type(self).__name__}(rank={self.rank}/{self.world_size}, "
+            f"dp={self.dp_rank}/{self.dp_size}, device={self.device})"
+        )
 
 
 def _default_device(local_rank: int) -> torch.device:

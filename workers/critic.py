@@ -1,5 +1,5 @@
 """DataParallelPPOCritic: values and clipped value-loss updates of an FSDP-sharded critic
-(``workers.modeling.ValueModel``). Same batching and exact gradient accumulation as the actor.
+(``ppoflow.workers.modeling.ValueModel``). Same batching and exact gradient accumulation as the actor.
 
     critic = DataParallelPPOCritic(cfg.critic, module, optimizer, scheduler,
                                    rollout_n=cfg.rollout.n, dp_size=world_size, device=device)
@@ -14,13 +14,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from algos import compute_value_loss, masked_mean
-from workers.actor import (agg_count, mini_batch_rows, mini_batch_rows_per_rank, response_mask_of, row_slices,
-                           summarize_steps, to_device, world_size)
-from workers.fsdp_utils import finish_mini_batch, global_sum, reshard_all
+from ppoflow.algos import compute_value_loss, masked_mean
+from ppoflow.workers.actor import (
+    agg_count,
+    mini_batch_rows,
+    mini_batch_rows_per_rank,
+    response_mask_of,
+    row_slices,
+    summarize_steps,
+    to_device,
+    world_size,
+)
+from ppoflow.workers.fsdp_utils import finish_mini_batch, global_sum, reshard_all
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
-    from infra.config import CriticConfig
+    from ppoflow.infra.config import CriticConfig
 
 __all__ = ["DataParallelPPOCritic"]
 
@@ -37,9 +45,18 @@ class DataParallelPPOCritic:
         dp_size: data-parallel ranks sharing a mini-batch.
     """
 
-    def __init__(self, config: CriticConfig, module: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 lr_scheduler: Any = None, *, rollout_n: int = 1, dp_size: int = 1,
-                 device: torch.device | str = "cpu", seed: int = 0):
+    def __init__(
+        self,
+        config: CriticConfig,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scheduler: Any = None,
+        *,
+        rollout_n: int = 1,
+        dp_size: int = 1,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ):
         self.config, self.module = config, module
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.device, self.dp_size, self.seed, self.updates = torch.device(device), dp_size, seed, 0
@@ -48,12 +65,18 @@ class DataParallelPPOCritic:
     @property
     def mini_batch_size(self) -> int:
         """Rows of one mini-batch on this rank: ``ppo_mini_batch_size * rollout_n / dp_size``."""
-        return mini_batch_rows_per_rank(self.config.ppo_mini_batch_size, self.rollout_n, self.dp_size, "critic")
+        return mini_batch_rows_per_rank(
+            self.config.ppo_mini_batch_size, self.rollout_n, self.dp_size, "critic"
+        )
 
     def _values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         """(b, R) float32 values of one micro-batch."""
-        return self.module(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                           position_ids=mb["position_ids"], response_length=mb["responses"].shape[1])
+        return self.module(
+            input_ids=mb["input_ids"],
+            attention_mask=mb["attention_mask"],
+            position_ids=mb["position_ids"],
+            response_length=mb["responses"].shape[1],
+        )
 
     @torch.no_grad()
     def compute_values(self, data) -> torch.Tensor:
@@ -83,20 +106,25 @@ class DataParallelPPOCritic:
             mb = to_device(batch, rows[sl], self.device)
             mask = response_mask_of(mb)
             vpreds = self._values(mb)
-            vf_loss, vf_clipfrac = compute_value_loss(vpreds, mb["returns"], mb["values"], mask,
-                                                      cfg.cliprange_value, cfg.loss_agg_mode)
+            vf_loss, vf_clipfrac = compute_value_loss(
+                vpreds, mb["returns"], mb["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode
+            )
             weight = agg_count(mask, cfg.loss_agg_mode) / total if total > 0 else 0.0
             (vf_loss * (weight * self.grad_scale)).backward()
-            metrics = {"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": vf_clipfrac.item(),
-                       "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item()}
+            metrics = {
+                "critic/vf_loss": vf_loss.item(),
+                "critic/vf_clipfrac": vf_clipfrac.item(),
+                "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item(),
+            }
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + weight * value
-        return finish_mini_batch(self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums,
-                                 self.device, "critic")
+        return finish_mini_batch(
+            self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums, self.device, "critic"
+        )
 
     def update_critic(self, data) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches of the clipped value loss
-        (``algos.compute_value_loss`` with ``cliprange_value``), one optimizer step per mini-batch.
+        (``ppoflow.algos.compute_value_loss`` with ``cliprange_value``), one optimizer step per mini-batch.
 
         Args:
             data: DataProto with the model inputs, ``values`` (rollout-time, the clip centre) and
@@ -117,8 +145,15 @@ class DataParallelPPOCritic:
         batch = {k: data.batch[k] for k in keys}
         self.module.train()
         self.updates += 1  # a different shuffle per call
-        steps = [self._train_mini_batch(batch, rows) for rows in
-                 mini_batch_rows(len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle,
-                                 self.seed * 1_000_003 + self.updates)]
+        steps = [
+            self._train_mini_batch(batch, rows)
+            for rows in mini_batch_rows(
+                len(data),
+                self.mini_batch_size,
+                cfg.ppo_epochs,
+                cfg.shuffle,
+                self.seed * 1_000_003 + self.updates,
+            )
+        ]
         self.module.eval()
         return summarize_steps(steps, "critic")

@@ -17,12 +17,18 @@ import gc
 import time
 from typing import Any
 
-from infra.dataproto import DataProto
-from workers.actor_rollout_ref_worker import parse_worker_config
-from workers.base import Dispatch, Worker, register
-from workers.critic import DataParallelPPOCritic
-from workers.fsdp_utils import build_fsdp_model, build_mesh, build_optimizer, mesh_info, move_optimizer_state
-from workers.modeling import ValueModel
+from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.workers.actor_rollout_ref_worker import parse_worker_config
+from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.workers.critic import DataParallelPPOCritic
+from ppoflow.workers.fsdp_utils import (
+    build_fsdp_model,
+    build_mesh,
+    build_optimizer,
+    mesh_info,
+    move_optimizer_state,
+)
+from ppoflow.workers.modeling import ValueModel
 
 __all__ = ["CriticWorker"]
 
@@ -42,16 +48,39 @@ class CriticWorker(Worker):
         cfg = self.cfg
         model_cfg = cfg.critic_model
         mesh = build_mesh(cfg.critic.fsdp, self.world_size, self.device.type)
-        module = build_fsdp_model(model_cfg, "token_classification", ValueModel, mesh, cfg.critic.fsdp, self.device,
-                                  gradient_checkpointing=model_cfg.enable_gradient_checkpointing, seed=cfg.seed)
+        module = build_fsdp_model(
+            model_cfg,
+            "token_classification",
+            ValueModel,
+            mesh,
+            cfg.critic.fsdp,
+            self.device,
+            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+            seed=cfg.seed,
+        )
         hf = module.hf_model
         optimizer, scheduler = build_optimizer(module, cfg.critic.optim)
-        self.critic = DataParallelPPOCritic(cfg.critic, module, optimizer, scheduler, rollout_n=cfg.rollout.n,
-                                            dp_size=self.dp_size, device=self.device, seed=cfg.seed)
-        info = {**mesh_info(mesh, module), "gradient_checkpointing": bool(hf.is_gradient_checkpointing),
-                "param_offload": cfg.critic.fsdp.param_offload}
-        return {"rank": self.rank, "role": "critic", "critic": info,
-                "init_s": round(time.perf_counter() - t0, 3)}
+        self.critic = DataParallelPPOCritic(
+            cfg.critic,
+            module,
+            optimizer,
+            scheduler,
+            rollout_n=cfg.rollout.n,
+            dp_size=self.dp_size,
+            device=self.device,
+            seed=cfg.seed,
+        )
+        info = {
+            **mesh_info(mesh, module),
+            "gradient_checkpointing": bool(hf.is_gradient_checkpointing),
+            "param_offload": cfg.critic.fsdp.param_offload,
+        }
+        return {
+            "rank": self.rank,
+            "role": "critic",
+            "critic": info,
+            "init_s": round(time.perf_counter() - t0, 3),
+        }
 
     def _need(self) -> DataParallelPPOCritic:
         if self.critic is None:
@@ -80,7 +109,7 @@ class CriticWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, url: str, extra: dict[str, Any] | None = None) -> str:
         """Sharded DCP checkpoint of the critic (model, optimizer, LR schedule) at ``url``."""
-        from infra.checkpoint import save_checkpoint
+        from ppoflow.infra.checkpoint.sharded import save_checkpoint
 
         critic = self._need()
         return save_checkpoint(url, critic.module, critic.optimizer, critic.lr_scheduler, extra=extra)
@@ -88,7 +117,7 @@ class CriticWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, url: str, with_optimizer: bool = True) -> dict[str, Any]:
         """Load the critic from ``url`` (any world size / mesh); returns the checkpoint's ``extra``."""
-        from infra.checkpoint import load_checkpoint
+        from ppoflow.infra.checkpoint.sharded import load_checkpoint
 
         critic = self._need()
         if with_optimizer:

@@ -21,17 +21,24 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
-    from infra.config import FSDPConfig, ModelConfig, OptimConfig
+    from ppoflow.infra.config import FSDPConfig, ModelConfig, OptimConfig
 
 __all__ = [
     "MODEL_KINDS",
@@ -79,9 +86,11 @@ def _auto_class(kind: str):
     """The transformers Auto class of a model kind."""
     import transformers
 
-    classes = {"causal_lm": transformers.AutoModelForCausalLM,
-               "token_classification": transformers.AutoModelForTokenClassification,
-               "sequence_classification": transformers.AutoModelForSequenceClassification}
+    classes = {
+        "causal_lm": transformers.AutoModelForCausalLM,
+        "token_classification": transformers.AutoModelForTokenClassification,
+        "sequence_classification": transformers.AutoModelForSequenceClassification,
+    }
     if kind not in classes:
         raise ValueError(f"unknown model kind {kind!r}; allowed: {', '.join(MODEL_KINDS)}")
     return classes[kind]
@@ -99,7 +108,9 @@ def _hf_config(model_cfg: ModelConfig, kind: str):
     """The model's transformers config with ``override_config`` and the kind's forced fields."""
     import transformers
 
-    hf_cfg = transformers.AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=bool(model_cfg.trust_remote_code))
+    hf_cfg = transformers.AutoConfig.from_pretrained(
+        model_cfg.path, trust_remote_code=bool(model_cfg.trust_remote_code)
+    )
     for key, value in {**model_cfg.override_config, **_kind_overrides(kind)}.items():
         setattr(hf_cfg, key, value)
     return hf_cfg
@@ -114,13 +125,19 @@ def load_hf_model(model_cfg: ModelConfig, kind: str, dtype: str | None = None) -
     loaded config. Returns the model in eval mode (callers switch to train mode to update).
     """
     trust = bool(model_cfg.trust_remote_code)
-    model = _auto_class(kind).from_pretrained(model_cfg.path, config=_hf_config(model_cfg, kind),
-                                              trust_remote_code=trust, dtype=_dtype(dtype or model_cfg.dtype))
+    model = _auto_class(kind).from_pretrained(
+        model_cfg.path,
+        config=_hf_config(model_cfg, kind),
+        trust_remote_code=trust,
+        dtype=_dtype(dtype or model_cfg.dtype),
+    )
     model.eval()
     return model
 
 
-def model_from_config(hf_cfg, kind: str, dtype: str = "float32", trust_remote_code: bool = False) -> nn.Module:
+def model_from_config(
+    hf_cfg, kind: str, dtype: str = "float32", trust_remote_code: bool = False
+) -> nn.Module:
     """A randomly initialised model of ``kind`` from a transformers config (benchmarks, tests)."""
     for key, value in _kind_overrides(kind).items():
         setattr(hf_cfg, key, value)
@@ -148,9 +165,18 @@ def _parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
-def build_fsdp_model(model_cfg: ModelConfig, kind: str, wrap: Callable[[nn.Module], nn.Module], mesh: DeviceMesh,
-                     fsdp_cfg: FSDPConfig, device: torch.device | str, *, trainable: bool = True,
-                     gradient_checkpointing: bool = False, seed: int = 0) -> nn.Module:
+def build_fsdp_model(
+    model_cfg: ModelConfig,
+    kind: str,
+    wrap: Callable[[nn.Module], nn.Module],
+    mesh: DeviceMesh,
+    fsdp_cfg: FSDPConfig,
+    device: torch.device | str,
+    *,
+    trainable: bool = True,
+    gradient_checkpointing: bool = False,
+    seed: int = 0,
+) -> nn.Module:
     """Sharded model with the checkpoint's weights, read by rank 0 only.
 
     Every rank builds the model with meta parameters, wraps it (``wrap(hf_model)``, e.g.
@@ -164,8 +190,12 @@ def build_fsdp_model(model_cfg: ModelConfig, kind: str, wrap: Callable[[nn.Modul
 
     device = torch.device(device)
     with _parameters_on_meta():
-        hf = model_from_config(_hf_config(model_cfg, kind), kind, dtype=model_cfg.dtype,
-                               trust_remote_code=bool(model_cfg.trust_remote_code))
+        hf = model_from_config(
+            _hf_config(model_cfg, kind),
+            kind,
+            dtype=model_cfg.dtype,
+            trust_remote_code=bool(model_cfg.trust_remote_code),
+        )
     if gradient_checkpointing:
         enable_gradient_checkpointing(hf)
     hf.requires_grad_(trainable)
@@ -180,7 +210,9 @@ def build_fsdp_model(model_cfg: ModelConfig, kind: str, wrap: Callable[[nn.Modul
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.manual_seed(seed)
         full = wrap(load_hf_model(model_cfg, kind)).state_dict()
-    set_model_state_dict(module, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(
+        module, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
     del full
     _copy_generation_config(model_cfg, hf)
     module.eval()
@@ -206,7 +238,9 @@ def _decoder_layers(module: nn.Module) -> list[nn.Module]:
         names.update(getattr(sub, "_no_split_modules", None) or [])
     config = getattr(module, "config", None)
     if not names and config is not None:
-        raise ValueError(f"{type(module).__name__} declares no _no_split_modules: cannot find its decoder layers")
+        raise ValueError(
+            f"{type(module).__name__} declares no _no_split_modules: cannot find its decoder layers"
+        )
     return [m for m in module.modules() if type(m).__name__ in names]
 
 
@@ -218,8 +252,13 @@ def enable_gradient_checkpointing(hf_model: nn.Module) -> None:
         hf_model.config.use_cache = False
 
 
-def apply_fsdp(module: nn.Module, mesh: DeviceMesh, fsdp_cfg: FSDPConfig, device: torch.device | str,
-               layers: list[nn.Module] | None = None) -> nn.Module:
+def apply_fsdp(
+    module: nn.Module,
+    mesh: DeviceMesh,
+    fsdp_cfg: FSDPConfig,
+    device: torch.device | str,
+    layers: list[nn.Module] | None = None,
+) -> nn.Module:
     """Shard ``module`` with FSDP2: ``fully_shard`` on each decoder layer, then on the root.
 
     The root owns everything outside the layers: embeddings, final norm and the (tied) LM head —
@@ -230,24 +269,37 @@ def apply_fsdp(module: nn.Module, mesh: DeviceMesh, fsdp_cfg: FSDPConfig, device
     stay meta: ``to_empty`` + a state dict load follow, see ``build_fsdp_model``).
 
     Args:
-        module: the model (e.g. ``workers.modeling.PolicyLM``); parameters on the CPU or ``device``.
+        module: the model (e.g. ``ppoflow.workers.modeling.PolicyLM``); parameters on the CPU or ``device``.
         layers: the blocks to shard one by one; default: the classes in ``_no_split_modules``.
 
     Returns:
         the same module, now an ``FSDPModule``.
     """
     device = torch.device(device)
-    mp = MixedPrecisionPolicy(param_dtype=_dtype(fsdp_cfg.param_dtype), reduce_dtype=_dtype(fsdp_cfg.reduce_dtype))
-    offload: OffloadPolicy = (CPUOffloadPolicy(pin_memory=device.type == "cuda") if fsdp_cfg.param_offload
-                              else OffloadPolicy())
+    mp = MixedPrecisionPolicy(
+        param_dtype=_dtype(fsdp_cfg.param_dtype), reduce_dtype=_dtype(fsdp_cfg.reduce_dtype)
+    )
+    offload: OffloadPolicy = (
+        CPUOffloadPolicy(pin_memory=device.type == "cuda") if fsdp_cfg.param_offload else OffloadPolicy()
+    )
     on_meta = any(p.is_meta for p in module.parameters())
     if not fsdp_cfg.param_offload and device.type != "cpu" and not on_meta:
         module.to(device)
-    for layer in (layers if layers is not None else _decoder_layers(module)):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload,
-                    reshard_after_forward=fsdp_cfg.reshard_after_forward)
-    fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=offload,
-                reshard_after_forward=fsdp_cfg.reshard_after_forward)
+    for layer in layers if layers is not None else _decoder_layers(module):
+        fully_shard(
+            layer,
+            mesh=mesh,
+            mp_policy=mp,
+            offload_policy=offload,
+            reshard_after_forward=fsdp_cfg.reshard_after_forward,
+        )
+    fully_shard(
+        module,
+        mesh=mesh,
+        mp_policy=mp,
+        offload_policy=offload,
+        reshard_after_forward=fsdp_cfg.reshard_after_forward,
+    )
     return module
 
 
@@ -273,13 +325,20 @@ def _full(param: torch.Tensor, device: torch.device | None) -> torch.Tensor:
     mesh_device = param.device_mesh.device_type
     if local.device.type != mesh_device:  # CPU-offloaded shard on a CUDA mesh: gather on the GPU
         local = local.to(device if device is not None else mesh_device)
-        param = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                                   shape=param.shape, stride=param.stride())
+        param = DTensor.from_local(
+            local,
+            param.device_mesh,
+            param.placements,
+            run_check=False,
+            shape=param.shape,
+            stride=param.stride(),
+        )
     return param.full_tensor().detach()
 
 
-def iter_full_params(module: nn.Module, device: torch.device | None = None,
-                     dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_full_params(
+    module: nn.Module, device: torch.device | None = None, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full_tensor)`` for each parameter, one at a time (peak memory: one full
     parameter). Tied parameters appear once, under the name the HF checkpoint stores them
     (``model.embed_tokens.weight``; no ``lm_head.weight`` for tied models).
@@ -295,22 +354,30 @@ def iter_full_params(module: nn.Module, device: torch.device | None = None,
 def warmup_lambda(warmup_steps: int):
     """LR multiplier for optimizer step ``s`` (0-based): ``min(1, (s + 1) / warmup_steps)``, so
     the first step already moves and the full LR is reached at step ``warmup_steps - 1``."""
+
     def fn(step: int) -> float:
         if warmup_steps <= 0:
             return 1.0
         return min(1.0, (step + 1) / warmup_steps)
+
     return fn
 
 
-def build_optimizer(module: nn.Module, optim_cfg: OptimConfig) -> tuple[torch.optim.Optimizer,
-                                                                          torch.optim.lr_scheduler.LambdaLR]:
+def build_optimizer(
+    module: nn.Module, optim_cfg: OptimConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over the trainable parameters and a LambdaLR with linear warmup, then constant.
 
     Warmup length: ``warmup_steps`` if > 0, else ``warmup_steps_ratio * total_training_steps``.
     """
     params = [p for p in module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
-                                  eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=optim_cfg.lr,
+        betas=tuple(optim_cfg.betas),
+        eps=optim_cfg.eps,
+        weight_decay=optim_cfg.weight_decay,
+    )
     warmup = optim_cfg.warmup_steps
     if warmup <= 0 and optim_cfg.warmup_steps_ratio > 0:
         if not optim_cfg.total_training_steps:
@@ -320,8 +387,9 @@ def build_optimizer(module: nn.Module, optim_cfg: OptimConfig) -> tuple[torch.op
     return optimizer, scheduler
 
 
-def clip_and_step(module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                  max_norm: float) -> tuple[float, bool]:
+def clip_and_step(
+    module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, max_norm: float
+) -> tuple[float, bool]:
     """Clip the global gradient norm, then step optimizer and scheduler unless the norm is
     non-finite (the step is skipped and the gradients dropped). ``max_norm <= 0`` only measures.
 
@@ -364,13 +432,24 @@ def mesh_info(mesh: DeviceMesh, module: nn.Module) -> dict[str, Any]:
     first = next(iter(module.parameters()), None)
     placements = [repr(p) for p in first.placements] if isinstance(first, DTensor) else []
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
-    return {"mesh_shape": list(mesh.shape), "mesh_dim_names": list(mesh.mesh_dim_names or ()),
-            "placements": placements, "num_params": sum(p.numel() for p in module.parameters()),
-            "local_numel": local}
+    return {
+        "mesh_shape": list(mesh.shape),
+        "mesh_dim_names": list(mesh.mesh_dim_names or ()),
+        "placements": placements,
+        "num_params": sum(p.numel() for p in module.parameters()),
+        "local_numel": local,
+    }
 
 
-def finish_mini_batch(module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, grad_clip: float,
-                      sums: dict[str, float], device: torch.device, prefix: str) -> dict[str, float]:
+def finish_mini_batch(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    grad_clip: float,
+    sums: dict[str, float],
+    device: torch.device,
+    prefix: str,
+) -> dict[str, float]:
     """End of one mini-batch: sum the weighted metric ``sums`` over ranks, then clip and step.
 
     Returns the summed metrics plus ``<prefix>/grad_norm``, ``<prefix>/lr`` (the LR this step used)
@@ -380,4 +459,9 @@ def finish_mini_batch(module: nn.Module, optimizer: torch.optim.Optimizer, sched
     reduced = dict(zip(keys, global_sum([sums[k] for k in keys], device)))
     lr = optimizer.param_groups[0]["lr"]
     grad_norm, stepped = clip_and_step(module, optimizer, scheduler, grad_clip)
-    return {**reduced, f"{prefix}/grad_norm": grad_norm, f"{prefix}/lr": lr, f"{prefix}/skipped_steps": float(not stepped)}
+    return {
+        **reduced,
+        f"{prefix}/grad_norm": grad_norm,
+        f"{prefix}/lr": lr,
+        f"{prefix}/skipped_steps": float(not stepped),
+    }

@@ -27,8 +27,15 @@ __all__ = ["PolicyLM", "ValueModel", "chunked_log_probs", "HEAD_IMPLS"]
 DEFAULT_CHUNK = 1024
 
 
-def _token_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-                 temperature: float, with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, ...]:
+def _token_stats(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, ...]:
     """Log-prob of ``labels`` (and entropy) under ``softmax((hidden @ weight.T + bias) / T)``.
 
     Args:
@@ -76,7 +83,7 @@ class _FusedHeadLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_lp, grad_ent):
         hidden, weight, bias, labels, lse, entropy = ctx.saved_tensors
-        z = F.linear(hidden, weight, bias).float().div_(ctx.temperature)   # (N, V) scaled logits
+        z = F.linear(hidden, weight, bias).float().div_(ctx.temperature)  # (N, V) scaled logits
         probs = torch.exp(z - lse.unsqueeze(-1))
         # d log p(y) / dz = onehot(y) - p;  dH / dz = -p * (z - sum(p z)),  sum(p z) = lse - H
         if ctx.entropy_grad and grad_ent is not None and grad_ent.numel():
@@ -95,9 +102,16 @@ class _FusedHeadLogProb(torch.autograd.Function):
 HEAD_IMPLS = ("checkpoint", "fused")
 
 
-def chunked_log_probs(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, temperature: float = 1.0,
-                      with_entropy: bool = False, entropy_grad: bool = False, chunk_size: int = DEFAULT_CHUNK,
-                      impl: str = "checkpoint") -> tuple[torch.Tensor, torch.Tensor | None]:
+def chunked_log_probs(
+    hidden: torch.Tensor,
+    head: nn.Linear,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    chunk_size: int = DEFAULT_CHUNK,
+    impl: str = "checkpoint",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropy) through ``head``, ``chunk_size`` tokens at a time.
 
     Peak extra memory is one (chunk_size, V) float32 logits block. Under autograd only a chunk's
@@ -117,8 +131,15 @@ def chunked_log_probs(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tenso
     outs_lp, outs_ent = [], []
     grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
     for start in range(0, hidden.shape[0], chunk_size):
-        args = (hidden[start:start + chunk_size], head.weight, head.bias, labels[start:start + chunk_size],
-                temperature, with_entropy, entropy_grad)
+        args = (
+            hidden[start : start + chunk_size],
+            head.weight,
+            head.bias,
+            labels[start : start + chunk_size],
+            temperature,
+            with_entropy,
+            entropy_grad,
+        )
         if not grad:
             lp, ent = _token_stats(*args)
         elif impl == "fused":
@@ -138,12 +159,17 @@ def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return values.new_zeros(mask.shape).masked_scatter(mask, values)
 
 
-def _response_hidden(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     position_ids: torch.Tensor, response_length: int) -> torch.Tensor:
+def _response_hidden(
+    base: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+) -> torch.Tensor:
     """Final hidden states that predict each response token: (B, R, H)."""
     out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    return hidden[:, -response_length - 1:-1]
+    return hidden[:, -response_length - 1 : -1]
 
 
 class PolicyLM(nn.Module):
@@ -154,7 +180,7 @@ class PolicyLM(nn.Module):
     Only plain linear heads are supported (no logit soft-capping / scaling).
     """
 
-    hf_key_prefix = ""  # parameter names already are HF names (for infra.checkpoint)
+    hf_key_prefix = ""  # parameter names already are HF names (for ppoflow.infra.checkpoint.sharded)
 
     def __init__(self, hf_model: nn.Module, chunk_size: int = DEFAULT_CHUNK, head_impl: str = "checkpoint"):
         super().__init__()
@@ -173,9 +199,17 @@ class PolicyLM(nn.Module):
     def base(self) -> nn.Module:
         return getattr(self, self.base_prefix)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                responses: torch.Tensor, response_mask: torch.Tensor | None = None, temperature: float = 1.0,
-                with_entropy: bool = False, entropy_grad: bool = False) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        responses: torch.Tensor,
+        response_mask: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> dict[str, torch.Tensor]:
         """Log-probs of ``responses`` given the prefix, with temperature.
 
         Args:
@@ -188,10 +222,17 @@ class PolicyLM(nn.Module):
         """
         resp_len = responses.shape[1]
         hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, resp_len)
-        mask = (torch.ones_like(responses, dtype=torch.bool) if response_mask is None
-                else response_mask.bool())
-        lp, ent = chunked_log_probs(hidden[mask], self.lm_head, responses[mask], temperature,
-                                    with_entropy, entropy_grad, self.chunk_size, self.head_impl)
+        mask = torch.ones_like(responses, dtype=torch.bool) if response_mask is None else response_mask.bool()
+        lp, ent = chunked_log_probs(
+            hidden[mask],
+            self.lm_head,
+            responses[mask],
+            temperature,
+            with_entropy,
+            entropy_grad,
+            self.chunk_size,
+            self.head_impl,
+        )
         out = {"log_probs": _scatter(lp, mask)}
         if with_entropy:
             out["entropy"] = _scatter(ent, mask)
@@ -214,10 +255,13 @@ class ValueModel(nn.Module):
             raise ValueError(f"a critic needs num_labels=1, got {hf_model.config.num_labels}")
         self.base_prefix = hf_model.base_model_prefix
         setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
-        self.head_name = next((n for n in ("score", "classifier") if isinstance(getattr(hf_model, n, None), nn.Module)),
-                              None)
+        self.head_name = next(
+            (n for n in ("score", "classifier") if isinstance(getattr(hf_model, n, None), nn.Module)), None
+        )
         if self.head_name is None:
-            raise TypeError(f"{type(hf_model).__name__} has no token-classification head (score / classifier)")
+            raise TypeError(
+                f"{type(hf_model).__name__} has no token-classification head (score / classifier)"
+            )
         setattr(self, self.head_name, getattr(hf_model, self.head_name))
         self.config = hf_model.config
         object.__setattr__(self, "hf_model", hf_model)
@@ -226,8 +270,13 @@ class ValueModel(nn.Module):
     def base(self) -> nn.Module:
         return getattr(self, self.base_prefix)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                response_length: int) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_length: int,
+    ) -> torch.Tensor:
         """Values (B, R), float32, for every response position (mask them downstream)."""
         hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, response_length)
         return getattr(self, self.head_name)(hidden).squeeze(-1).float()

@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from infra.config import ExperimentConfig
-from infra.dataproto import DataProto
-from workers.base import Dispatch, Worker, register
-from workers.fsdp_utils import apply_fsdp, build_mesh, load_hf_model, mesh_info, reshard_all
+from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, load_hf_model, mesh_info, reshard_all
 
 __all__ = ["RewardModelWorker", "LastTokenScorer", "same_tokenizer"]
 
@@ -49,18 +49,27 @@ class LastTokenScorer(nn.Module):
         if getattr(hf_model.config, "num_labels", 1) != 1:
             raise ValueError(f"a reward model needs num_labels=1, got {hf_model.config.num_labels}")
         if not isinstance(getattr(hf_model, "score", None), nn.Module):
-            raise ValueError(f"{type(hf_model).__name__} has no `score` head; use an HF *ForSequenceClassification "
-                             "model (Llama, Qwen2, Mistral, ...) as the reward model")
+            raise ValueError(
+                f"{type(hf_model).__name__} has no `score` head; use an HF *ForSequenceClassification "
+                "model (Llama, Qwen2, Mistral, ...) as the reward model"
+            )
         self.base_prefix = hf_model.base_model_prefix
         setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
         self.score = hf_model.score
         self.config = hf_model.config
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                last_index: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        last_index: torch.Tensor,
+    ) -> torch.Tensor:
         """(B,) float32 score at ``last_index`` (B,) of each row."""
         base = getattr(self, self.base_prefix)
-        out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        out = base(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_index]
         return self.score(picked).squeeze(-1).float()
@@ -70,8 +79,11 @@ def same_tokenizer(a: Any, b: Any) -> bool:
     """True when token ids of ``a`` mean the same to ``b`` and the chat format is the same."""
     if a is b:
         return True
-    return (a.get_vocab() == b.get_vocab() and a.all_special_tokens == b.all_special_tokens
-            and getattr(a, "chat_template", None) == getattr(b, "chat_template", None))
+    return (
+        a.get_vocab() == b.get_vocab()
+        and a.all_special_tokens == b.all_special_tokens
+        and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
+    )
 
 
 class RewardModelWorker(Worker):
@@ -80,13 +92,20 @@ class RewardModelWorker(Worker):
     def __init__(self, config: dict[str, Any]):
         super().__init__(config)
         if "config" not in config:
-            raise KeyError("the worker config needs a 'config' entry (ExperimentConfig.model_dump(mode='json'))")
+            raise KeyError(
+                "the worker config needs a 'config' entry (ExperimentConfig.model_dump(mode='json'))"
+            )
         raw = config["config"]
-        self.cfg = (ExperimentConfig.model_validate_json(raw) if isinstance(raw, str)
-                    else ExperimentConfig.model_validate(raw))
+        self.cfg = (
+            ExperimentConfig.model_validate_json(raw)
+            if isinstance(raw, str)
+            else ExperimentConfig.model_validate(raw)
+        )
         self.rm_cfg = self.cfg.reward.reward_model
         if self.rm_cfg.model is None:
-            raise ValueError("RewardModelWorker needs reward.reward_model.model.path (a sequence-classification model)")
+            raise ValueError(
+                "RewardModelWorker needs reward.reward_model.model.path (a sequence-classification model)"
+            )
         self.module: LastTokenScorer | None = None
         self.rm_tokenizer: Any = None
         self.policy_tokenizer: Any = None
@@ -99,13 +118,15 @@ class RewardModelWorker(Worker):
 
         t0 = time.perf_counter()
         model_cfg = self.rm_cfg.model
-        self.rm_tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer,
-                                                          trust_remote_code=model_cfg.trust_remote_code)
+        self.rm_tokenizer = AutoTokenizer.from_pretrained(
+            model_cfg.tokenizer, trust_remote_code=model_cfg.trust_remote_code
+        )
         if model_cfg.tokenizer == self.cfg.model.tokenizer:
             self.policy_tokenizer = self.rm_tokenizer
         else:
-            self.policy_tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.tokenizer,
-                                                                  trust_remote_code=self.cfg.model.trust_remote_code)
+            self.policy_tokenizer = AutoTokenizer.from_pretrained(
+                self.cfg.model.tokenizer, trust_remote_code=self.cfg.model.trust_remote_code
+            )
         self.same_tokenizer = same_tokenizer(self.policy_tokenizer, self.rm_tokenizer)
         torch.manual_seed(self.cfg.seed)
         module = LastTokenScorer(load_hf_model(model_cfg, "sequence_classification"))
@@ -114,8 +135,13 @@ class RewardModelWorker(Worker):
         module.eval()
         module.requires_grad_(False)
         self.module = module
-        return {"rank": self.rank, "role": "reward_model", "reward_model": mesh_info(mesh, module),
-                "same_tokenizer": self.same_tokenizer, "init_s": round(time.perf_counter() - t0, 3)}
+        return {
+            "rank": self.rank,
+            "role": "reward_model",
+            "reward_model": mesh_info(mesh, module),
+            "same_tokenizer": self.same_tokenizer,
+            "init_s": round(time.perf_counter() - t0, 3),
+        }
 
     # ------------------------------------------------------------------ inputs
     def _pad_id(self) -> int:
@@ -137,20 +163,28 @@ class RewardModelWorker(Worker):
             messages = [{"role": "user", "content": prompt}]
         tok = self.rm_tokenizer
         if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages + [{"role": "assistant", "content": response_text}],
-                                           tokenize=False)
+            text = tok.apply_chat_template(
+                messages + [{"role": "assistant", "content": response_text}], tokenize=False
+            )
             ids = tok(text, add_special_tokens=False)["input_ids"]
         else:
             ids = tok("\n".join(str(m["content"]) for m in messages) + response_text)["input_ids"]
         if self.rm_cfg.max_length is not None:
-            ids = ids[:self.rm_cfg.max_length]
+            ids = ids[: self.rm_cfg.max_length]
         return ids or [self._pad_id()]
 
     def _reencoded(self, data: DataProto, response_mask: torch.Tensor) -> list[list[int]]:
         responses = data.batch["responses"]
-        return [self._conversation(data, i, self.policy_tokenizer.decode(
-                    responses[i][response_mask[i].bool()].tolist(), skip_special_tokens=True))
-                for i in range(len(responses))]
+        return [
+            self._conversation(
+                data,
+                i,
+                self.policy_tokenizer.decode(
+                    responses[i][response_mask[i].bool()].tolist(), skip_special_tokens=True
+                ),
+            )
+            for i in range(len(responses))
+        ]
 
     def _micro_batches(self, data: DataProto, response_mask: torch.Tensor):
         """Yield (input_ids, attention_mask, position_ids, last_index) per micro-batch."""
@@ -158,23 +192,23 @@ class RewardModelWorker(Worker):
         if self.same_tokenizer:
             ids, attn, pos = (data.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
             for s in range(0, len(ids), mb):
-                a = attn[s:s + mb]
+                a = attn[s : s + mb]
                 cols = torch.nonzero(a.sum(0)).flatten()
                 lo, hi = (int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, a.shape[1])
                 a = a[:, lo:hi]
                 last = (a * torch.arange(a.shape[1])).argmax(-1)
-                yield ids[s:s + mb, lo:hi], a, pos[s:s + mb, lo:hi], last
+                yield ids[s : s + mb, lo:hi], a, pos[s : s + mb, lo:hi], last
             return
         seqs = self._reencoded(data, response_mask)
         pad = self._pad_id()
         for s in range(0, len(seqs), mb):
-            chunk = seqs[s:s + mb]
+            chunk = seqs[s : s + mb]
             width = max(len(x) for x in chunk)
             ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             attn = torch.zeros((len(chunk), width), dtype=torch.long)
             for j, x in enumerate(chunk):
-                ids[j, :len(x)] = torch.tensor(x, dtype=torch.long)
-                attn[j, :len(x)] = 1
+                ids[j, : len(x)] = torch.tensor(x, dtype=torch.long)
+                attn[j, : len(x)] = 1
             pos = torch.arange(width).expand(len(chunk), width).contiguous()
             yield ids, attn, pos, torch.tensor([len(x) - 1 for x in chunk])
 

@@ -23,8 +23,16 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from infra.checkpoint import load_checkpoint, load_full_state_dict, save_checkpoint
-from tests.ckpt_scripts.common import Timer, batch, full_params, make_optim, max_diff, train_step, write_results
+from ppoflow.infra.checkpoint.sharded import load_checkpoint, load_full_state_dict, save_checkpoint
+from tests.ckpt_scripts.common import (
+    Timer,
+    batch,
+    full_params,
+    make_optim,
+    max_diff,
+    train_step,
+    write_results,
+)
 
 
 def build(work: str, shape: tuple[int, ...]):

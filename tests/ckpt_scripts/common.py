@@ -34,7 +34,7 @@ def train_step(model, opt, sched, k: int, rank: int = 0, world: int = 1) -> None
     """One optimizer step on this rank's rows of batch ``k``."""
     ids = batch(k)
     per = BATCH // world
-    ids = ids[rank * per:(rank + 1) * per]
+    ids = ids[rank * per : (rank + 1) * per]
     model.train()
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()

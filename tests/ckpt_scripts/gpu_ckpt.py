@@ -1,4 +1,4 @@
-"""Manual GPU check of infra.checkpoint (not part of pytest): NCCL ranks, CUDA tensors and RNG.
+"""Manual GPU check of ppoflow.infra.checkpoint.sharded (not part of pytest): NCCL ranks, CUDA tensors and RNG.
 
     PYTHONPATH=. torchrun --nproc-per-node=2 tests/ckpt_scripts/gpu_ckpt.py OUT_DIR
 
@@ -16,19 +16,19 @@ import time
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
-from infra.checkpoint import load_checkpoint, load_full_state_dict, save_checkpoint  # noqa: E402
-from tests.ckpt_scripts.common import batch, full_params, make_optim, max_diff  # noqa: E402
+from ppoflow.infra.checkpoint.sharded import load_checkpoint, load_full_state_dict, save_checkpoint
+from tests.ckpt_scripts.common import batch, full_params, make_optim, max_diff
 
 
 def step(model, opt, sched, k, rank, world):
     ids = batch(k)
     per = ids.shape[0] // world
-    ids = ids[rank * per:(rank + 1) * per].cuda()
+    ids = ids[rank * per : (rank + 1) * per].cuda()
     model(input_ids=ids, labels=ids).loss.backward()
     opt.step()
     sched.step()
@@ -43,7 +43,7 @@ def main() -> None:
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     from transformers import AutoModelForCausalLM
 
-    from infra.tiny_models import save_tiny_model
+    from ppoflow.demo.tiny_models import save_tiny_model
 
     base = os.path.join(out, "base")
     if rank == 0:
@@ -67,13 +67,16 @@ def main() -> None:
     t0 = time.perf_counter()
     res["extra"] = load_checkpoint(os.path.join(out, "c"), model, opt, sched)
     res["load_s"] = round(time.perf_counter() - t0, 3)
-    res["rng_restored"] = bool(torch.equal(torch.rand(4, device="cuda").cpu(), rand[0])
-                               and torch.equal(torch.rand(4), rand[1]))
-    res["w_after_load"] = max_diff({k: v.cpu() for k, v in full_params(model).items()},
-                                   {k: v.cpu() for k, v in w1.items()})
+    res["rng_restored"] = bool(
+        torch.equal(torch.rand(4, device="cuda").cpu(), rand[0]) and torch.equal(torch.rand(4), rand[1])
+    )
+    res["w_after_load"] = max_diff(
+        {k: v.cpu() for k, v in full_params(model).items()}, {k: v.cpu() for k, v in w1.items()}
+    )
     step(model, opt, sched, 2, rank, world)
-    res["step_after_load"] = max_diff({k: v.cpu() for k, v in full_params(model).items()},
-                                      {k: v.cpu() for k, v in ref2.items()})
+    res["step_after_load"] = max_diff(
+        {k: v.cpu() for k, v in full_params(model).items()}, {k: v.cpu() for k, v in ref2.items()}
+    )
     full = load_full_state_dict(os.path.join(out, "c"))
     res["full_state_dict"] = max_diff(full, {k: v.cpu() for k, v in w1.items()})
     print(f"[rank {rank}] " + json.dumps(res), flush=True)

@@ -18,8 +18,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from infra.dataproto import DataProto
-from workers.reward_model_worker import RewardModelWorker
+from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.workers.reward_model_worker import RewardModelWorker
 
 
 def main() -> None:

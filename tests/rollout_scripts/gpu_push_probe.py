@@ -27,12 +27,33 @@ import torch
 import torch.distributed as dist
 
 SHAPES = {  # Qwen2.5 shapes
-    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
-    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
-    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+    "0.5b": dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "1.5b": dict(
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "7b": dict(
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -77,8 +98,11 @@ def sliced(param, tp: int, name: str) -> torch.Tensor:
     """This rank's TP slice from the Shard(0) FSDP parameter by all_to_all_single (dim-0 slices) or
     full_tensor (others)."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    dim = 0 if any(k in name for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")) else \
-        (1 if any(k in name for k in ("o_proj.weight", "down_proj.weight")) else None)
+    dim = (
+        0
+        if any(k in name for k in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
+        else (1 if any(k in name for k in ("o_proj.weight", "down_proj.weight")) else None)
+    )
     if tp == 1 or dim is None or tp != world:
         return param.full_tensor()
     from torch.distributed.tensor import Shard
@@ -115,8 +139,17 @@ def main() -> None:
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         best = min(times[1:])
-        results.append({"model": args.model, "params": n_params, "ranks": world, "tp": world, "mode": mode,
-                        "s": round(best, 4), "s_per_Bparam": round(best / (n_params / 1e9), 4)})
+        results.append(
+            {
+                "model": args.model,
+                "params": n_params,
+                "ranks": world,
+                "tp": world,
+                "mode": mode,
+                "s": round(best, 4),
+                "s_per_Bparam": round(best / (n_params / 1e9), 4),
+            }
+        )
     if rank == 0:
         for r in results:
             print(json.dumps(r), flush=True)

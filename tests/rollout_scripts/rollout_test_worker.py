@@ -1,6 +1,6 @@
 """A small worker for tests/test_vllm_rollout.py: an FSDP2 policy + a rollout engine in each rank.
 
-Driven through ``infra.launch.WorkerGroup``:
+Driven through ``ppoflow.infra.runtime.launch.WorkerGroup``:
 
     init_model()                      FSDP2 PolicyLM (tied tiny Qwen2), AdamW, rollout, manager
     perturb(seed)                     one optimizer step on a random-target loss; source := live
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from workers.base import Dispatch, Worker, register
+from ppoflow.workers.base import Dispatch, Worker, register
 
 
 class RolloutTestWorker(Worker):
@@ -30,29 +30,40 @@ class RolloutTestWorker(Worker):
         self.module = self.optimizer = self.rollout = self.manager = self.actor = None
 
     def _experiment_config(self):
-        from infra.config import ExperimentConfig
+        from ppoflow.infra.config import ExperimentConfig
 
         c = self.config
-        return ExperimentConfig.model_validate({
-            "model": {"path": c["model_path"], "dtype": "float32"},
-            "data": {"train_files": ["unused.parquet"], "train_batch_size": 16},
-            "resources": {"nprocs": self.world_size},
-            "rollout": {"engine": c.get("engine", "vllm"), "tensor_model_parallel_size": c.get("tp", 1),
-                        "prompt_length": c.get("prompt_length", 64), "response_length": c.get("response_length", 8),
-                        "n": c.get("n", 1), "temperature": c.get("temperature", 1.0),
-                        "kv_cache_gib": c.get("kv_cache_gib", 0.0625), "seed": c.get("seed", 0)},
-            "actor": {"optim": {"lr": c.get("lr", 0.05), "weight_decay": 0.0}, "ppo_mini_batch_size": 16,
-                      "log_prob_micro_batch_size_per_gpu": 64},
-        })
+        return ExperimentConfig.model_validate(
+            {
+                "model": {"path": c["model_path"], "dtype": "float32"},
+                "data": {"train_files": ["unused.parquet"], "train_batch_size": 16},
+                "resources": {"nprocs": self.world_size},
+                "rollout": {
+                    "engine": c.get("engine", "vllm"),
+                    "tensor_model_parallel_size": c.get("tp", 1),
+                    "prompt_length": c.get("prompt_length", 64),
+                    "response_length": c.get("response_length", 8),
+                    "n": c.get("n", 1),
+                    "temperature": c.get("temperature", 1.0),
+                    "kv_cache_gib": c.get("kv_cache_gib", 0.0625),
+                    "seed": c.get("seed", 0),
+                },
+                "actor": {
+                    "optim": {"lr": c.get("lr", 0.05), "weight_decay": 0.0},
+                    "ppo_mini_batch_size": 16,
+                    "log_prob_micro_batch_size_per_gpu": 64,
+                },
+            }
+        )
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict:
         from transformers import AutoTokenizer
 
-        from workers.actor import DataParallelPPOActor
-        from workers.fsdp_utils import apply_fsdp, build_mesh, build_optimizer, load_hf_model
-        from workers.modeling import PolicyLM
-        from workers.rollout import build_rollout, build_sharding_manager
+        from ppoflow.workers.actor import DataParallelPPOActor
+        from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, build_optimizer, load_hf_model
+        from ppoflow.workers.modeling import PolicyLM
+        from ppoflow.workers.rollout import build_rollout, build_sharding_manager
 
         cfg = self.cfg = self._experiment_config()
         torch.manual_seed(0)
@@ -60,30 +71,63 @@ class RolloutTestWorker(Worker):
         mesh = build_mesh(cfg.actor.fsdp, self.world_size, "cpu")
         self.module = apply_fsdp(PolicyLM(hf), mesh, cfg.actor.fsdp, "cpu")
         self.optimizer, _ = build_optimizer(self.module, cfg.actor.optim)
-        self.actor = DataParallelPPOActor(cfg.actor, self.module, self.optimizer, rollout_n=cfg.rollout.n,
-                                          dp_size=self.world_size, device="cpu",
-                                          default_temperature=cfg.rollout.temperature)
+        self.actor = DataParallelPPOActor(
+            cfg.actor,
+            self.module,
+            self.optimizer,
+            rollout_n=cfg.rollout.n,
+            dp_size=self.world_size,
+            device="cpu",
+            default_temperature=cfg.rollout.temperature,
+        )
         tok = AutoTokenizer.from_pretrained(cfg.model.path)
         kw = {"load_format": self.config["load_format"]} if "load_format" in self.config else {}
-        self.rollout = build_rollout(cfg, model_path=cfg.model.path, tokenizer=tok, actor_module=self.module,
-                                     device="cpu", rank=self.rank, world_size=self.world_size, **kw)
-        self.manager = build_sharding_manager(self.rollout, self.module, **(
-            {"loader": self.config.get("loader", "hf")} if cfg.rollout.engine == "vllm" else {}))
+        self.rollout = build_rollout(
+            cfg,
+            model_path=cfg.model.path,
+            tokenizer=tok,
+            actor_module=self.module,
+            device="cpu",
+            rank=self.rank,
+            world_size=self.world_size,
+            **kw,
+        )
+        self.manager = build_sharding_manager(
+            self.rollout,
+            self.module,
+            **({"loader": self.config.get("loader", "hf")} if cfg.rollout.engine == "vllm" else {}),
+        )
         self.engines = {cfg.rollout.engine: (self.rollout, self.manager)}
         if self.config.get("also_hf") and cfg.rollout.engine != "hf":  # the HF rollout on the same module
             hf_cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": "hf"})})
-            hf = build_rollout(hf_cfg, model_path=cfg.model.path, tokenizer=tok, actor_module=self.module,
-                               device="cpu", rank=self.rank, world_size=self.world_size)
+            hf = build_rollout(
+                hf_cfg,
+                model_path=cfg.model.path,
+                tokenizer=tok,
+                actor_module=self.module,
+                device="cpu",
+                rank=self.rank,
+                world_size=self.world_size,
+            )
             self.engines["hf"] = (hf, build_sharding_manager(hf, self.module))
         return self.layout()
 
     @register(Dispatch.ONE_TO_ALL)
     def layout(self) -> dict:
         r = self.rollout
-        return {"rank": self.rank, "tp_rank": r.tp_rank, "tp_size": r.tp_size, "dp_rank": r.dp_rank,
-                "dp_size": r.dp_size, "block_size": getattr(r, "block_size", 0),
-                "last_push": {k: v for k, v in getattr(self.manager, "last_push", {}).items()
-                              if isinstance(v, (int, float, str, list))}}
+        return {
+            "rank": self.rank,
+            "tp_rank": r.tp_rank,
+            "tp_size": r.tp_size,
+            "dp_rank": r.dp_rank,
+            "dp_size": r.dp_size,
+            "block_size": getattr(r, "block_size", 0),
+            "last_push": {
+                k: v
+                for k, v in getattr(self.manager, "last_push", {}).items()
+                if isinstance(v, (int, float, str, list))
+            },
+        }
 
     @register(Dispatch.ONE_TO_ALL)
     def perturb(self, seed: int = 1) -> float:
@@ -92,8 +136,12 @@ class RolloutTestWorker(Worker):
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(5, 200, (4, 24), generator=g)
         resp = ids[:, 12:]
-        out = self.module(input_ids=ids, attention_mask=torch.ones_like(ids),
-                          position_ids=torch.arange(24).expand(4, 24), responses=resp)
+        out = self.module(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            position_ids=torch.arange(24).expand(4, 24),
+            responses=resp,
+        )
         loss = -out["log_probs"].mean()
         loss.backward()
         self.optimizer.step()
@@ -104,7 +152,7 @@ class RolloutTestWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def save(self, url: str) -> str:
-        from infra.checkpoint import save_checkpoint
+        from ppoflow.infra.checkpoint.sharded import save_checkpoint
 
         return save_checkpoint(url, self.module)
 

@@ -11,14 +11,14 @@
 Engines (``rollout.engine``): ``vllm`` (``VLLMRollout``: a vLLM engine inside each rank, SPMD,
 TP from ``rollout.tensor_model_parallel_size``) and ``hf`` (``HFRollout``: transformers generate on
 the actor's own FSDP module; its manager is a no-op). Both give the same output columns; see
-``workers.rollout.base``.
+``ppoflow.workers.rollout.base``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from workers.rollout.base import Rollout, SamplingSettings
+from ppoflow.workers.rollout.base import Rollout, SamplingSettings
 
 __all__ = ["build_rollout", "build_sharding_manager", "Rollout", "SamplingSettings"]
 
@@ -33,7 +33,7 @@ def _eos_ids(tokenizer: Any, model_path: str) -> list[int]:
 
         gen = GenerationConfig.from_pretrained(model_path)
         extra = gen.eos_token_id
-        for i in ([extra] if isinstance(extra, int) else (extra or [])):
+        for i in [extra] if isinstance(extra, int) else (extra or []):
             if int(i) not in ids:
                 ids.append(int(i))
     except (OSError, ValueError):
@@ -41,8 +41,17 @@ def _eos_ids(tokenizer: Any, model_path: str) -> list[int]:
     return ids
 
 
-def build_rollout(config: Any, *, model_path: str, tokenizer: Any, actor_module: Any, device: str, rank: int,
-                  world_size: int, **engine_kwargs: Any) -> Rollout:
+def build_rollout(
+    config: Any,
+    *,
+    model_path: str,
+    tokenizer: Any,
+    actor_module: Any,
+    device: str,
+    rank: int,
+    world_size: int,
+    **engine_kwargs: Any,
+) -> Rollout:
     """The rollout engine of ``config.rollout.engine`` for this rank.
 
     Args:
@@ -53,7 +62,7 @@ def build_rollout(config: Any, *, model_path: str, tokenizer: Any, actor_module:
         device, rank, world_size: this rank.
         engine_kwargs: passed to ``VLLMRollout`` (``load_format``, ``engine_kwargs``).
     """
-    from infra.config import ExperimentConfig
+    from ppoflow.infra.config import ExperimentConfig
 
     if isinstance(config, dict):
         config = ExperimentConfig.model_validate(config)
@@ -62,17 +71,32 @@ def build_rollout(config: Any, *, model_path: str, tokenizer: Any, actor_module:
     if pad is None:
         raise ValueError("the tokenizer has neither a pad nor an eos token: responses cannot be padded")
     if rcfg.engine == "hf":
-        from workers.rollout.hf_rollout import HFRollout
+        from ppoflow.workers.rollout.hf_rollout import HFRollout
 
         if actor_module is None:
             raise ValueError("rollout.engine=hf generates with the actor module: pass actor_module")
-        return HFRollout(rcfg, actor_module, eos_token_id=_eos_ids(tokenizer, model_path), pad_token_id=pad,
-                         rank=rank, world_size=world_size, device=device)
-    from workers.rollout.vllm_rollout import VLLMRollout
+        return HFRollout(
+            rcfg,
+            actor_module,
+            eos_token_id=_eos_ids(tokenizer, model_path),
+            pad_token_id=pad,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+        )
+    from ppoflow.workers.rollout.vllm_rollout import VLLMRollout
 
-    return VLLMRollout(rcfg, model_path=model_path, rank=rank, world_size=world_size,
-                       dtype=rcfg.dtype or config.model.dtype, tokenizer_path=config.model.tokenizer_path or model_path,
-                       pad_token_id=pad, trust_remote_code=config.model.trust_remote_code, **engine_kwargs)
+    return VLLMRollout(
+        rcfg,
+        model_path=model_path,
+        rank=rank,
+        world_size=world_size,
+        dtype=rcfg.dtype or config.model.dtype,
+        tokenizer_path=config.model.tokenizer_path or model_path,
+        pad_token_id=pad,
+        trust_remote_code=config.model.trust_remote_code,
+        **engine_kwargs,
+    )
 
 
 def build_sharding_manager(rollout: Rollout, actor_module: Any, **kwargs: Any):
@@ -81,9 +105,9 @@ def build_sharding_manager(rollout: Rollout, actor_module: Any, **kwargs: Any):
     ``kwargs`` go to ``FSDPVLLMShardingManager`` (``loader``, ``sleep_level``, ``storage_options``).
     """
     if getattr(rollout, "engine_name", None) == "vllm":
-        from workers.rollout.sharding_manager import FSDPVLLMShardingManager
+        from ppoflow.workers.rollout.sharding_manager import FSDPVLLMShardingManager
 
         return FSDPVLLMShardingManager(rollout, actor_module, **kwargs)
-    from workers.rollout.sharding_manager import NoOpShardingManager
+    from ppoflow.workers.rollout.sharding_manager import NoOpShardingManager
 
     return NoOpShardingManager()

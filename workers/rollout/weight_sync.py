@@ -3,9 +3,9 @@
 Sources yield ``(hf_name, tensor)`` one tensor at a time (never a full state-dict copy):
 
 - :func:`live_weights` streams the FSDP2 module: ``full_tensor()`` of one DTensor at a time
-  (``workers.fsdp_utils.iter_full_params``; a collective every rank runs in the same order).
+  (``ppoflow.workers.fsdp_utils.iter_full_params``; a collective every rank runs in the same order).
   Tied models yield ``model.embed_tokens.weight`` only, as the HF checkpoint stores them.
-- :func:`checkpoint_weights` reads a ppoflow DCP checkpoint (``infra.checkpoint``) one decoder
+- :func:`checkpoint_weights` reads a ppoflow DCP checkpoint (``ppoflow.infra.checkpoint.sharded``) one decoder
   layer at a time with ``load_full_state_dict(url, keys=...)``: no process group, no collectives;
   DCP reshards whatever layout the checkpoint was saved from into full tensors.
 
@@ -36,13 +36,20 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["live_weights", "checkpoint_weights", "push_into_engine", "refresh_tied_layers", "WeightStats",
-           "layer_groups"]
+__all__ = [
+    "live_weights",
+    "checkpoint_weights",
+    "push_into_engine",
+    "refresh_tied_layers",
+    "WeightStats",
+    "layer_groups",
+]
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
@@ -71,7 +78,7 @@ def live_weights(module: nn.Module, dtype: torch.dtype | None = None) -> Iterato
 
     Collective across the FSDP mesh: every rank must consume the whole stream in the same order.
     """
-    from workers.fsdp_utils import iter_full_params
+    from ppoflow.workers.fsdp_utils import iter_full_params
 
     yield from iter_full_params(module, dtype=dtype)
 
@@ -86,18 +93,19 @@ def layer_groups(names: Iterable[str]) -> list[list[str]]:
     return list(groups.values())
 
 
-def checkpoint_weights(url: str, names: Iterable[str] | None = None,
-                       storage_options: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(
+    url: str, names: Iterable[str] | None = None, storage_options: dict | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Stream ``(hf_name, full tensor)`` from a ppoflow DCP checkpoint, one decoder layer at a time.
 
     Args:
-        url: the checkpoint directory (any fsspec URL ``infra.checkpoint`` reads).
+        url: the checkpoint directory (any fsspec URL ``ppoflow.infra.checkpoint.sharded`` reads).
         names: the HF names to read, e.g. the actor module's parameter names (tied models: leave
             out ``lm_head.weight``). None reads every model tensor at once (no streaming).
 
     No collectives: each rank reads what it needs by itself.
     """
-    from infra.checkpoint import load_full_state_dict
+    from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 
     if names is None:
         yield from load_full_state_dict(url, storage_options=storage_options).items()
@@ -164,7 +172,9 @@ def push_into_engine(rollout: Any, weights: Iterable[tuple[str, torch.Tensor]]) 
     stream = stats.wrap(weights)
     t0 = time.perf_counter()
     if rollout.cpu or _has_reload_weights(rollout):
-        rollout.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
+        rollout.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True}
+        )
     else:  # GPU vLLM older than reload_weights(weights_iterator=...): GPU weights are plain tensors
         rollout.collective_rpc(_gpu_load, kwargs={"weights": stream})
     refreshed = rollout.collective_rpc(refresh_tied_layers)[0]

@@ -10,20 +10,21 @@ A DataProto holds three things:
 Operations follow what veRL users know: ``select``, ``pop``, ``union``, ``chunk``, ``concat``,
 ``repeat``, ``pad_to_divisor``/``unpad`` and indexing. Operations return new DataProtos that
 share tensor/array storage where they can (slices are views, like torch's); only ``pop`` changes
-``self``. On storage a DataProto is one Arrow IPC file (see :mod:`infra.arrow_codec`).
+``self``. On storage a DataProto is one Arrow IPC file (see :mod:`ppoflow.infra.data.arrow_codec`).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from infra import arrow_codec
-from infra.arrow_codec import DataProtoFormatError
+from ppoflow.infra.data import arrow_codec
+from ppoflow.infra.data.arrow_codec import DataProtoFormatError
 
 __all__ = ["DataProto", "DataProtoFormatError"]
 
@@ -99,7 +100,7 @@ class DataProto:
         tensors: dict[str, torch.Tensor] | None = None,
         non_tensors: dict[str, np.ndarray | list] | None = None,
         meta_info: dict | None = None,
-    ) -> "DataProto":
+    ) -> DataProto:
         """Build a DataProto; lists in ``non_tensors`` become 1-D object arrays.
 
         Raises ValueError naming the key when dim 0 sizes disagree.
@@ -114,14 +115,21 @@ class DataProto:
     def check_consistency(self) -> None:
         """Raise TypeError/ValueError unless every column is a tensor/array sharing dim 0."""
         first: tuple[str, int] | None = None
-        for group, items, kind in (("batch", self.batch, torch.Tensor), ("non_tensor_batch", self.non_tensor_batch, np.ndarray)):
+        for group, items, kind in (
+            ("batch", self.batch, torch.Tensor),
+            ("non_tensor_batch", self.non_tensor_batch, np.ndarray),
+        ):
             for key, value in items.items():
                 if not isinstance(key, str):
                     raise TypeError(f"DataProto keys must be str, got {key!r} in {group}")
                 if not isinstance(value, kind):
-                    raise TypeError(f"DataProto.{group}[{key!r}] must be a {kind.__name__}, got {type(value).__name__}")
+                    raise TypeError(
+                        f"DataProto.{group}[{key!r}] must be a {kind.__name__}, got {type(value).__name__}"
+                    )
                 if value.ndim == 0:
-                    raise ValueError(f"DataProto.{group}[{key!r}] is 0-dimensional; columns need dim 0 = rows")
+                    raise ValueError(
+                        f"DataProto.{group}[{key!r}] is 0-dimensional; columns need dim 0 = rows"
+                    )
                 if first is None:
                     first = (key, value.shape[0])
                 elif value.shape[0] != first[1]:
@@ -135,7 +143,7 @@ class DataProto:
         if not isinstance(self.meta_info, dict):
             raise TypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
 
-    def _new(self, batch: dict, non_tensor: dict, meta_info: dict | None = None) -> "DataProto":
+    def _new(self, batch: dict, non_tensor: dict, meta_info: dict | None = None) -> DataProto:
         meta = copy.deepcopy(self.meta_info if meta_info is None else meta_info)
         return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
@@ -147,13 +155,15 @@ class DataProto:
         return 0
 
     def __repr__(self) -> str:
-        tensors = ", ".join(f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.batch.items())
+        tensors = ", ".join(
+            f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.batch.items()
+        )
         arrays = ", ".join(f"{k}: {v.shape} {v.dtype}" for k, v in self.non_tensor_batch.items())
         return f"DataProto(len={len(self)}, batch={{{tensors}}}, non_tensor_batch={{{arrays}}}, meta_info keys={list(self.meta_info)})"
 
     # ------------------------------------------------------------------ selection
 
-    def select(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None) -> "DataProto":
+    def select(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None) -> DataProto:
         """New DataProto with the given keys (``None``: all keys of that part); storage is shared."""
         bk = _keys(batch_keys, self.batch, "batch", True)
         nk = _keys(non_tensor_batch_keys, self.non_tensor_batch, "non_tensor_batch", True)
@@ -164,7 +174,7 @@ class DataProto:
             {k: self.meta_info[k] for k in mk},
         )
 
-    def pop(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None) -> "DataProto":
+    def pop(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None) -> DataProto:
         """Remove the given keys (``None``: none) from ``self`` and return them as a DataProto."""
         bk = _keys(batch_keys, self.batch, "batch", False)
         nk = _keys(non_tensor_batch_keys, self.non_tensor_batch, "non_tensor_batch", False)
@@ -175,7 +185,7 @@ class DataProto:
             meta_info={k: self.meta_info.pop(k) for k in mk},
         )
 
-    def union(self, other: "DataProto") -> "DataProto":
+    def union(self, other: DataProto) -> DataProto:
         """New DataProto with the keys of both; ``self`` is not modified.
 
         A key present in both must hold equal values (tensors by ``torch.equal``, arrays
@@ -192,18 +202,23 @@ class DataProto:
         for group, mine, theirs, equal in checks:
             for key in mine.keys() & theirs.keys():
                 if not equal(mine[key], theirs[key]):
-                    raise ValueError(f"cannot union DataProtos: {group} key {key!r} has different values in the two")
+                    raise ValueError(
+                        f"cannot union DataProtos: {group} key {key!r} has different values in the two"
+                    )
         return self._new(
             {**self.batch, **other.batch},
             {**self.non_tensor_batch, **other.non_tensor_batch},
             {**self.meta_info, **copy.deepcopy(other.meta_info)},
         )
 
-    def __getitem__(self, item: Any) -> "DataProto":
+    def __getitem__(self, item: Any) -> DataProto:
         """Rows by slice, int (a one-row DataProto), index list/array/tensor or bool mask."""
         n = len(self)
         if isinstance(item, slice):
-            return self._new({k: v[item] for k, v in self.batch.items()}, {k: v[item] for k, v in self.non_tensor_batch.items()})
+            return self._new(
+                {k: v[item] for k, v in self.batch.items()},
+                {k: v[item] for k, v in self.non_tensor_batch.items()},
+            )
         if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
             i = int(item)
             if not -n <= i < n:
@@ -221,7 +236,9 @@ class DataProto:
             elif idx.size == 0:
                 idx = idx.astype(np.int64)
             elif idx.dtype.kind not in "iu" or idx.ndim != 1:
-                raise IndexError(f"DataProto index arrays must be 1-D int or bool, got {idx.dtype} shape {idx.shape}")
+                raise IndexError(
+                    f"DataProto index arrays must be 1-D int or bool, got {idx.dtype} shape {idx.shape}"
+                )
             if idx.size and (idx.max() >= n or idx.min() < -n):
                 raise IndexError(f"index out of range for a DataProto of length {n}")
             t_idx = torch.from_numpy(idx.astype(np.int64))
@@ -229,11 +246,13 @@ class DataProto:
                 {k: v[t_idx.to(v.device)] for k, v in self.batch.items()},
                 {k: v[idx] for k, v in self.non_tensor_batch.items()},
             )
-        raise TypeError(f"DataProto indices must be slices, ints, index arrays or bool masks, not {type(item).__name__}")
+        raise TypeError(
+            f"DataProto indices must be slices, ints, index arrays or bool masks, not {type(item).__name__}"
+        )
 
     # ------------------------------------------------------------------ reshaping
 
-    def chunk(self, n: int) -> list["DataProto"]:
+    def chunk(self, n: int) -> list[DataProto]:
         """Split into ``n`` equal parts (views). The length must be divisible by ``n``."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"chunk(n) needs a positive int, got {n!r}")
@@ -246,26 +265,35 @@ class DataProto:
         return [self[i * size : (i + 1) * size] for i in range(n)]
 
     @staticmethod
-    def concat(data: Sequence["DataProto"]) -> "DataProto":
+    def concat(data: Sequence[DataProto]) -> DataProto:
         """Rows of all parts in order; keys and dtypes must agree; meta_info of the first."""
         data = list(data)
         if not data:
             raise ValueError("DataProto.concat needs at least one DataProto")
         first = data[0]
         for i, part in enumerate(data[1:], start=1):
-            if part.batch.keys() != first.batch.keys() or part.non_tensor_batch.keys() != first.non_tensor_batch.keys():
-                diff = (set(part.batch) | set(part.non_tensor_batch)) ^ (set(first.batch) | set(first.non_tensor_batch))
-                raise ValueError(f"DataProto.concat: part {i} has different keys than part 0 (differing: {sorted(diff)})")
+            if (
+                part.batch.keys() != first.batch.keys()
+                or part.non_tensor_batch.keys() != first.non_tensor_batch.keys()
+            ):
+                diff = (set(part.batch) | set(part.non_tensor_batch)) ^ (
+                    set(first.batch) | set(first.non_tensor_batch)
+                )
+                raise ValueError(
+                    f"DataProto.concat: part {i} has different keys than part 0 (differing: {sorted(diff)})"
+                )
             for key, value in part.batch.items():
                 if value.dtype != first.batch[key].dtype:
                     raise ValueError(
                         f"DataProto.concat: column {key!r} is {first.batch[key].dtype} in part 0 and {value.dtype} in part {i}"
                     )
         batch = {k: torch.cat([p.batch[k] for p in data], dim=0) for k in first.batch}
-        arrays = {k: np.concatenate([p.non_tensor_batch[k] for p in data], axis=0) for k in first.non_tensor_batch}
+        arrays = {
+            k: np.concatenate([p.non_tensor_batch[k] for p in data], axis=0) for k in first.non_tensor_batch
+        }
         return first._new(batch, arrays)
 
-    def repeat(self, n: int, interleave: bool = True) -> "DataProto":
+    def repeat(self, n: int, interleave: bool = True) -> DataProto:
         """Repeat rows ``n`` times: ``a a b b`` (interleave) or ``a b a b``."""
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"repeat(n) needs a positive int, got {n!r}")
@@ -277,7 +305,7 @@ class DataProto:
             arrays = {k: np.tile(v, (n,) + (1,) * (v.ndim - 1)) for k, v in self.non_tensor_batch.items()}
         return self._new(batch, arrays)
 
-    def pad_to_divisor(self, k: int) -> tuple["DataProto", int]:
+    def pad_to_divisor(self, k: int) -> tuple[DataProto, int]:
         """Pad to a multiple of ``k`` rows by repeating rows from the start (cycling if needed).
 
         Returns ``(padded, pad_size)``; ``padded`` is ``self`` when no padding is needed.
@@ -292,13 +320,13 @@ class DataProto:
             raise ValueError("cannot pad an empty DataProto: there are no rows to repeat")
         return DataProto.concat([self, self[np.arange(pad_size) % n]]), pad_size
 
-    def unpad(self, pad_size: int) -> "DataProto":
+    def unpad(self, pad_size: int) -> DataProto:
         """Drop the last ``pad_size`` rows (undoes :meth:`pad_to_divisor`)."""
         if pad_size < 0 or pad_size > len(self):
             raise ValueError(f"unpad({pad_size}) on a DataProto of length {len(self)}")
         return self if pad_size == 0 else self[: len(self) - pad_size]
 
-    def to(self, device: str | torch.device) -> "DataProto":
+    def to(self, device: str | torch.device) -> DataProto:
         """New DataProto with every tensor moved to ``device`` (arrays and meta_info shared)."""
         return DataProto(
             batch={k: v.to(device) for k, v in self.batch.items()},
@@ -313,7 +341,9 @@ class DataProto:
         arrow_codec.save(url, self.batch, self.non_tensor_batch, self.meta_info, storage_options, compression)
 
     @classmethod
-    def load(cls, url: str, columns: Iterable[str] | None = None, storage_options: dict | None = None) -> "DataProto":
+    def load(
+        cls, url: str, columns: Iterable[str] | None = None, storage_options: dict | None = None
+    ) -> DataProto:
         """Read the DataProto at ``url``; ``columns`` restricts to those keys (of either part).
 
         Raises :class:`DataProtoFormatError` for files that are not DataProtos, truncated files

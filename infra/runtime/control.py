@@ -1,4 +1,4 @@
-"""Driver-side plumbing of ``infra.launch.WorkerGroup``: the control listener, the output pump,
+"""Driver-side plumbing of ``ppoflow.infra.runtime.launch.WorkerGroup``: the control listener, the output pump,
 JSON messages and killing a launched process group.
 
 - ``torchrun_command`` / ``rank_env``: how the ranks are launched and what they are told.
@@ -27,9 +27,9 @@ import socket
 import subprocess
 import sys
 import threading
-from multiprocessing.connection import (AuthenticationError, Connection, answer_challenge,
-                                        deliver_challenge)
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
+from typing import IO, Any
 
 
 class RankFailure(RuntimeError):
@@ -50,31 +50,45 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def torchrun_command(nprocs: int, log_dir: str) -> list[str]:
-    """torchrun on this host, N ranks of ``infra.rank_entry``, no restarts, output teed with a
+    """torchrun on this host, N ranks of ``ppoflow.infra.runtime.rank_entry``, no restarts, output teed with a
     ``[rankN]:`` prefix (see ``rank_env``) and copied to per-rank files under ``log_dir``."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nprocs}", "--max-restarts=0", "--tee", "3", "--log-dir", log_dir,
-            "-m", "infra.rank_entry"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nprocs}",
+        "--max-restarts=0",
+        "--tee",
+        "3",
+        "--log-dir",
+        log_dir,
+        "-m",
+        "ppoflow.infra.runtime.rank_entry",
+    ]
 
 
-def rank_env(env: dict[str, str], listener: ControlListener, worker: str, device: str,
-             nprocs: int) -> dict[str, str]:
-    """The environment of torchrun and the ranks: ``env`` plus what ``infra.rank_entry`` reads."""
+def rank_env(
+    env: dict[str, str], listener: ControlListener, worker: str, device: str, nprocs: int
+) -> dict[str, str]:
+    """The environment of torchrun and the ranks: ``env`` plus what ``ppoflow.infra.runtime.rank_entry`` reads."""
     env = dict(env)
     threads = env.get("PPOFLOW_RANK_THREADS", "")
     if not threads.isdigit():  # the rank reports a bad value; OMP just needs a number
         threads = str(max(1, (os.cpu_count() or 1) // nprocs))
     env.setdefault("OMP_NUM_THREADS", threads)  # (and torchrun prints no banner)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
-    env.update({
-        "PPOFLOW_DRIVER_ADDR": f"{listener.address[0]}:{listener.address[1]}",
-        "PPOFLOW_AUTHKEY": listener.authkey.hex(),
-        "PPOFLOW_DRIVER_PID": str(os.getpid()),
-        "PPOFLOW_WORKER": worker,
-        "PPOFLOW_DEVICE": device,
-        "PYTHONUNBUFFERED": "1",
-        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
-    })
+    env.update(
+        {
+            "PPOFLOW_DRIVER_ADDR": f"{listener.address[0]}:{listener.address[1]}",
+            "PPOFLOW_AUTHKEY": listener.authkey.hex(),
+            "PPOFLOW_DRIVER_PID": str(os.getpid()),
+            "PPOFLOW_WORKER": worker,
+            "PPOFLOW_DEVICE": device,
+            "PYTHONUNBUFFERED": "1",
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
+        }
+    )
     return env
 
 
@@ -170,10 +184,10 @@ def _proc_table() -> dict[int, tuple[int, int]]:
 
 
 def _is_rank(pid: int) -> bool:
-    """True if ``pid`` runs ``infra.rank_entry`` (guards against a recycled pid)."""
+    """True if ``pid`` runs ``ppoflow.infra.runtime.rank_entry`` (guards against a recycled pid)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"infra.rank_entry" in f.read()
+            return b"ppoflow.infra.runtime.rank_entry" in f.read()
     except OSError:
         return False
 
@@ -185,14 +199,13 @@ def _sigkill(kill: Callable[[int, int], None], target: int) -> None:
         pass
 
 
-def kill_process_group(proc: subprocess.Popen, rank_pids: list[int] = (), wait_s: float = 5.0
-                       ) -> None:
+def kill_process_group(proc: subprocess.Popen, rank_pids: list[int] = (), wait_s: float = 5.0) -> None:
     """SIGKILL torchrun, every process below it and every known rank, then reap torchrun.
 
     torchrun starts each rank in a session of its own, so killing torchrun's process group is
     not enough: each descendant's process group is killed too (a rank's group holds whatever it
     spawned, e.g. engine subprocesses), and so are the ranks of ``rank_pids`` that are still
-    running ``infra.rank_entry`` (they may have been reparented if torchrun already exited).
+    running ``ppoflow.infra.runtime.rank_entry`` (they may have been reparented if torchrun already exited).
     """
     table = _proc_table()
     children: dict[int, list[int]] = {}

@@ -33,9 +33,10 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from infra import storage
+from ppoflow.infra.data import storage
 
 __all__ = ["ExperimentLock", "ExperimentLocked", "HEARTBEAT_S", "STALE_AFTER_S"]
 
@@ -69,15 +70,29 @@ def _pid_alive(pid: int, start: str | None) -> bool:
 class ExperimentLock:
     """The lock on one experiment (see the module docstring)."""
 
-    def __init__(self, url: str, run_id: str, *, heartbeat_s: float = HEARTBEAT_S,
-                 stale_after_s: float = STALE_AFTER_S, log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        url: str,
+        run_id: str,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        stale_after_s: float = STALE_AFTER_S,
+        log: Callable[[str], None] | None = None,
+    ):
         self.url, self.run_id = url, str(run_id)
         self.heartbeat_s, self.stale_after_s = float(heartbeat_s), float(stale_after_s)
         self.log = log or (lambda msg: None)
         self.fs, self.path = storage.url_to_fs(url)
-        self.kind = "local" if storage.is_local(self.fs) else (
-            "s3" if "s3" in (self.fs.protocol if isinstance(self.fs.protocol, (list, tuple))
-                             else (self.fs.protocol,)) else "other")
+        self.kind = (
+            "local"
+            if storage.is_local(self.fs)
+            else (
+                "s3"
+                if "s3"
+                in (self.fs.protocol if isinstance(self.fs.protocol, (list, tuple)) else (self.fs.protocol,))
+                else "other"
+            )
+        )
         self.token = uuid.uuid4().hex
         self.etag: str | None = None
         self.lost = False
@@ -89,10 +104,17 @@ class ExperimentLock:
     def _content(self, acquired_at: float | None = None) -> bytes:
         now = time.time()
         pid = os.getpid()
-        return json.dumps({
-            "run_id": self.run_id, "host": socket.gethostname(), "pid": pid,
-            "pid_start": _pid_start(pid), "token": self.token,
-            "acquired_at": acquired_at or now, "heartbeat_at": now}).encode()
+        return json.dumps(
+            {
+                "run_id": self.run_id,
+                "host": socket.gethostname(),
+                "pid": pid,
+                "pid_start": _pid_start(pid),
+                "token": self.token,
+                "acquired_at": acquired_at or now,
+                "heartbeat_at": now,
+            }
+        ).encode()
 
     def _read(self) -> tuple[dict[str, Any] | None, str | None]:
         """(content, etag) of the lock on storage, or (None, None) if there is none."""
@@ -137,8 +159,11 @@ class ExperimentLock:
         """Overwrite the lock, conditionally on ``etag`` on S3; False if the condition failed."""
         if self.kind == "s3":
             try:
-                out = self.fs.pipe_file(self.path, data, IfMatch=etag) if etag else \
-                    self.fs.pipe_file(self.path, data)
+                out = (
+                    self.fs.pipe_file(self.path, data, IfMatch=etag)
+                    if etag
+                    else self.fs.pipe_file(self.path, data)
+                )
             except (FileNotFoundError, OSError):
                 return False
             self.etag = (out or {}).get("ETag") if isinstance(out, dict) else None
@@ -183,7 +208,7 @@ class ExperimentLock:
             return f"its last heartbeat was {age:.0f} s ago (> {self.stale_after_s:.0f} s)"
         return None
 
-    def acquire(self) -> "ExperimentLock":
+    def acquire(self) -> ExperimentLock:
         """Take the lock, taking over a stale one; raise :class:`ExperimentLocked` otherwise."""
         for _ in range(5):
             if self._create(self._content()):
@@ -200,22 +225,24 @@ class ExperimentLock:
                     f"two runs of one experiment must not overlap. Wait for that run to finish or "
                     f"cancel it (prefect flow-run cancel {owner.get('run_id')}); if it died on "
                     f"another host its lock expires {self.stale_after_s:.0f} s after its last "
-                    f"heartbeat (or delete {self.url} once you are sure it is dead).")
+                    f"heartbeat (or delete {self.url} once you are sure it is dead)."
+                )
             self.log(f"taking over the stale experiment lock of run {owner.get('run_id')}: {reason}")
             if self.kind == "s3":
                 if self._remove_stale(owner, etag):
                     return self._started()
             elif self._remove_stale(owner, etag):
                 continue
-        raise ExperimentLocked(f"could not take the experiment lock {self.url}: it kept changing "
-                               f"hands; another run is starting on this experiment")
+        raise ExperimentLocked(
+            f"could not take the experiment lock {self.url}: it kept changing "
+            f"hands; another run is starting on this experiment"
+        )
 
-    def _started(self) -> "ExperimentLock":
+    def _started(self) -> ExperimentLock:
         self._held, self.lost = True, False
         self._acquired_at = time.time()
         self._stop.clear()
-        self._thread = threading.Thread(target=self._beat, name="ppoflow-lock-heartbeat",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._beat, name="ppoflow-lock-heartbeat", daemon=True)
         self._thread.start()
         return self
 
@@ -229,18 +256,25 @@ class ExperimentLock:
     def heartbeat(self) -> None:
         """Refresh ``heartbeat_at``; mark the lock lost if someone else owns it now."""
         owner, etag = self._read()
-        if owner is None or owner.get("token") != self.token or \
-                not self._replace(self._content(self._acquired_at), etag):
+        if (
+            owner is None
+            or owner.get("token") != self.token
+            or not self._replace(self._content(self._acquired_at), etag)
+        ):
             self.lost = True
             self._stop.set()
-            self.log(f"experiment lock {self.url} was taken over by run "
-                     f"{(owner or {}).get('run_id')}; this run stops before its next commit")
+            self.log(
+                f"experiment lock {self.url} was taken over by run "
+                f"{(owner or {}).get('run_id')}; this run stops before its next commit"
+            )
 
     def check(self) -> None:
         """Raise :class:`ExperimentLocked` if the lock was lost (call before committing)."""
         if self.lost or not self._held:
-            raise ExperimentLocked(f"this run no longer holds the experiment lock {self.url}; "
-                                   f"another run took the experiment over, so nothing is committed")
+            raise ExperimentLocked(
+                f"this run no longer holds the experiment lock {self.url}; "
+                f"another run took the experiment over, so nothing is committed"
+            )
 
     def release(self) -> None:
         """Stop the heartbeat and delete the lock if it is still this run's. Idempotent."""
@@ -257,7 +291,7 @@ class ExperimentLock:
             except FileNotFoundError:
                 pass
 
-    def __enter__(self) -> "ExperimentLock":
+    def __enter__(self) -> ExperimentLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,6 +1,6 @@
 """TensorBoard event files of an experiment's per-iteration metrics (optional dependency).
 
-    from infra.tensorboard import write_events
+    from ppoflow.infra.experiment.tensorboard import write_events
     write_events(history, "runs/demo/tensorboard")    # then: tensorboard --logdir runs/demo/tensorboard
 
 Stateless and idempotent: every call writes the *whole* history as one event file with a fixed
@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from infra import storage
+from ppoflow.infra.data import storage
 
 __all__ = ["EVENT_FILE_NAME", "event_bytes", "write_events"]
 
@@ -32,15 +33,20 @@ def _imports():
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("TensorBoard event files need the tensorboard package: "
-                          "pip install 'ppoflow[tensorboard]'") from err
+        raise ImportError(
+            "TensorBoard event files need the tensorboard package: pip install 'ppoflow[tensorboard]'"
+        ) from err
     return event_pb2, summary_pb2, RecordWriter
 
 
 def _scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
     out = []
     for key, value in sorted(record.items()):
-        if key in ("iteration", "timestamp") or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if (
+            key in ("iteration", "timestamp")
+            or isinstance(value, bool)
+            or not isinstance(value, (int, float))
+        ):
             continue
         if math.isfinite(float(value)):
             out.append((key, float(value)))
@@ -60,15 +66,18 @@ def event_bytes(history: Sequence[dict[str, Any]]) -> bytes:
         step = record.get("iteration", i + 1)
         step = int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else i + 1
         stamp = record.get("timestamp")
-        wall_time = float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else float(step)
+        wall_time = (
+            float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else float(step)
+        )
         values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in _scalars(record)]
         event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values))
         writer.write(event.SerializeToString())
     return buf.getvalue()
 
 
-def write_events(history: Sequence[dict[str, Any]], log_dir_url: str,
-                 storage_options: dict | None = None) -> str:
+def write_events(
+    history: Sequence[dict[str, Any]], log_dir_url: str, storage_options: dict | None = None
+) -> str:
     """Write the event file for ``history`` (one metrics dict per iteration, oldest first) under
     ``log_dir_url`` (any fsspec URL); returns the file's URL."""
     url = storage.join(log_dir_url, EVENT_FILE_NAME)

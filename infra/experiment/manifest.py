@@ -2,7 +2,7 @@
 
     <storage.root>/<storage.experiment>/
         manifest.json                    the last committed iteration (this module)
-        lock.json                        held while a run is active (infra.experiment_lock)
+        lock.json                        held while a run is active (ppoflow.infra.experiment.lock)
         configs/<config_hash>.yaml       every config the experiment ran with
         iterations/000012/               rollout.arrow, ..., metrics.json, manifest.json (a copy)
         iterations/000012/tasks/*.json   one receipt per finished task
@@ -30,23 +30,44 @@ import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infra import storage
-from infra.config import ConfigError, ExperimentConfig, dump_config
+from ppoflow.infra.config import ConfigError, ExperimentConfig, dump_config
+from ppoflow.infra.data import storage
 
-__all__ = ["FORMAT", "ExperimentPaths", "Manifest", "IdentityMismatch", "ManifestConflict",
-           "read_manifest", "check_identity", "record_config", "initial_manifest",
-           "next_manifest", "publish", "now_iso"]
+__all__ = [
+    "FORMAT",
+    "ExperimentPaths",
+    "Manifest",
+    "IdentityMismatch",
+    "ManifestConflict",
+    "read_manifest",
+    "check_identity",
+    "record_config",
+    "initial_manifest",
+    "next_manifest",
+    "publish",
+    "now_iso",
+]
 
 FORMAT = 1
 #: The metrics kept per iteration in the manifest's ``trend`` (the UI summary and the plot).
-TREND_KEYS = ("critic/score/mean", "critic/rewards/mean", "response_length/mean",
-              "response_length/max", "actor/entropy", "actor/ppo_kl", "actor/kl_loss",
-              "actor/reward_kl_penalty", "actor/pg_loss", "critic/vf_loss", "timing_s/iteration")
+TREND_KEYS = (
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "response_length/mean",
+    "response_length/max",
+    "actor/entropy",
+    "actor/ppo_kl",
+    "actor/kl_loss",
+    "actor/reward_kl_penalty",
+    "actor/pg_loss",
+    "critic/vf_loss",
+    "timing_s/iteration",
+)
 
 
 def now_iso() -> str:
     """The current UTC time, ISO 8601 with seconds."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 class IdentityMismatch(ConfigError):
@@ -65,7 +86,7 @@ class ExperimentPaths:
         self.root = experiment_url.rstrip("/")
 
     @classmethod
-    def of(cls, cfg: ExperimentConfig) -> "ExperimentPaths":
+    def of(cls, cfg: ExperimentConfig) -> ExperimentPaths:
         return cls(cfg.storage.experiment_url)
 
     def ref(self, url: str | None) -> str | None:
@@ -74,7 +95,7 @@ class ExperimentPaths:
         if url is None:
             return None
         prefix = self.root + "/"
-        return url[len(prefix):] if url.startswith(prefix) else url
+        return url[len(prefix) :] if url.startswith(prefix) else url
 
     def url(self, ref: str | None) -> str | None:
         """The URL of a stored reference (see :meth:`ref`)."""
@@ -114,7 +135,7 @@ class Manifest:
 
     experiment: str
     iteration: int
-    actor_checkpoint: str            # relative to the experiment root (ExperimentPaths.url)
+    actor_checkpoint: str  # relative to the experiment root (ExperimentPaths.url)
     critic_checkpoint: str | None
     config_hash: str
     identity: dict[str, Any]
@@ -130,11 +151,13 @@ class Manifest:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], url: str = "manifest.json") -> "Manifest":
+    def from_json(cls, data: dict[str, Any], url: str = "manifest.json") -> Manifest:
         fmt = data.get("format", 0)
         if fmt != FORMAT:
-            raise ManifestConflict(f"{url}: manifest format {fmt}, this ppoflow reads format "
-                                   f"{FORMAT}; use the ppoflow version that wrote it")
+            raise ManifestConflict(
+                f"{url}: manifest format {fmt}, this ppoflow reads format "
+                f"{FORMAT}; use the ppoflow version that wrote it"
+            )
         try:
             return cls(**data)
         except TypeError as exc:
@@ -159,7 +182,8 @@ def check_identity(manifest: Manifest, cfg: ExperimentConfig) -> None:
                 f"with {key}={old_v!r}, but this config has {key}={new_v!r}. Its checkpoints belong "
                 f"to the old setting, so continuing would corrupt it. To train with the new "
                 f"setting start a new experiment (set storage.experiment to a new name); to continue "
-                f"this one set {key} back to {old_v!r}.")
+                f"this one set {key} back to {old_v!r}."
+            )
 
 
 def record_config(paths: ExperimentPaths, cfg: ExperimentConfig) -> str:
@@ -170,40 +194,67 @@ def record_config(paths: ExperimentPaths, cfg: ExperimentConfig) -> str:
     return url
 
 
-def _history(previous: list[dict[str, Any]], n: int, cfg: ExperimentConfig,
-             config_url: str) -> list[dict[str, Any]]:
+def _history(
+    previous: list[dict[str, Any]], n: int, cfg: ExperimentConfig, config_url: str
+) -> list[dict[str, Any]]:
     h = cfg.config_hash()
     if previous and previous[-1]["config_hash"] == h:
         return list(previous)
     return [*previous, {"iteration": n, "config_hash": h, "config": config_url}]
 
 
-def initial_manifest(cfg: ExperimentConfig, paths: ExperimentPaths, actor_checkpoint: str,
-                     critic_checkpoint: str | None, kl_coef: float | None) -> Manifest:
+def initial_manifest(
+    cfg: ExperimentConfig,
+    paths: ExperimentPaths,
+    actor_checkpoint: str,
+    critic_checkpoint: str | None,
+    kl_coef: float | None,
+) -> Manifest:
     """Manifest 0: the base weights' checkpoints, the data cursor at its start."""
     now = now_iso()
     return Manifest(
-        experiment=cfg.storage.experiment, iteration=0, actor_checkpoint=paths.ref(actor_checkpoint),
-        critic_checkpoint=paths.ref(critic_checkpoint), config_hash=cfg.config_hash(),
-        identity=cfg.identity(), data_cursor={"epoch": 0, "offset": 0}, kl_coef=kl_coef,
-        created_at=now, committed_at=now,
-        config_history=_history([], 0, cfg, paths.ref(record_config(paths, cfg))))
+        experiment=cfg.storage.experiment,
+        iteration=0,
+        actor_checkpoint=paths.ref(actor_checkpoint),
+        critic_checkpoint=paths.ref(critic_checkpoint),
+        config_hash=cfg.config_hash(),
+        identity=cfg.identity(),
+        data_cursor={"epoch": 0, "offset": 0},
+        kl_coef=kl_coef,
+        created_at=now,
+        committed_at=now,
+        config_history=_history([], 0, cfg, paths.ref(record_config(paths, cfg))),
+    )
 
 
-def next_manifest(prev: Manifest, cfg: ExperimentConfig, paths: ExperimentPaths, *,
-                  actor_checkpoint: str, critic_checkpoint: str | None,
-                  data_cursor: dict[str, int], kl_coef: float | None,
-                  metrics: dict[str, Any]) -> Manifest:
+def next_manifest(
+    prev: Manifest,
+    cfg: ExperimentConfig,
+    paths: ExperimentPaths,
+    *,
+    actor_checkpoint: str,
+    critic_checkpoint: str | None,
+    data_cursor: dict[str, int],
+    kl_coef: float | None,
+    metrics: dict[str, Any],
+) -> Manifest:
     """Manifest ``prev.iteration + 1`` after an iteration ran with ``cfg``."""
     n = prev.iteration + 1
     row = {"iteration": n, **{k: metrics[k] for k in TREND_KEYS if k in metrics}}
     return Manifest(
-        experiment=prev.experiment, iteration=n, actor_checkpoint=paths.ref(actor_checkpoint),
-        critic_checkpoint=paths.ref(critic_checkpoint), config_hash=cfg.config_hash(),
-        identity=prev.identity, data_cursor=dict(data_cursor), kl_coef=kl_coef,
-        created_at=prev.created_at, committed_at=now_iso(),
+        experiment=prev.experiment,
+        iteration=n,
+        actor_checkpoint=paths.ref(actor_checkpoint),
+        critic_checkpoint=paths.ref(critic_checkpoint),
+        config_hash=cfg.config_hash(),
+        identity=prev.identity,
+        data_cursor=dict(data_cursor),
+        kl_coef=kl_coef,
+        created_at=prev.created_at,
+        committed_at=now_iso(),
         config_history=_history(prev.config_history, n, cfg, paths.ref(record_config(paths, cfg))),
-        trend=[*prev.trend, row])
+        trend=[*prev.trend, row],
+    )
 
 
 def publish(paths: ExperimentPaths, manifest: Manifest) -> None:
@@ -216,8 +267,10 @@ def publish(paths: ExperimentPaths, manifest: Manifest) -> None:
     n = manifest.iteration
     current = read_manifest(paths)
     if current is not None and current.iteration == n:
-        same = (current.actor_checkpoint == manifest.actor_checkpoint
-                and current.critic_checkpoint == manifest.critic_checkpoint)
+        same = (
+            current.actor_checkpoint == manifest.actor_checkpoint
+            and current.critic_checkpoint == manifest.critic_checkpoint
+        )
         if same:
             return
     expected = None if n == 0 else n - 1
@@ -227,7 +280,8 @@ def publish(paths: ExperimentPaths, manifest: Manifest) -> None:
             f"{paths.manifest}: commit of iteration {n} expected the manifest at "
             f"{'no manifest' if expected is None else f'iteration {expected}'}, found "
             f"{'none' if found is None else f'iteration {found}'}. Another run may have advanced "
-            f"this experiment; rerun the flow to continue from the manifest on storage.")
+            f"this experiment; rerun the flow to continue from the manifest on storage."
+        )
     data = manifest.to_json()
     storage.write_json_atomic(paths.file(n, "manifest.json"), data)
     storage.write_json_atomic(paths.manifest, data)

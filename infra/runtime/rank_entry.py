@@ -1,4 +1,4 @@
-"""Entry point of one rank of a ``infra.launch.WorkerGroup`` (run as ``torchrun ... -m infra.rank_entry``).
+"""Entry point of one rank of a ``ppoflow.infra.runtime.launch.WorkerGroup`` (run as ``torchrun ... -m ppoflow.infra.runtime.rank_entry``).
 
 The driver (``WorkerGroup``) starts torchrun with these environment variables:
 
@@ -51,7 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from infra.dispatch import Dispatch, dispatch_mode_of, registered_methods
+from ppoflow.infra.runtime.dispatch import Dispatch, dispatch_mode_of, registered_methods
 
 FAULT_EXIT_CODE = 17
 
@@ -108,20 +108,24 @@ def parse_faults(spec: str) -> set[tuple[str, str, int]]:
         if parts[0] not in ("rank_exit", "rank_raise"):
             continue
         if len(parts) not in (3, 4) or not parts[2].isdigit():
-            raise ValueError(f"PPOFLOW_FAULT: bad entry {item!r}; expected "
-                             "rank_exit:<method>:<rank> or rank_raise:<method>:<rank>")
+            raise ValueError(
+                f"PPOFLOW_FAULT: bad entry {item!r}; expected "
+                "rank_exit:<method>:<rank> or rank_raise:<method>:<rank>"
+            )
         out.add((parts[0], parts[1], int(parts[2])))
     return out
 
 
 def _layout(worker: Any) -> dict[str, Any]:
-    return {"dp_rank": int(getattr(worker, "dp_rank", dist.get_rank())),
-            "dp_size": int(getattr(worker, "dp_size", dist.get_world_size())),
-            "is_output_rank": bool(getattr(worker, "is_output_rank", True))}
+    return {
+        "dp_rank": int(getattr(worker, "dp_rank", dist.get_rank())),
+        "dp_size": int(getattr(worker, "dp_size", dist.get_world_size())),
+        "is_output_rank": bool(getattr(worker, "is_output_rank", True)),
+    }
 
 
 def _is_dataproto(obj: Any) -> bool:
-    mod = sys.modules.get("infra.dataproto")
+    mod = sys.modules.get("ppoflow.infra.data.dataproto")
     return mod is not None and isinstance(obj, mod.DataProto)
 
 
@@ -145,16 +149,23 @@ class RankServer:
             self.cls = getattr(importlib.import_module(module_name), cls_name)
             self.worker = self.cls(config)
             methods = {k: v.value for k, v in registered_methods(self.cls).items()}
-            _send(self.conn, {"type": "ready", "ok": True, "methods": methods,
-                              **_layout(self.worker)})
+            _send(self.conn, {"type": "ready", "ok": True, "methods": methods, **_layout(self.worker)})
         except BaseException as e:  # noqa: BLE001 - reported to the driver
-            _send(self.conn, {"type": "ready", "ok": False, "error": f"{type(e).__name__}: {e}",
-                              "traceback": traceback.format_exc()})
+            _send(
+                self.conn,
+                {
+                    "type": "ready",
+                    "ok": False,
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc(),
+                },
+            )
 
     def _inject(self, method: str) -> None:
         if ("rank_exit", method, self.rank) in self.faults:
-            print(f"[ppoflow] injected fault: rank {self.rank} exits in {method}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[ppoflow] injected fault: rank {self.rank} exits in {method}", file=sys.stderr, flush=True
+            )
             _flush_and_exit(FAULT_EXIT_CODE)
         if ("rank_raise", method, self.rank) in self.faults:
             raise RuntimeError(f"injected fault (PPOFLOW_FAULT) in {method} on rank {self.rank}")
@@ -170,7 +181,7 @@ class RankServer:
             fn = getattr(self.worker, method)
             args, kwargs = cmd.get("args") or [], cmd.get("kwargs") or {}
             if mode is Dispatch.DP_COMPUTE_PROTO:
-                from infra.dataproto import DataProto
+                from ppoflow.infra.data.dataproto import DataProto
 
                 result = fn(DataProto.load(cmd["in_url"]), *args, **kwargs)
             else:
@@ -178,21 +189,27 @@ class RankServer:
             layout = _layout(self.worker)
             if _is_dataproto(result):
                 if mode is not Dispatch.DP_COMPUTE_PROTO:
-                    raise TypeError(f"{method} ({mode.value}) returned a DataProto; only "
-                                    "DP_COMPUTE_PROTO methods may return one")
+                    raise TypeError(
+                        f"{method} ({mode.value}) returned a DataProto; only "
+                        "DP_COMPUTE_PROTO methods may return one"
+                    )
                 if not layout["is_output_rank"]:
                     return {"ok": True, "kind": "dropped", "result": None, **layout}
                 result.save(cmd["out_url"])
                 return {"ok": True, "kind": "dataproto", "result": cmd["out_url"], **layout}
             json.dumps(result)  # fail here, with a traceback, if the result is not JSON
             return {"ok": True, "kind": "json", "result": result, **layout}
-        except BaseException as e:  # noqa: BLE001 - reported to the driver
+        except BaseException as e:
             if isinstance(e, SystemExit):
                 raise
             tb = traceback.format_exc()
             print(f"[ppoflow] rank {self.rank}: {method} raised\n{tb}", file=sys.stderr, flush=True)
-            return {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": tb,
-                    **(_layout(self.worker) if self.worker is not None else {})}
+            return {
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": tb,
+                **(_layout(self.worker) if self.worker is not None else {}),
+            }
 
     def shutdown(self, cmd: dict[str, Any]) -> None:
         """Run the worker's shutdown hook, free it, tear down torch.distributed, exit fast."""
@@ -211,8 +228,17 @@ class RankServer:
         except BaseException:  # noqa: BLE001
             err = err or traceback.format_exc()
         try:
-            _send(self.conn, {"type": "reply", "id": cmd.get("id"), "ok": err is None,
-                              "error": err, "kind": "json", "result": None})
+            _send(
+                self.conn,
+                {
+                    "type": "reply",
+                    "id": cmd.get("id"),
+                    "ok": err is None,
+                    "error": err,
+                    "kind": "json",
+                    "result": None,
+                },
+            )
         except OSError:
             pass
         _flush_and_exit(0)
@@ -233,8 +259,9 @@ class RankServer:
 def main() -> None:
     """Initialise torch.distributed, connect to the driver, build the worker, serve commands."""
     env = os.environ
-    threading.Thread(target=_watch_driver, args=(int(env["PPOFLOW_DRIVER_PID"]),),
-                     name="ppoflow-driver-watch", daemon=True).start()
+    threading.Thread(
+        target=_watch_driver, args=(int(env["PPOFLOW_DRIVER_PID"]),), name="ppoflow-driver-watch", daemon=True
+    ).start()
     faults = parse_faults(env.get("PPOFLOW_FAULT", ""))
     local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
     threads = int(env.get("PPOFLOW_RANK_THREADS") or max(1, (os.cpu_count() or 1) // local_world))
@@ -242,14 +269,21 @@ def main() -> None:
     local_rank = int(env.get("LOCAL_RANK", "0"))
     if env.get("PPOFLOW_DEVICE", "cpu") == "cuda":
         torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl",
-                                device_id=torch.device("cuda", local_rank))
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local_rank))
     else:
         dist.init_process_group(backend="gloo")
     host, _, port = env["PPOFLOW_DRIVER_ADDR"].rpartition(":")
     conn = Client((host, int(port)), authkey=bytes.fromhex(env["PPOFLOW_AUTHKEY"]))
-    _send(conn, {"type": "hello", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
-                 "local_rank": local_rank, "pid": os.getpid()})
+    _send(
+        conn,
+        {
+            "type": "hello",
+            "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(),
+            "local_rank": local_rank,
+            "pid": os.getpid(),
+        },
+    )
     server = RankServer(conn, env["PPOFLOW_WORKER"], faults)
     init = json.loads(conn.recv_bytes())
     server.build(init.get("config") or {})

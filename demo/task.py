@@ -16,7 +16,7 @@ first learns to answer with one of the two digits it was given (right about half
 to pick the larger. (Single-digit addition was the first candidate; measured on the same model it
 learns too, but how soon it starts varies a lot with the seed: 0.1 -> 0.4-0.8 in 30-40 iterations.)
 
-The warm start (:func:`warm_start_examples`, used with ``workers.sft``) teaches only the *format*:
+The warm start (:func:`warm_start_examples`, used with ``ppoflow.demo.sft``) teaches only the *format*:
 the same kind of prompts with uniformly random answers. The warm-started policy answers every
 prompt with a single digit and stops, and is right one time in ten; what it learns beyond that it
 learns from the reward.
@@ -32,11 +32,19 @@ import random
 import re
 from typing import Any
 
-from infra import storage
-from infra.rewards import register_reward
+from ppoflow.infra.data import storage
+from ppoflow.infra.rewards import register_reward
 
-__all__ = ["DATA_SOURCE", "ABILITY", "make_problem", "build_rows", "write_parquet",
-           "warm_start_examples", "score", "parse_answer"]
+__all__ = [
+    "DATA_SOURCE",
+    "ABILITY",
+    "make_problem",
+    "build_rows",
+    "write_parquet",
+    "warm_start_examples",
+    "score",
+    "parse_answer",
+]
 
 DATA_SOURCE = "ppoflow/larger_digit"
 ABILITY = "comparison"
@@ -66,13 +74,15 @@ def build_rows(count: int, seed: int = 0, max_digit: int = 9, split: str = "trai
     rows = []
     for index in range(count):
         question, answer = make_problem(rng, max_digit)
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": question}],
-            "ability": ABILITY,
-            "reward_model": {"style": "rule", "ground_truth": answer},
-            "extra_info": {"split": split, "index": index, "question": question},
-        })
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": question}],
+                "ability": ABILITY,
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {"split": split, "index": index, "question": question},
+            }
+        )
     return rows
 
 
@@ -89,7 +99,9 @@ def write_parquet(rows: list[dict[str, Any]], url: str, storage_options: dict | 
     return url
 
 
-def warm_start_examples(count: int, seed: int = 0, max_digit: int = 9) -> list[tuple[list[dict[str, str]], str]]:
+def warm_start_examples(
+    count: int, seed: int = 0, max_digit: int = 9
+) -> list[tuple[list[dict[str, str]], str]]:
     """``(messages, response)`` pairs for the format warm start: real prompts, *random* answers.
 
     The answer is drawn uniformly from 0..max_digit independently of the prompt, so supervised

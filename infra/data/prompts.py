@@ -3,7 +3,7 @@
 Each row has:
     prompt        list of chat messages ``[{"role": "user", "content": "..."}]`` (or a string)
                   (the column name is ``data.prompt_key``)
-    data_source   str: picks the rule that scores the row (infra.rewards)
+    data_source   str: picks the rule that scores the row (ppoflow.infra.rewards)
     reward_model  {"ground_truth": ..., "style": "rule"}   (needed for rule rewards)
     extra_info    dict (optional), passed to reward functions
 
@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from infra import storage
+from ppoflow.infra.data import storage
 
 __all__ = ["PromptDataset", "DataError", "Row"]
 
@@ -61,8 +61,14 @@ class Row:
 class PromptDataset:
     """The rows of one or more veRL-format parquet files (see the module docstring)."""
 
-    def __init__(self, files: list[str], *, prompt_key: str = "prompt",
-                 require_ground_truth: bool = True, storage_options: dict | None = None):
+    def __init__(
+        self,
+        files: list[str],
+        *,
+        prompt_key: str = "prompt",
+        require_ground_truth: bool = True,
+        storage_options: dict | None = None,
+    ):
         if not files:
             raise DataError("data.train_files is empty: list at least one parquet file")
         tables = [self._read(url, storage_options) for url in files]
@@ -73,7 +79,8 @@ class PromptDataset:
                 raise DataError(
                     f"{url}: missing column(s) {missing}; found {table.column_names}. veRL's format "
                     f"needs '{prompt_key}' (chat messages, or set data.prompt_key), 'data_source' and "
-                    f"'reward_model' ({{'ground_truth': ..., 'style': 'rule'}})")
+                    f"'reward_model' ({{'ground_truth': ..., 'style': 'rule'}})"
+                )
         keep = [prompt_key, "data_source", "reward_model", "extra_info"]
         tables = [t.select([c for c in keep if c in t.column_names]) for t in tables]
         try:
@@ -91,8 +98,10 @@ class PromptDataset:
             with fs.open(path, "rb") as f:
                 return pq.read_table(f)
         except FileNotFoundError:
-            raise DataError(f"prompt file {url} not found (data.train_files); check the path, "
-                            f"relative paths resolve against the flow's working directory") from None
+            raise DataError(
+                f"prompt file {url} not found (data.train_files); check the path, "
+                f"relative paths resolve against the flow's working directory"
+            ) from None
         except (pa.ArrowInvalid, OSError) as exc:
             raise DataError(f"prompt file {url} is not a readable parquet file: {exc}") from None
 
@@ -106,8 +115,9 @@ class PromptDataset:
             return np.arange(len(self))
         return np.random.default_rng([int(seed), int(epoch)]).permutation(len(self))
 
-    def take(self, cursor: dict[str, int], batch_size: int, *, seed: int,
-             shuffle: bool) -> tuple[list[Row], dict[str, int]]:
+    def take(
+        self, cursor: dict[str, int], batch_size: int, *, seed: int, shuffle: bool
+    ) -> tuple[list[Row], dict[str, int]]:
         """The next ``batch_size`` rows from ``cursor`` and the cursor after them."""
         epoch, offset = int(cursor.get("epoch", 0)), int(cursor.get("offset", 0))
         if offset >= len(self):  # the files shrank since the cursor was written
@@ -116,7 +126,7 @@ class PromptDataset:
         while len(rows) < batch_size:
             order = self.order(epoch, seed, shuffle)
             step = min(batch_size - len(rows), len(self) - offset)
-            rows += [Row(epoch, int(i)) for i in order[offset:offset + step]]
+            rows += [Row(epoch, int(i)) for i in order[offset : offset + step]]
             offset += step
             if offset == len(self):
                 epoch, offset = epoch + 1, 0
@@ -133,23 +143,34 @@ class PromptDataset:
         elif isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) for m in prompt):
             messages = [{"role": m.get("role"), "content": m.get("content")} for m in prompt]
         else:
-            raise DataError(f"column '{self.prompt_key}' must hold chat messages "
-                            f"([{{'role': ..., 'content': ...}}]) or a string; got {type(prompt).__name__}")
+            raise DataError(
+                f"column '{self.prompt_key}' must hold chat messages "
+                f"([{{'role': ..., 'content': ...}}]) or a string; got {type(prompt).__name__}"
+            )
         if not apply_chat_template:
             return "\n".join(str(m["content"]) for m in messages)
         if getattr(tokenizer, "chat_template", None) is None:
-            raise DataError("data.apply_chat_template=true but the tokenizer has no chat template; "
-                            "set data.apply_chat_template=false or use a tokenizer with one")
+            raise DataError(
+                "data.apply_chat_template=true but the tokenizer has no chat template; "
+                "set data.apply_chat_template=false or use a tokenizer with one"
+            )
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def tokenize(self, rows: list[Row], tokenizer: Any, *, prompt_length: int,
-                 apply_chat_template: bool, meta_info: dict | None = None):
+    def tokenize(
+        self,
+        rows: list[Row],
+        tokenizer: Any,
+        *,
+        prompt_length: int,
+        apply_chat_template: bool,
+        meta_info: dict | None = None,
+    ):
         """A left-padded prompt DataProto for ``rows`` and stats ``{truncated, max_prompt_tokens}``.
 
         Columns: ``input_ids``, ``attention_mask``, ``position_ids`` (B, prompt_length) and
         non-tensor ``data_source``, ``ground_truth``, ``extra_info``, ``uid``, ``raw_prompt``.
         """
-        from infra.dataproto import DataProto
+        from ppoflow.infra.data.dataproto import DataProto
 
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad_id is None:
@@ -166,12 +187,17 @@ class PromptDataset:
                 truncated += 1
                 toks = toks[-prompt_length:]
             if toks:
-                ids[i, -len(toks):] = torch.tensor(toks, dtype=torch.long)
-                mask[i, -len(toks):] = 1
+                ids[i, -len(toks) :] = torch.tensor(toks, dtype=torch.long)
+                mask[i, -len(toks) :] = 1
         if truncated:
-            _LOG.warning("%d of %d prompts were longer than rollout.prompt_length=%d tokens (longest "
-                         "%d) and lost their first tokens; raise rollout.prompt_length to keep them",
-                         truncated, len(rows), prompt_length, longest)
+            _LOG.warning(
+                "%d of %d prompts were longer than rollout.prompt_length=%d tokens (longest "
+                "%d) and lost their first tokens; raise rollout.prompt_length to keep them",
+                truncated,
+                len(rows),
+                prompt_length,
+                longest,
+            )
         position_ids = torch.clamp(torch.cumsum(mask, dim=1) - 1, min=0)
         non_tensors = {
             "data_source": _objects([str(r["data_source"]) for r in recs]),
@@ -182,7 +208,9 @@ class PromptDataset:
         }
         proto = DataProto.from_dict(
             tensors={"input_ids": ids, "attention_mask": mask, "position_ids": position_ids},
-            non_tensors=non_tensors, meta_info=dict(meta_info or {}))
+            non_tensors=non_tensors,
+            meta_info=dict(meta_info or {}),
+        )
         return proto, {"truncated": truncated, "max_prompt_tokens": longest}
 
 

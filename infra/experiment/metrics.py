@@ -15,26 +15,40 @@ Metric names are flat ``section/name`` strings (as in veRL and CleanRL):
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
-__all__ = ["compute_data_metrics", "reduce_rank_metrics", "throughput_metrics",
-           "metrics_table", "trend_markdown", "summary_line", "is_timing_key"]
+__all__ = [
+    "compute_data_metrics",
+    "reduce_rank_metrics",
+    "throughput_metrics",
+    "metrics_table",
+    "trend_markdown",
+    "summary_line",
+    "is_timing_key",
+]
 
 
 def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     sel = values[mask.bool()].double()
     if sel.numel() == 0:
         return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
-    return {f"{prefix}/mean": sel.mean().item(), f"{prefix}/max": sel.max().item(),
-            f"{prefix}/min": sel.min().item()}
+    return {
+        f"{prefix}/mean": sel.mean().item(),
+        f"{prefix}/max": sel.max().item(),
+        f"{prefix}/min": sel.min().item(),
+    }
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     v = values.double()
-    return {f"{prefix}/mean": v.mean().item(), f"{prefix}/max": v.max().item(),
-            f"{prefix}/min": v.min().item()}
+    return {
+        f"{prefix}/mean": v.mean().item(),
+        f"{prefix}/max": v.max().item(),
+        f"{prefix}/min": v.min().item(),
+    }
 
 
 def compute_data_metrics(batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -101,8 +115,12 @@ def throughput_metrics(total_tokens: float, seconds: float, nprocs: int) -> dict
 
 def is_timing_key(key: str) -> bool:
     """True for metrics that measure time (they differ between otherwise identical runs)."""
-    return (key.startswith(("timing_s/", "perf/")) or key.endswith("_s")
-            or "tokens_per_s" in key or key.endswith("/throughput"))
+    return (
+        key.startswith(("timing_s/", "perf/"))
+        or key.endswith("_s")
+        or "tokens_per_s" in key
+        or key.endswith("/throughput")
+    )
 
 
 def _fmt(value: Any) -> str:
@@ -118,10 +136,15 @@ def metrics_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"metric": k, "value": _fmt(v)} for k, v in sorted(metrics.items())]
 
 
-TREND_COLUMNS = (("reward", "critic/rewards/mean"), ("score", "critic/score/mean"),
-                 ("kl", "actor/ppo_kl"), ("entropy", "actor/entropy"),
-                 ("resp len", "response_length/mean"), ("vf loss", "critic/vf_loss"),
-                 ("seconds", "timing_s/iteration"))
+TREND_COLUMNS = (
+    ("reward", "critic/rewards/mean"),
+    ("score", "critic/score/mean"),
+    ("kl", "actor/ppo_kl"),
+    ("entropy", "actor/entropy"),
+    ("resp len", "response_length/mean"),
+    ("vf loss", "critic/vf_loss"),
+    ("seconds", "timing_s/iteration"),
+)
 
 
 def trend_markdown(experiment: str, rows: list[dict[str, Any]], last: int = 20) -> str:
@@ -130,27 +153,44 @@ def trend_markdown(experiment: str, rows: list[dict[str, Any]], last: int = 20) 
     cols = [(name, key) for name, key in TREND_COLUMNS if any(key in r for r in shown)]
     head = "| iteration | " + " | ".join(name for name, _ in cols) + " |"
     sep = "|---:|" + "---:|" * len(cols)
-    lines = [f"# PPO experiment `{experiment}`", "",
-             f"{len(rows)} committed iteration(s); the last {len(shown)}:", "", head, sep]
+    lines = [
+        f"# PPO experiment `{experiment}`",
+        "",
+        f"{len(rows)} committed iteration(s); the last {len(shown)}:",
+        "",
+        head,
+        sep,
+    ]
     for r in shown:
-        lines.append(f"| {r.get('iteration')} | "
-                     + " | ".join(_fmt(r[key]) if key in r else "" for _, key in cols) + " |")
+        lines.append(
+            f"| {r.get('iteration')} | "
+            + " | ".join(_fmt(r[key]) if key in r else "" for _, key in cols)
+            + " |"
+        )
     if len(rows) >= 2:
         first, end = rows[0], rows[-1]
         for name, key in cols[:2]:
             if key in first and key in end:
-                lines += ["", f"{name}: {_fmt(first[key])} (iteration {first.get('iteration')}) → "
-                          f"{_fmt(end[key])} (iteration {end.get('iteration')})"]
+                lines += [
+                    "",
+                    f"{name}: {_fmt(first[key])} (iteration {first.get('iteration')}) → "
+                    f"{_fmt(end[key])} (iteration {end.get('iteration')})",
+                ]
     return "\n".join(lines)
 
 
 def summary_line(n: int, metrics: dict[str, Any]) -> str:
     """One log line per iteration: reward, KL, response length, entropy, seconds."""
+
     def g(key: str) -> str:
         return _fmt(metrics[key]) if key in metrics else "-"
 
-    kl_key = next((k for k in ("actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty")
-                   if k in metrics), "actor/ppo_kl")
-    return (f"iteration {n}: reward {g('critic/rewards/mean')} score {g('critic/score/mean')} "
-            f"kl {g(kl_key)} response_length {g('response_length/mean')} "
-            f"entropy {g('actor/entropy')} in {g('timing_s/iteration')} s")
+    kl_key = next(
+        (k for k in ("actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty") if k in metrics),
+        "actor/ppo_kl",
+    )
+    return (
+        f"iteration {n}: reward {g('critic/rewards/mean')} score {g('critic/score/mean')} "
+        f"kl {g(kl_key)} response_length {g('response_length/mean')} "
+        f"entropy {g('actor/entropy')} in {g('timing_s/iteration')} s"
+    )

@@ -4,16 +4,16 @@ RL from a randomly initialised or untuned model wastes its first iterations lear
 where a response ends, what an answer looks like. A warm start teaches that format by plain
 supervised learning before PPO begins, the way an SFT stage precedes RLHF in LLM pipelines.
 
-    from workers.sft import SFTConfig, sft
+    from ppoflow.demo.sft import SFTConfig, sft
     summary = sft("runs/demo/base", "runs/demo/sft", examples, SFTConfig(steps=100, lr=1e-3))
 
 ``examples`` are ``(messages, response)`` pairs: ``messages`` a chat (``[{"role": "user",
 "content": ...}]``) rendered with the tokenizer's chat template and generation prompt exactly as
-the PPO flow renders prompts (``infra.prompts_data``), ``response`` the target text; the tokenizer's
+the PPO flow renders prompts (``ppoflow.infra.data.prompts``), ``response`` the target text; the tokenizer's
 EOS token is appended, so the model also learns to stop. The loss is the mean cross-entropy over
 response tokens only (prompt tokens are context, not targets).
 
-The demo uses it to teach the answer *format* with random answers (``infra.demo_task``), so the
+The demo uses it to teach the answer *format* with random answers (``ppoflow.demo.task``), so the
 warm-started policy answers in the right shape but is right only by chance; every later gain
 comes from PPO.
 
@@ -29,8 +29,9 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -44,17 +45,17 @@ Example = tuple[list[dict[str, str]], str]
 class SFTConfig:
     """Settings of one warm-start run."""
 
-    steps: int = 100                 # optimizer steps
-    batch_size: int = 64             # examples per step (sampled with replacement)
+    steps: int = 100  # optimizer steps
+    batch_size: int = 64  # examples per step (sampled with replacement)
     lr: float = 1e-3
     weight_decay: float = 0.0
-    warmup_steps: int = 10           # linear warm-up, then constant
+    warmup_steps: int = 10  # linear warm-up, then constant
     grad_clip: float = 1.0
     seed: int = 0
     device: str = "cpu"
-    threads: int | None = 1          # CPU threads while training (None: leave torch's setting);
-                                     # a tiny model runs faster on one thread than on two
-    log_every: int = 25              # steps between log lines (0: none)
+    threads: int | None = 1  # CPU threads while training (None: leave torch's setting);
+    # a tiny model runs faster on one thread than on two
+    log_every: int = 25  # steps between log lines (0: none)
 
 
 def encode_example(tokenizer: Any, messages: list[dict[str, str]], response: str) -> tuple[list[int], int]:
@@ -75,22 +76,30 @@ def _batch(encoded: list[tuple[list[int], int]], rows: list[int], pad_id: int):
     target = torch.zeros((len(rows), longest), dtype=torch.bool)
     for i, r in enumerate(rows):
         seq, n_prompt = encoded[r]
-        ids[i, :len(seq)] = torch.tensor(seq)
-        attn[i, :len(seq)] = 1
-        target[i, n_prompt:len(seq)] = True
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        target[i, n_prompt : len(seq)] = True
     return ids, attn, target
 
 
-def _loss(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def _loss(
+    model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
     labels, mask = ids[:, 1:], target[:, 1:]
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                            reduction="none").view(labels.shape)
+    nll = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none"
+    ).view(labels.shape)
     return nll[mask].mean()
 
 
-def sft(model_path: str, out_dir: str, examples: Sequence[Example], config: SFTConfig | None = None,
-        log: Callable[[str], None] | None = print) -> dict[str, Any]:
+def sft(
+    model_path: str,
+    out_dir: str,
+    examples: Sequence[Example],
+    config: SFTConfig | None = None,
+    log: Callable[[str], None] | None = print,
+) -> dict[str, Any]:
     """Fine-tune the model at ``model_path`` on ``examples``; save the result at ``out_dir``.
 
     Args:
@@ -124,8 +133,16 @@ def sft(model_path: str, out_dir: str, examples: Sequence[Example], config: SFTC
         torch.set_num_threads(threads_before)
 
 
-def _train_and_save(model_path: str, out_dir: str, tokenizer: Any, encoded: list[tuple[list[int], int]],
-                    pad_id: int, cfg: SFTConfig, log: Callable[[str], None] | None, started: float) -> dict[str, Any]:
+def _train_and_save(
+    model_path: str,
+    out_dir: str,
+    tokenizer: Any,
+    encoded: list[tuple[list[int], int]],
+    pad_id: int,
+    cfg: SFTConfig,
+    log: Callable[[str], None] | None,
+    started: float,
+) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(cfg.seed)
@@ -134,7 +151,8 @@ def _train_and_save(model_path: str, out_dir: str, tokenizer: Any, encoded: list
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / max(1, cfg.warmup_steps)))
+        optimizer, lambda step: min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+    )
     gen = torch.Generator().manual_seed(cfg.seed)
     losses: list[float] = []
     for step in range(cfg.steps):
@@ -150,10 +168,15 @@ def _train_and_save(model_path: str, out_dir: str, tokenizer: Any, encoded: list
         if log and cfg.log_every and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps):
             log(f"warm start step {step + 1}/{cfg.steps}: loss {losses[-1]:.3f}")
 
-    summary = {"base_model": os.path.abspath(model_path) if os.path.isdir(model_path) else model_path,
-               "examples": len(encoded), "config": asdict(cfg), "loss_first": losses[0] if losses else None,
-               "loss_last": losses[-1] if losses else None, "losses": [round(x, 5) for x in losses],
-               "seconds": round(time.time() - started, 2)}
+    summary = {
+        "base_model": os.path.abspath(model_path) if os.path.isdir(model_path) else model_path,
+        "examples": len(encoded),
+        "config": asdict(cfg),
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "losses": [round(x, 5) for x in losses],
+        "seconds": round(time.time() - started, 2),
+    }
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex[:8]}")

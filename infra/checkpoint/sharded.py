@@ -6,7 +6,7 @@
 
 A checkpoint saved by N ranks loads on M ranks, into any FSDP2 layout (1-D, 2-D HSDP mesh) or a
 plain module: DCP reshards. Plain paths and ``file://`` use DCP's local writer; other URLs
-(``s3://``, ``memory://``) ``FsspecWriter``/``FsspecReader`` with ``infra.storage``'s options.
+(``s3://``, ``memory://``) ``FsspecWriter``/``FsspecReader`` with ``ppoflow.infra.data.storage``'s options.
 
 Layout of a checkpoint directory::
 
@@ -43,13 +43,26 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
-from infra import storage
+from ppoflow.infra.data import storage
 
-__all__ = ["save_checkpoint", "load_checkpoint", "load_full_state_dict", "is_complete", "read_marker",
-           "hf_key_prefix", "CheckpointError", "IncompleteCheckpointError", "MARKER", "export_hf"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "load_full_state_dict",
+    "is_complete",
+    "read_marker",
+    "hf_key_prefix",
+    "CheckpointError",
+    "IncompleteCheckpointError",
+    "MARKER",
+]
 
 _LOG = logging.getLogger("ppoflow.checkpoint")
 
@@ -78,16 +91,18 @@ def _barrier() -> None:
 
 
 def _options(url: str, storage_options: dict | None) -> dict:
-    """The fsspec options ``infra.storage`` would use for ``url`` (defaults + per-call)."""
+    """The fsspec options ``ppoflow.infra.data.storage`` would use for ``url`` (defaults + per-call)."""
     proto = url.split("://", 1)[0].lower() if "://" in url else "file"
-    opts = {**(storage.get_default_storage_options("s3") if proto == "s3a" else {}),
-            **storage.get_default_storage_options(proto)}
+    opts = {
+        **(storage.get_default_storage_options("s3") if proto == "s3a" else {}),
+        **storage.get_default_storage_options(proto),
+    }
     return {**opts, **(storage_options or {})}
 
 
 def _local_path(url: str) -> str | None:
     """The OS path of a local URL (plain path or ``file://``), else None."""
-    return url if "://" not in url else url[len("file://"):] if url.startswith("file://") else None
+    return url if "://" not in url else url[len("file://") :] if url.startswith("file://") else None
 
 
 def _writer(url: str, opts: dict):
@@ -119,8 +134,10 @@ def _enc(obj: Any, where: str) -> Any:
         return obj
     if isinstance(obj, (np.integer, np.floating, np.bool_)):
         return obj.item()
-    raise CheckpointError(f"{where}: a {type(obj).__name__} cannot be stored as JSON; checkpoints keep "
-                          "only tensors (in DCP) and plain JSON values (numbers, strings, lists, dicts)")
+    raise CheckpointError(
+        f"{where}: a {type(obj).__name__} cannot be stored as JSON; checkpoints keep "
+        "only tensors (in DCP) and plain JSON values (numbers, strings, lists, dicts)"
+    )
 
 
 def _dec(obj: Any) -> Any:
@@ -155,10 +172,14 @@ class _Names:
 
     def __init__(self, model: torch.nn.Module, fqns: list[str]):
         self.prefix = hf_key_prefix(model)
-        self.to_hf = {f: f[len(self.prefix):] if self.prefix and f.startswith(self.prefix) else f for f in fqns}
+        self.to_hf = {
+            f: f[len(self.prefix) :] if self.prefix and f.startswith(self.prefix) else f for f in fqns
+        }
         if len(set(self.to_hf.values())) != len(self.to_hf):
-            raise CheckpointError(f"stripping the prefix {self.prefix!r} from the names of {type(model).__name__} "
-                                  "makes two names equal; set a distinct `hf_key_prefix` attribute on the wrapper")
+            raise CheckpointError(
+                f"stripping the prefix {self.prefix!r} from the names of {type(model).__name__} "
+                "makes two names equal; set a distinct `hf_key_prefix` attribute on the wrapper"
+            )
         self.from_hf = {v: k for k, v in self.to_hf.items()}
 
 
@@ -173,14 +194,21 @@ def _split_optim(osd: dict, names: _Names) -> tuple[dict, dict]:
                 tensors.setdefault(name, {})[key] = value
             else:
                 scalars.setdefault(name, {})[key] = _enc(value, f"optimizer state {name}.{key}")
-    groups = [{**{k: _enc(v, f"optimizer param_groups[{i}].{k}") for k, v in g.items() if k != "params"},
-               "params": [names.to_hf.get(p, p) for p in g["params"]]} for i, g in enumerate(osd["param_groups"])]
+    groups = [
+        {
+            **{k: _enc(v, f"optimizer param_groups[{i}].{k}") for k, v in g.items() if k != "params"},
+            "params": [names.to_hf.get(p, p) for p in g["params"]],
+        }
+        for i, g in enumerate(osd["param_groups"])
+    ]
     return tensors, {"param_groups": groups, "scalars": scalars}
 
 
 def _collect(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
     """(model sd, optimizer sd or None, names, tensor tree for DCP, JSON part of the optimizer or None)."""
-    msd, osd = get_state_dict(model, optimizer) if optimizer is not None else (get_model_state_dict(model), None)
+    msd, osd = (
+        get_state_dict(model, optimizer) if optimizer is not None else (get_model_state_dict(model), None)
+    )
     names = _Names(model, list(msd))
     state: dict[str, Any] = {_MODEL: {names.to_hf[k]: v for k, v in msd.items()}}
     optim_json = None
@@ -227,7 +255,9 @@ def _dcp_call(what: str, url: str, fn, *args, **kwargs) -> None:
     try:
         with warnings.catch_warnings():  # DCP warns on every single-process call; that is intended here
             warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
-            warnings.filterwarnings("ignore", message="Detected an existing checkpoint")  # we replace on purpose
+            warnings.filterwarnings(
+                "ignore", message="Detected an existing checkpoint"
+            )  # we replace on purpose
             fn(*args, **kwargs)
     except CheckpointException as exc:
         raise CheckpointError(f"{what} checkpoint {url} failed: {exc}") from exc
@@ -253,18 +283,28 @@ def read_marker(url: str, storage_options: dict | None = None) -> dict[str, Any]
         if fs.exists(path) and (not fs.isdir(path) or fs.ls(path)):
             raise IncompleteCheckpointError(
                 f"incomplete checkpoint {url}: it was interrupted before publish (no {MARKER}); "
-                "use the previous iteration's checkpoint")
-        raise FileNotFoundError(f"no checkpoint at {url}: nothing was saved there (check the URL and the "
-                                "storage options / AWS_* credentials)")
+                "use the previous iteration's checkpoint"
+            )
+        raise FileNotFoundError(
+            f"no checkpoint at {url}: nothing was saved there (check the URL and the "
+            "storage options / AWS_* credentials)"
+        )
     marker = storage.read_json(storage.join(url, MARKER), opts)
     if marker.get("format") != FORMAT:
-        raise CheckpointError(f"{url}: unknown checkpoint format {marker.get('format')!r} (this code reads {FORMAT!r})")
+        raise CheckpointError(
+            f"{url}: unknown checkpoint format {marker.get('format')!r} (this code reads {FORMAT!r})"
+        )
     return marker
 
 
-def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    lr_scheduler: Any = None, extra: dict[str, Any] | None = None,
-                    storage_options: dict | None = None) -> str:
+def save_checkpoint(
+    url: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_scheduler: Any = None,
+    extra: dict[str, Any] | None = None,
+    storage_options: dict | None = None,
+) -> str:
     """Save model (+ optimizer, LR scheduler, ``extra``, RNG) to ``url``; collective on every rank.
 
     Args:
@@ -274,7 +314,7 @@ def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
         optimizer: optional; its state is saved sharded like the parameters.
         lr_scheduler: optional; anything with a JSON-able ``state_dict()`` (e.g. ``LambdaLR``).
         extra: optional JSON dict (step, iteration, ...) returned by ``load_checkpoint``.
-        storage_options: fsspec options on top of ``infra.storage``'s defaults.
+        storage_options: fsspec options on top of ``ppoflow.infra.data.storage``'s defaults.
 
     Returns:
         ``url``, once the checkpoint is published (every rank returns after the marker exists).
@@ -283,9 +323,15 @@ def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     marker_url = storage.join(url, MARKER)
     fresh = optimizer is not None and not optimizer.state  # never stepped: DCP will init its state
     _, osd, names, state, optim_json = _collect(model, optimizer)
-    marker: dict[str, Any] = {"format": FORMAT, "world_size": world, "hf_key_prefix": names.prefix,
-                              "extra": _enc(dict(extra or {}), "extra"), "optimizer": optim_json, "lr_scheduler": None,
-                              "torch": torch.__version__}
+    marker: dict[str, Any] = {
+        "format": FORMAT,
+        "world_size": world,
+        "hf_key_prefix": names.prefix,
+        "extra": _enc(dict(extra or {}), "extra"),
+        "optimizer": optim_json,
+        "lr_scheduler": None,
+        "torch": torch.__version__,
+    }
     if optim_json is not None:
         optim_json["fresh"] = fresh
     if lr_scheduler is not None:
@@ -309,12 +355,19 @@ def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
 def _restore_optim(osd: dict, loaded: dict, saved: dict, names: _Names, url: str) -> None:
     """Put the JSON part (param groups, scalar state) of a saved optimizer into ``osd``."""
     have = [list(g["params"]) for g in osd["param_groups"]]
-    groups = [{**_dec({k: v for k, v in g.items() if k != "params"}),
-               "params": [names.from_hf.get(p, p) for p in g["params"]]} for g in saved["param_groups"]]
+    groups = [
+        {
+            **_dec({k: v for k, v in g.items() if k != "params"}),
+            "params": [names.from_hf.get(p, p) for p in g["params"]],
+        }
+        for g in saved["param_groups"]
+    ]
     if [sorted(g["params"]) for g in groups] != [sorted(p) for p in have]:
-        raise CheckpointError(f"checkpoint {url}: the optimizer's parameter groups differ from the saved ones "
-                              f"({len(have)} groups here, {len(groups)} saved, or other parameters); build the "
-                              "optimizer the same way as the run that saved it")
+        raise CheckpointError(
+            f"checkpoint {url}: the optimizer's parameter groups differ from the saved ones "
+            f"({len(have)} groups here, {len(groups)} saved, or other parameters); build the "
+            "optimizer the same way as the run that saved it"
+        )
     osd["param_groups"] = groups
     for name, st in saved["scalars"].items():
         osd["state"].setdefault(names.from_hf.get(name, name), {}).update(_dec(st))
@@ -322,9 +375,14 @@ def _restore_optim(osd: dict, loaded: dict, saved: dict, names: _Names, url: str
         osd["state"][names.from_hf.get(name, name)].update(st)
 
 
-def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    lr_scheduler: Any = None, storage_options: dict | None = None,
-                    restore_rng: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    url: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_scheduler: Any = None,
+    storage_options: dict | None = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
     """Load a published checkpoint into ``model`` (+ ``optimizer``, ``lr_scheduler``); collective.
 
     The model and optimizer may be laid out differently from the saving run (other world size,
@@ -338,8 +396,10 @@ def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     t0, (rank, world), opts = time.perf_counter(), _rank_world(), _options(url, storage_options)
     marker = read_marker(url, opts)
     if optimizer is not None and marker["optimizer"] is None:
-        raise CheckpointError(f"checkpoint {url} has no optimizer state (saved with optimizer=None); load "
-                              "it with optimizer=None and start the optimizer fresh")
+        raise CheckpointError(
+            f"checkpoint {url} has no optimizer state (saved with optimizer=None); load "
+            "it with optimizer=None and start the optimizer fresh"
+        )
     if lr_scheduler is not None and marker["lr_scheduler"] is None:
         raise CheckpointError(f"checkpoint {url} has no LR scheduler state; pass lr_scheduler=None")
     msd, osd, names, state, _ = _collect(model, optimizer)
@@ -358,15 +418,26 @@ def load_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
         if marker["world_size"] == world:
             _set_rng_state(storage.read_json(_rng_url(url, rank), opts))
         elif rank == 0:
-            _LOG.warning("checkpoint %s was saved by %d ranks and is loaded on %d: RNG states are not "
-                         "restored (each rank keeps its current RNG stream)", url, marker["world_size"], world)
-    _LOG.info("loaded checkpoint %s (saved by %d ranks) on %d ranks in %.2fs", url, marker["world_size"],
-              world, time.perf_counter() - t0)
+            _LOG.warning(
+                "checkpoint %s was saved by %d ranks and is loaded on %d: RNG states are not "
+                "restored (each rank keeps its current RNG stream)",
+                url,
+                marker["world_size"],
+                world,
+            )
+    _LOG.info(
+        "loaded checkpoint %s (saved by %d ranks) on %d ranks in %.2fs",
+        url,
+        marker["world_size"],
+        world,
+        time.perf_counter() - t0,
+    )
     return _dec(marker["extra"])
 
 
-def load_full_state_dict(url: str, keys: list[str] | set[str] | None = None,
-                         storage_options: dict | None = None) -> dict[str, torch.Tensor]:
+def load_full_state_dict(
+    url: str, keys: list[str] | set[str] | None = None, storage_options: dict | None = None
+) -> dict[str, torch.Tensor]:
     """Read full (unsharded) model tensors by HF name, in this process only (no collectives, so it
     works with or without a process group and on any subset of ranks).
 
@@ -379,18 +450,14 @@ def load_full_state_dict(url: str, keys: list[str] | set[str] | None = None,
     reader = _reader(url, opts)
     metadata = reader.read_metadata()
     lead = _MODEL + "."
-    available = {k[len(lead):]: v for k, v in metadata.state_dict_metadata.items() if k.startswith(lead)}
+    available = {k[len(lead) :]: v for k, v in metadata.state_dict_metadata.items() if k.startswith(lead)}
     wanted = set(available) if keys is None else set(keys)
     missing = sorted(wanted - set(available))
     if missing:
-        raise KeyError(f"checkpoint {url} has no model tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}; "
-                       f"it has {len(available)} (e.g. {sorted(available)[:3]}); names are Hugging Face names")
+        raise KeyError(
+            f"checkpoint {url} has no model tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}; "
+            f"it has {len(available)} (e.g. {sorted(available)[:3]}); names are Hugging Face names"
+        )
     out = {k: torch.empty(available[k].size, dtype=available[k].properties.dtype) for k in sorted(wanted)}
     _dcp_call("reading", url, dcp.load, {_MODEL: out}, storage_reader=reader, no_dist=True)
     return out
-
-
-def export_hf(checkpoint_url: str, out_dir: str, base_model_path: str, **kwargs: Any) -> str:
-    """Write a Hugging Face model directory from a checkpoint; see ``infra.hf_export.export_hf``."""
-    from infra.hf_export import export_hf as export
-    return export(checkpoint_url, out_dir, base_model_path, **kwargs)

@@ -25,14 +25,15 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import torch
 
-from infra import storage
+from ppoflow.infra.data import storage
 
 __all__ = ["DataProtoFormatError", "FORMAT_VERSION", "encode", "decode", "save", "load"]
 
@@ -45,8 +46,18 @@ _FIX = "Write DataProto files with DataProto.save(url) and check that the URL po
 # torch dtype -> (name in the metadata, numpy dtype of the stored values)
 _TORCH_DTYPES: dict[torch.dtype, tuple[str, np.dtype]] = {
     dt: (name, np.dtype("uint16" if name == "bfloat16" else name))
-    for dt in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-               torch.float16, torch.bfloat16, torch.float32, torch.float64)  # fmt: skip
+    for dt in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    )  # fmt: skip
     for name in [str(dt).removeprefix("torch.")]
 }
 _TORCH_BY_NAME = {name: dt for dt, (name, _) in _TORCH_DTYPES.items()}
@@ -188,7 +199,9 @@ def _encode_array(key: str, a: np.ndarray) -> tuple[pa.Array, dict]:
     raise TypeError(f"non-tensor column {key!r}: numpy dtype {a.dtype} is not supported")
 
 
-def encode(tensors: dict[str, torch.Tensor], non_tensors: dict[str, np.ndarray], meta_info: dict) -> pa.RecordBatch:
+def encode(
+    tensors: dict[str, torch.Tensor], non_tensors: dict[str, np.ndarray], meta_info: dict
+) -> pa.RecordBatch:
     """Build the Arrow record batch (with ppoflow schema metadata) of a DataProto's parts."""
     arrays, names, columns = [], [], {}
     num_rows = 0
@@ -206,7 +219,12 @@ def encode(tensors: dict[str, torch.Tensor], non_tensors: dict[str, np.ndarray],
         meta_json = json.dumps(meta_info, allow_nan=True)
     except TypeError as exc:
         raise TypeError(f"meta_info must be JSON-serialisable to be saved: {exc}") from exc
-    header = {"format": "ppoflow.DataProto", "version": FORMAT_VERSION, "num_rows": num_rows, "columns": columns}
+    header = {
+        "format": "ppoflow.DataProto",
+        "version": FORMAT_VERSION,
+        "num_rows": num_rows,
+        "columns": columns,
+    }
     metadata = {META_KEY: json.dumps(header).encode(), META_INFO_KEY: meta_json.encode()}
     schema = pa.schema([pa.field(k, a.type) for k, a in zip(names, arrays)], metadata=metadata)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -275,7 +293,9 @@ def _header(url: str, schema: pa.Schema) -> tuple[dict, dict]:
         meta_info = json.loads(metadata.get(META_INFO_KEY, b"{}"))
         version, columns = header["version"], header["columns"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise DataProtoFormatError(f"{url}: the 'ppoflow' schema metadata is corrupt ({exc}). {_FIX}.") from exc
+        raise DataProtoFormatError(
+            f"{url}: the 'ppoflow' schema metadata is corrupt ({exc}). {_FIX}."
+        ) from exc
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise DataProtoFormatError(
             f"{url} was written in DataProto format version {version}, this ppoflow reads up to "
@@ -283,7 +303,9 @@ def _header(url: str, schema: pa.Schema) -> tuple[dict, dict]:
         )
     missing = [k for k in columns if k not in schema.names]
     if missing:
-        raise DataProtoFormatError(f"{url}: columns {missing} are in the metadata but not in the file. {_FIX}.")
+        raise DataProtoFormatError(
+            f"{url}: columns {missing} are in the metadata but not in the file. {_FIX}."
+        )
     return header, meta_info
 
 
@@ -293,14 +315,18 @@ def decode(
     """Rebuild ``(tensors, non_tensors, meta_info)`` from a table written by :func:`encode`."""
     n = header.get("num_rows", table.num_rows)
     if table.num_columns and table.num_rows != n:
-        raise DataProtoFormatError(f"{url}: has {table.num_rows} rows, its metadata says {n}; the file is corrupt. {_FIX}.")
+        raise DataProtoFormatError(
+            f"{url}: has {table.num_rows} rows, its metadata says {n}; the file is corrupt. {_FIX}."
+        )
     tensors, non_tensors = {}, {}
     for key in columns if columns is not None else header["columns"]:
         info = header["columns"][key]
         try:
             value = _decode_column(table.column(key), info, n)
         except (pa.ArrowException, KeyError, ValueError, TypeError, RuntimeError) as exc:
-            raise DataProtoFormatError(f"{url}: column {key!r} cannot be decoded ({exc}); the file is corrupt. {_FIX}.") from exc
+            raise DataProtoFormatError(
+                f"{url}: column {key!r} cannot be decoded ({exc}); the file is corrupt. {_FIX}."
+            ) from exc
         (tensors if info.get("group") == "batch" else non_tensors)[key] = value
     return tensors, non_tensors, meta_info
 
@@ -316,7 +342,7 @@ def save(
     storage_options: dict | None = None,
     compression: str | None = None,
 ) -> None:
-    """Write one Arrow IPC file at ``url`` atomically (see :func:`infra.storage.open_atomic`).
+    """Write one Arrow IPC file at ``url`` atomically (see :func:`ppoflow.infra.data.storage.open_atomic`).
 
     ``compression`` is None (default: fastest, memory-mappable) or ``"lz4"``/``"zstd"``.
     """
@@ -334,9 +360,13 @@ def save(
 
 def _open_error(url: str, head: bytes, exc: Exception) -> DataProtoFormatError:
     if head.startswith(_MAGIC):
-        problem = f"it is an Arrow IPC file that is truncated or corrupt ({exc}); rewrite it with DataProto.save()"
+        problem = (
+            f"it is an Arrow IPC file that is truncated or corrupt ({exc}); rewrite it with DataProto.save()"
+        )
         return DataProtoFormatError(f"{url} cannot be read as a DataProto: {problem}.")
-    return DataProtoFormatError(f"{url} is not a ppoflow DataProto file: it is not an Arrow IPC file ({exc}). {_FIX}.")
+    return DataProtoFormatError(
+        f"{url} is not a ppoflow DataProto file: it is not an Arrow IPC file ({exc}). {_FIX}."
+    )
 
 
 def _read(url: str, source: Any, head: bytes, columns: list[str] | None, ranged: bool = False):

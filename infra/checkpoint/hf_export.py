@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from infra.checkpoint import load_full_state_dict
+from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 
 __all__ = ["export_hf"]
 
@@ -35,8 +35,10 @@ def _expected_state(base_model_path: str, trust_remote_code: bool) -> tuple[dict
     arch = (getattr(config, "architectures", None) or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None
     if cls is None:
-        raise ValueError(f"{base_model_path}/config.json names no architecture transformers knows (architectures="
-                         f"{getattr(config, 'architectures', None)}); export_hf needs it to check the weights")
+        raise ValueError(
+            f"{base_model_path}/config.json names no architecture transformers knows (architectures="
+            f"{getattr(config, 'architectures', None)}); export_hf needs it to check the weights"
+        )
     text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     tied = bool(getattr(text_cfg, "tie_word_embeddings", False))
     with torch.device("meta"):
@@ -60,13 +62,20 @@ def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, 
     return shards
 
 
-def export_hf(checkpoint_url: str, out_dir: str, base_model_path: str, *, dtype: str | None = None,
-              storage_options: dict | None = None, max_shard_bytes: int = 5 * 2**30,
-              trust_remote_code: bool = False) -> str:
+def export_hf(
+    checkpoint_url: str,
+    out_dir: str,
+    base_model_path: str,
+    *,
+    dtype: str | None = None,
+    storage_options: dict | None = None,
+    max_shard_bytes: int = 5 * 2**30,
+    trust_remote_code: bool = False,
+) -> str:
     """Write a Hugging Face directory at local ``out_dir`` from a published checkpoint.
 
     Args:
-        checkpoint_url: a checkpoint written by ``infra.checkpoint.save_checkpoint``.
+        checkpoint_url: a checkpoint written by ``ppoflow.infra.checkpoint.sharded.save_checkpoint``.
         out_dir: local directory (created; existing weight files in it are replaced).
         base_model_path: the local HF directory the run started from (config + tokenizer source).
         dtype: cast floating tensors (e.g. ``"bfloat16"``) and record it in config.json;
@@ -79,10 +88,14 @@ def export_hf(checkpoint_url: str, out_dir: str, base_model_path: str, *, dtype:
     from safetensors.torch import save_file
 
     if not os.path.isdir(base_model_path):
-        raise FileNotFoundError(f"base model directory {base_model_path} does not exist; export_hf copies the config "
-                                "and tokenizer from a local HF directory (the run's model.path)")
+        raise FileNotFoundError(
+            f"base model directory {base_model_path} does not exist; export_hf copies the config "
+            "and tokenizer from a local HF directory (the run's model.path)"
+        )
     if os.path.abspath(out_dir) == os.path.abspath(base_model_path):
-        raise ValueError(f"export_hf: out_dir {out_dir} is the base model directory; choose another directory")
+        raise ValueError(
+            f"export_hf: out_dir {out_dir} is the base model directory; choose another directory"
+        )
     shapes, tied = _expected_state(base_model_path, trust_remote_code)
     tensors = load_full_state_dict(checkpoint_url, storage_options=storage_options)
     if tied:
@@ -91,9 +104,11 @@ def export_hf(checkpoint_url: str, out_dir: str, base_model_path: str, *, dtype:
     unexpected = sorted(set(tensors) - set(shapes))
     wrong = sorted(k for k in set(shapes) & set(tensors) if tuple(shapes[k]) != tuple(tensors[k].shape))
     if missing or unexpected or wrong:
-        raise ValueError(f"checkpoint {checkpoint_url} does not match the architecture of {base_model_path}: "
-                         f"missing {missing[:5]}, unexpected {unexpected[:5]}, wrong shape {wrong[:5]}; "
-                         "export it against the base model the run was trained from")
+        raise ValueError(
+            f"checkpoint {checkpoint_url} does not match the architecture of {base_model_path}: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}, wrong shape {wrong[:5]}; "
+            "export it against the base model the run was trained from"
+        )
     if dtype is not None:
         target = getattr(torch, dtype)
         tensors = {k: v.to(target) if v.is_floating_point() else v for k, v in tensors.items()}

@@ -20,7 +20,11 @@ CHAT_TEMPLATE = (
 
 def _byte_symbols() -> list[str]:
     """The 256 printable stand-ins byte-level BPE uses for raw bytes (GPT-2's table)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table, extra = {}, 0
     for b in range(256):
         if b in keep:
@@ -43,41 +47,64 @@ def build_char_tokenizer():
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for sym in _byte_symbols():
         vocab[sym] = len(vocab)
-    tok = Qwen2Tokenizer(vocab=vocab, merges=[], unk_token=None, eos_token="<|endoftext|>", pad_token="<|pad|>",
-                         additional_special_tokens=SPECIAL_TOKENS[2:])
+    tok = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
+        unk_token=None,
+        eos_token="<|endoftext|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=SPECIAL_TOKENS[2:],
+    )
     tok.chat_template = CHAT_TEMPLATE
     tok.padding_side = "left"
     return tok
 
 
-def tiny_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 2,
-                num_heads: int = 2, num_kv_heads: int = 1, intermediate_size: int | None = None,
-                tie_word_embeddings: bool = True, max_position_embeddings: int = 512,
-                eos_token_id: int = 1, pad_token_id: int = 0, **extra: Any):
+def tiny_config(
+    vocab_size: int,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int | None = None,
+    tie_word_embeddings: bool = True,
+    max_position_embeddings: int = 512,
+    eos_token_id: int = 1,
+    pad_token_id: int = 0,
+    **extra: Any,
+):
     """A Qwen2-shaped config; head_dim = hidden_size / num_heads must be >= 32."""
     from transformers import Qwen2Config
 
     if hidden_size // num_heads < 32:
-        raise ValueError(f"head_dim={hidden_size // num_heads} < 32: vLLM's CPU attention needs 32, 64, 80, ...; "
-                         "use fewer heads or a larger hidden_size")
+        raise ValueError(
+            f"head_dim={hidden_size // num_heads} < 32: vLLM's CPU attention needs 32, 64, 80, ...; "
+            "use fewer heads or a larger hidden_size"
+        )
     return Qwen2Config(
-        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        intermediate_size=intermediate_size or 4 * hidden_size, max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-        bos_token_id=None, rms_norm_eps=1e-6, **extra,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        bos_token_id=None,
+        rms_norm_eps=1e-6,
+        **extra,
     )
 
 
-def save_tiny_model(out_dir: str, *, seed: int = 0,
-                    dtype: str = "float32", **config_kw: Any) -> str:
+def save_tiny_model(out_dir: str, *, seed: int = 0, dtype: str = "float32", **config_kw: Any) -> str:
     """Build a random tiny causal LM + char tokenizer and save both to ``out_dir``; returns it."""
     import torch
     from transformers import AutoModelForCausalLM
 
     tok = build_char_tokenizer()
-    cfg = tiny_config(len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      **config_kw)
+    cfg = tiny_config(len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **config_kw)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     os.makedirs(out_dir, exist_ok=True)

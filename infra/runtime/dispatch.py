@@ -26,7 +26,8 @@ from __future__ import annotations
 import enum
 import math
 import os
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -81,12 +82,14 @@ def dispatch_mode_of(cls: type, method_name: str) -> Dispatch:
     if fn is None:
         known = ", ".join(sorted(registered_methods(cls))) or "none"
         raise AttributeError(
-            f"{cls.__qualname__} has no method {method_name!r} (registered methods: {known})")
+            f"{cls.__qualname__} has no method {method_name!r} (registered methods: {known})"
+        )
     mode = getattr(fn, _ATTR, None)
     if not isinstance(mode, Dispatch):
         raise AttributeError(
             f"{cls.__qualname__}.{method_name} is not callable from the driver: decorate it with "
-            f"@register(Dispatch.ONE_TO_ALL | Dispatch.RANK_ZERO | Dispatch.DP_COMPUTE_PROTO)")
+            f"@register(Dispatch.ONE_TO_ALL | Dispatch.RANK_ZERO | Dispatch.DP_COMPUTE_PROTO)"
+        )
     return mode
 
 
@@ -95,19 +98,17 @@ class ProtoSplit:
     """How one DP_COMPUTE_PROTO input was split: per-rank chunk URLs and the padding added."""
 
     def __init__(self, in_urls: list[str], pad_size: int, padded_len: int, dp_size: int):
-        self.in_urls, self.pad_size, self.padded_len, self.dp_size = (
-            in_urls, pad_size, padded_len, dp_size)
+        self.in_urls, self.pad_size, self.padded_len, self.dp_size = (in_urls, pad_size, padded_len, dp_size)
 
 
-def split_proto(data_url: str, world_size: int, layout: list[dict[str, Any]],
-                out_dir: str) -> ProtoSplit:
+def split_proto(data_url: str, world_size: int, layout: list[dict[str, Any]], out_dir: str) -> ProtoSplit:
     """Load the DataProto at ``data_url``, pad it to a multiple of ``world_size`` (and of dp_size),
     split it into ``dp_size`` chunks and save chunk ``i`` as ``out_dir/in-<i>.arrow``.
 
     ``layout[r]`` is rank r's ``{dp_rank, dp_size, ...}``; every rank must report the same dp_size.
     Returns the chunk URL of each rank (ranks with the same dp_rank share a chunk).
     """
-    from infra.dataproto import DataProto
+    from ppoflow.infra.data.dataproto import DataProto
 
     sizes = {int(entry["dp_size"]) for entry in layout}
     if len(sizes) != 1:
@@ -121,8 +122,9 @@ def split_proto(data_url: str, world_size: int, layout: list[dict[str, Any]],
     return ProtoSplit([urls[int(e["dp_rank"])] for e in layout], pad_size, len(padded), dp_size)
 
 
-def merge_results(method: str, replies: list[dict[str, Any]], layout: list[dict[str, Any]],
-                  split: ProtoSplit, out_url: str) -> Any:
+def merge_results(
+    method: str, replies: list[dict[str, Any]], layout: list[dict[str, Any]], split: ProtoSplit, out_url: str
+) -> Any:
     """Merge the per-rank replies of a DP_COMPUTE_PROTO call.
 
     DataProto outputs (replies of kind "dataproto", i.e. from output ranks) are loaded in dp_rank
@@ -137,20 +139,25 @@ def merge_results(method: str, replies: list[dict[str, Any]], layout: list[dict[
         return [r["result"] for r in replies]
     if "json" in kinds and any(r["result"] is not None for r in replies if r["kind"] == "json"):
         raise TypeError(f"{method}: some ranks returned a DataProto and others JSON")
-    from infra.dataproto import DataProto
+    from ppoflow.infra.data.dataproto import DataProto
 
-    outs = sorted((int(layout[rank]["dp_rank"]), rank) for rank, r in enumerate(replies)
-                  if r["kind"] == "dataproto")
+    outs = sorted(
+        (int(layout[rank]["dp_rank"]), rank) for rank, r in enumerate(replies) if r["kind"] == "dataproto"
+    )
     if [dp for dp, _ in outs] != list(range(split.dp_size)):
-        raise ValueError(f"{method}: output ranks must cover each dp_rank once, got dp_ranks "
-                         f"{[dp for dp, _ in outs]} for dp_size {split.dp_size} (set "
-                         "is_output_rank=False on all but one rank of each dp replica)")
+        raise ValueError(
+            f"{method}: output ranks must cover each dp_rank once, got dp_ranks "
+            f"{[dp for dp, _ in outs]} for dp_size {split.dp_size} (set "
+            "is_output_rank=False on all but one rank of each dp replica)"
+        )
     merged = DataProto.concat([DataProto.load(replies[rank]["result"]) for _, rank in outs])
     if split.pad_size:
         k, rem = divmod(len(merged), split.padded_len)
         if rem:
-            raise ValueError(f"{method}: {len(merged)} output rows for {split.padded_len} padded "
-                             f"input rows; cannot remove {split.pad_size} padding rows in proportion")
+            raise ValueError(
+                f"{method}: {len(merged)} output rows for {split.padded_len} padded "
+                f"input rows; cannot remove {split.pad_size} padding rows in proportion"
+            )
         merged = merged.unpad(split.pad_size * k)
     merged.save(out_url)
     return out_url

@@ -1,6 +1,6 @@
 """Training curves of an experiment as one PNG: reward, KL, response length, value loss.
 
-    from infra.plots import plot_metrics
+    from ppoflow.infra.experiment.plots import plot_metrics
     history = [read_json(url) for url in metrics_urls]         # one metrics.json per iteration
     png_url = plot_metrics(history, "runs/demo/metrics.png")   # any fsspec URL; written atomically
 
@@ -15,30 +15,47 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from infra import storage
+from ppoflow.infra.data import storage
 
 __all__ = ["PANELS", "plot_metrics", "series"]
 
 # (panel title, y label, [(metric key, legend label), ...]); the first keys are the canonical names.
 PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
-    ("Reward", "mean per response", [
-        ("critic/score/mean", "score (rule / RM)"),
-        ("critic/rewards/mean", "reward (after KL penalty)"),
-    ]),
-    ("KL to the reference policy", "nats per token", [
-        ("actor/reward_kl_penalty", "KL in reward"),
-        ("actor/kl_loss", "KL loss"),
-        ("actor/ppo_kl", "PPO KL (old || new)"),
-    ]),
-    ("Response length", "tokens", [
-        ("response_length/mean", "mean"),
-        ("response_length/max", "max"),
-    ]),
-    ("Value loss", "critic loss", [
-        ("critic/vf_loss", "value loss"),
-    ]),
+    (
+        "Reward",
+        "mean per response",
+        [
+            ("critic/score/mean", "score (rule / RM)"),
+            ("critic/rewards/mean", "reward (after KL penalty)"),
+        ],
+    ),
+    (
+        "KL to the reference policy",
+        "nats per token",
+        [
+            ("actor/reward_kl_penalty", "KL in reward"),
+            ("actor/kl_loss", "KL loss"),
+            ("actor/ppo_kl", "PPO KL (old || new)"),
+        ],
+    ),
+    (
+        "Response length",
+        "tokens",
+        [
+            ("response_length/mean", "mean"),
+            ("response_length/max", "max"),
+        ],
+    ),
+    (
+        "Value loss",
+        "critic loss",
+        [
+            ("critic/vf_loss", "value loss"),
+        ],
+    ),
 ]
 
 
@@ -92,8 +109,9 @@ def _render(history: Sequence[dict], title: str | None) -> bytes:
     return buf.getvalue()
 
 
-def plot_metrics(history: list[dict], out_url: str, *, title: str | None = None,
-                 storage_options: dict | None = None) -> str:
+def plot_metrics(
+    history: list[dict], out_url: str, *, title: str | None = None, storage_options: dict | None = None
+) -> str:
     """Plot reward, KL, response length and value loss over iterations; returns ``out_url``.
 
     Args:

@@ -1,7 +1,7 @@
 """WorkerGroup: a persistent group of N ranks (torchrun) running one worker class, driven by JSON
 commands from the driver process (a Prefect task, a test, a script).
 
-    with WorkerGroup("workers.fsdp_workers:ActorRolloutRefWorker", nprocs=2, config=cfg,
+    with WorkerGroup("ppoflow.workers.fsdp_workers:ActorRolloutRefWorker", nprocs=2, config=cfg,
                      device="cpu", log=logger.info) as group:
         group.call("init_model")                               # -> [rank0 result, rank1 result]
         url = group.call("compute_values", rollout_url, out_url=values_url, micro_batch=4)
@@ -9,7 +9,7 @@ commands from the driver process (a Prefect task, a test, a script).
 How it works:
 - ``start()`` opens a control listener on 127.0.0.1 with a random authkey, then runs
   ``python -m torch.distributed.run --standalone --nproc-per-node=N --max-restarts=0 --tee 3
-  -m infra.rank_entry`` in its own session (so the whole group can be killed as one). Each rank
+  -m ppoflow.infra.runtime.rank_entry`` in its own session (so the whole group can be killed as one). Each rank
   initialises torch.distributed (gloo on CPU, nccl on CUDA), connects back, says hello, receives
   the config JSON over the link and builds the worker (imported by its "module:Class" string).
 - Rank output (stdout and stderr, prefixed ``[rankN]:``) is streamed line by line to ``log``; the
@@ -17,7 +17,7 @@ How it works:
 - ``call`` sends one JSON command per rank and waits for every reply while watching the ranks'
   links (EOF = dead rank) and torchrun's liveness (a pidfd). Data never travels on the link: a
   DP_COMPUTE_PROTO call moves DataProto chunks as Arrow files in the group's scratch directory.
-  See ``infra.dispatch.Dispatch`` for the modes and ``infra.rank_entry`` for the rank side.
+  See ``ppoflow.infra.runtime.dispatch.Dispatch`` for the modes and ``ppoflow.infra.runtime.rank_entry`` for the rank side.
 - Failures: a rank that raises sends its traceback; the driver waits ``grace_s`` for the others
   (they may be stuck in a collective), kills the process group and raises ``RankFailure``. A rank
   that dies (EOF, or torchrun exits) gets the group killed and ``RankFailure`` with torchrun's
@@ -42,13 +42,23 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from typing import Any
 
-from infra.control import (ControlListener, GroupResources, OutputPump, RankFailure,
-                           WorkerGroupDead, rank_env, recv_json, send_json, torchrun_command,
-                           wait_pidfd)
-from infra.dispatch import Dispatch, merge_results, split_proto
+from ppoflow.infra.runtime.control import (
+    ControlListener,
+    GroupResources,
+    OutputPump,
+    RankFailure,
+    WorkerGroupDead,
+    rank_env,
+    recv_json,
+    send_json,
+    torchrun_command,
+    wait_pidfd,
+)
+from ppoflow.infra.runtime.dispatch import Dispatch, merge_results, split_proto
 
 __all__ = ["WorkerGroup", "RankFailure", "WorkerGroupDead", "Dispatch"]
 
@@ -56,7 +66,7 @@ _LOG = logging.getLogger("ppoflow.ranks")
 
 
 class WorkerGroup:
-    """N ranks of ``worker`` ("module:Class", a ``workers.base.Worker`` subclass) under torchrun.
+    """N ranks of ``worker`` ("module:Class", a ``ppoflow.workers.base.Worker`` subclass) under torchrun.
 
     Args:
         worker: import path "module:Class" of the worker (imported in the ranks only).
@@ -73,11 +83,19 @@ class WorkerGroup:
         call_timeout_s: optional limit for one call (None: wait as long as the ranks live).
     """
 
-    def __init__(self, worker: str, nprocs: int, config: dict[str, Any] | None = None,
-                 device: str = "cpu", log: Callable[[str], None] | None = None,
-                 env: dict[str, str] | None = None, scratch_dir: str | None = None,
-                 grace_s: float = 5.0, start_timeout_s: float = 120.0,
-                 call_timeout_s: float | None = None):
+    def __init__(
+        self,
+        worker: str,
+        nprocs: int,
+        config: dict[str, Any] | None = None,
+        device: str = "cpu",
+        log: Callable[[str], None] | None = None,
+        env: dict[str, str] | None = None,
+        scratch_dir: str | None = None,
+        grace_s: float = 5.0,
+        start_timeout_s: float = 120.0,
+        call_timeout_s: float | None = None,
+    ):
         if ":" not in worker:
             raise ValueError(f"worker must be 'module:Class', got {worker!r}")
         if device not in ("cpu", "cuda"):
@@ -91,7 +109,7 @@ class WorkerGroup:
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.scratch_parent, self.grace_s = scratch_dir, float(grace_s)
         self.start_timeout_s, self.call_timeout_s = float(start_timeout_s), call_timeout_s
-        self.pids: list[int] = []            # rank pids, by rank (from the hellos)
+        self.pids: list[int] = []  # rank pids, by rank (from the hellos)
         self.methods: dict[str, Dispatch] = {}
         self.layout: list[dict[str, Any]] = []  # per rank: dp_rank, dp_size, is_output_rank
         self.start_s: float | None = None
@@ -99,7 +117,7 @@ class WorkerGroup:
         self._finalizer = weakref.finalize(self, GroupResources.release, self._res)
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
-        self._state = "new"                  # new -> running -> failed | closed
+        self._state = "new"  # new -> running -> failed | closed
         self._dead_reason = ""
 
     # ------------------------------------------------------------------ lifecycle
@@ -123,7 +141,7 @@ class WorkerGroup:
         """The last ``n`` output lines of the ranks and torchrun."""
         return self._res.pump.tail(n) if self._res.pump is not None else ""
 
-    def start(self) -> "WorkerGroup":
+    def start(self) -> WorkerGroup:
         """Launch torchrun, accept the N rank links, send the config, wait until every worker is built."""
         with self._lock:
             if self._state != "new":
@@ -144,12 +162,15 @@ class WorkerGroup:
         res = self._res
         res.scratch = tempfile.mkdtemp(prefix="ppoflow-group-", dir=self.scratch_parent)
         res.listener = ControlListener()
-        env = rank_env({**os.environ, **self.env}, res.listener, self.worker, self.device,
-                       self.nprocs)
+        env = rank_env({**os.environ, **self.env}, res.listener, self.worker, self.device, self.nprocs)
         res.proc = subprocess.Popen(
-            torchrun_command(self.nprocs, os.path.join(res.scratch, "logs")), env=env,
+            torchrun_command(self.nprocs, os.path.join(res.scratch, "logs")),
+            env=env,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         res.pidfd = wait_pidfd(res.proc.pid)
         res.pump = OutputPump(res.proc.stdout, self.log)
         res.pump.start()
@@ -169,11 +190,19 @@ class WorkerGroup:
         while len(by_rank) < self.nprocs:
             now = time.monotonic()
             if now > deadline:
-                self._fail(f"only {len(by_rank)}/{self.nprocs} ranks connected within "
-                           f"{self.start_timeout_s:.0f} s", None, "__start__", with_tail=True)
+                self._fail(
+                    f"only {len(by_rank)}/{self.nprocs} ranks connected within {self.start_timeout_s:.0f} s",
+                    None,
+                    "__start__",
+                    with_tail=True,
+                )
             if self._res.proc.poll() is not None:
-                self._fail(f"torchrun exited (status {self._res.proc.returncode}) before all "
-                           f"ranks connected", None, "__start__", with_tail=True)
+                self._fail(
+                    f"torchrun exited (status {self._res.proc.returncode}) before all ranks connected",
+                    None,
+                    "__start__",
+                    with_tail=True,
+                )
             conn = self._res.listener.accept(min(0.2, deadline - now))
             if conn is not None:
                 pending.append(conn)
@@ -183,8 +212,13 @@ class WorkerGroup:
                 try:
                     hello = recv_json(c)
                 except (EOFError, OSError):
-                    self._fail("a rank closed its link before saying hello", None, "__start__",
-                               with_tail=True, settle=True)
+                    self._fail(
+                        "a rank closed its link before saying hello",
+                        None,
+                        "__start__",
+                        with_tail=True,
+                        settle=True,
+                    )
                 by_rank[int(hello["rank"])] = c
                 pids[int(hello["rank"])] = int(hello["pid"])
         self._res.conns = [by_rank[r] for r in range(self.nprocs)]
@@ -219,7 +253,7 @@ class WorkerGroup:
             except (EOFError, OSError):
                 pass
 
-    def __enter__(self) -> "WorkerGroup":
+    def __enter__(self) -> WorkerGroup:
         return self.start() if self._state == "new" else self
 
     def __exit__(self, *exc: object) -> None:
@@ -240,44 +274,55 @@ class WorkerGroup:
             if self._state != "running":
                 raise WorkerGroupDead(self._dead_message())
             if not self.alive:
-                self._fail(f"torchrun exited (status {self._res.proc.returncode})", None, method,
-                           with_tail=True)
+                self._fail(
+                    f"torchrun exited (status {self._res.proc.returncode})", None, method, with_tail=True
+                )
             mode = self.methods.get(method)
             if mode is None:
-                raise AttributeError(f"{self.worker} has no method {method!r} registered with "
-                                     f"@register (registered: {', '.join(sorted(self.methods))})")
+                raise AttributeError(
+                    f"{self.worker} has no method {method!r} registered with "
+                    f"@register (registered: {', '.join(sorted(self.methods))})"
+                )
             json.dumps([args, kwargs])  # a TypeError here leaves the group intact
             cid = next(self._ids)
             if mode is Dispatch.DP_COMPUTE_PROTO:
                 return self._call_dp(cid, method, args, kwargs, out_url)
             if out_url is not None:
-                raise TypeError(f"out_url is only for DP_COMPUTE_PROTO methods; {method} is "
-                                f"{mode.value}")
-            msg = {"type": "call", "id": cid, "method": method, "args": list(args),
-                   "kwargs": kwargs}
+                raise TypeError(f"out_url is only for DP_COMPUTE_PROTO methods; {method} is {mode.value}")
+            msg = {"type": "call", "id": cid, "method": method, "args": list(args), "kwargs": kwargs}
             replies = self._round_trip(method, [msg] * self.nprocs)
             results = [replies[r]["result"] for r in range(self.nprocs)]
             return results if mode is Dispatch.ONE_TO_ALL else results[0]
 
-    def _call_dp(self, cid: int, method: str, args: tuple, kwargs: dict[str, Any],
-                 out_url: str | None) -> Any:
+    def _call_dp(
+        self, cid: int, method: str, args: tuple, kwargs: dict[str, Any], out_url: str | None
+    ) -> Any:
         """DP_COMPUTE_PROTO: split ``args[0]`` (a DataProto URL) by dp_rank, run, merge."""
         if not args or not isinstance(args[0], str):
-            raise TypeError(f"{method} is DP_COMPUTE_PROTO: call it as "
-                            f"call({method!r}, data_url, *args, out_url=..., **kwargs)")
+            raise TypeError(
+                f"{method} is DP_COMPUTE_PROTO: call it as "
+                f"call({method!r}, data_url, *args, out_url=..., **kwargs)"
+            )
         call_dir = os.path.join(self._res.scratch, f"call-{cid:06d}")
         os.makedirs(call_dir)
         try:
             split = split_proto(args[0], self.nprocs, self.layout, call_dir)
-            msgs = [{"type": "call", "id": cid, "method": method, "args": list(args[1:]),
-                     "kwargs": kwargs, "in_url": split.in_urls[r],
-                     "out_url": os.path.join(call_dir, f"out-rank{r}.arrow")}
-                    for r in range(self.nprocs)]
+            msgs = [
+                {
+                    "type": "call",
+                    "id": cid,
+                    "method": method,
+                    "args": list(args[1:]),
+                    "kwargs": kwargs,
+                    "in_url": split.in_urls[r],
+                    "out_url": os.path.join(call_dir, f"out-rank{r}.arrow"),
+                }
+                for r in range(self.nprocs)
+            ]
             layout = self.layout  # the layout the data was split with
             replies = self._round_trip(method, msgs)
             dest = out_url or os.path.join(self._res.scratch, f"out-{cid:06d}.arrow")
-            return merge_results(method, [replies[r] for r in range(self.nprocs)], layout,
-                                 split, dest)
+            return merge_results(method, [replies[r] for r in range(self.nprocs)], layout, split, dest)
         finally:
             if self._res.scratch is not None:
                 shutil.rmtree(call_dir, ignore_errors=True)
@@ -289,8 +334,13 @@ class WorkerGroup:
                 try:
                     send_json(conn, msg)
                 except OSError:
-                    self._fail(f"rank {rank} (pid {self.pids[rank]}) is gone (link closed)",
-                               rank, method, with_tail=True, settle=True)
+                    self._fail(
+                        f"rank {rank} (pid {self.pids[rank]}) is gone (link closed)",
+                        rank,
+                        method,
+                        with_tail=True,
+                        settle=True,
+                    )
             replies = self._collect(method, msgs[0]["id"])
         except RankFailure:
             raise
@@ -318,9 +368,13 @@ class WorkerGroup:
             if self.call_timeout_s is not None:
                 left = t0 + self.call_timeout_s - time.monotonic()
                 if left <= 0:
-                    self._fail(f"{method} did not finish within {self.call_timeout_s} s "
-                               f"(ranks still busy: {sorted(pending)})", None, method,
-                               with_tail=True)
+                    self._fail(
+                        f"{method} did not finish within {self.call_timeout_s} s "
+                        f"(ranks still busy: {sorted(pending)})",
+                        None,
+                        method,
+                        with_tail=True,
+                    )
                 timeout = min(timeout, left)
             watch: list[Any] = [conns[r] for r in sorted(pending)]
             if self._res.pidfd is not None:
@@ -335,9 +389,14 @@ class WorkerGroup:
                     if first_error is not None:  # report the traceback of the first error
                         pending.discard(rank)
                         continue
-                    self._fail(f"rank {rank} (pid {self.pids[rank] if self.pids else '?'}) died "
-                               f"during {method!r} (its link closed)", rank, method,
-                               with_tail=True, settle=True)
+                    self._fail(
+                        f"rank {rank} (pid {self.pids[rank] if self.pids else '?'}) died "
+                        f"during {method!r} (its link closed)",
+                        rank,
+                        method,
+                        with_tail=True,
+                        settle=True,
+                    )
                 if cid is not None and msg.get("id") != cid:
                     continue  # a late reply to an earlier command; cannot happen, but be safe
                 replies[rank] = msg
@@ -347,16 +406,24 @@ class WorkerGroup:
             if pending and self._res.proc.poll() is not None:
                 if first_error is not None:
                     break  # report the traceback of the rank that raised
-                self._fail(f"torchrun exited (status {self._res.proc.returncode}) during "
-                           f"{method!r}; ranks {sorted(pending)} never replied", min(pending),
-                           method, with_tail=True)
+                self._fail(
+                    f"torchrun exited (status {self._res.proc.returncode}) during "
+                    f"{method!r}; ranks {sorted(pending)} never replied",
+                    min(pending),
+                    method,
+                    with_tail=True,
+                )
         if first_error is not None:
             rank = first_error[0]
             msg = replies[rank]
             stuck = f" (ranks {sorted(pending)} still busy after {self.grace_s} s)" if pending else ""
-            self._fail(f"rank {rank} raised in {method!r}: {msg.get('error')}{stuck}\n"
-                       f"--- rank {rank} traceback ---\n{msg.get('traceback', '').rstrip()}",
-                       rank, method, with_tail=False)
+            self._fail(
+                f"rank {rank} raised in {method!r}: {msg.get('error')}{stuck}\n"
+                f"--- rank {rank} traceback ---\n{msg.get('traceback', '').rstrip()}",
+                rank,
+                method,
+                with_tail=False,
+            )
         return replies
 
     def _update_layout(self, replies: dict[int, dict[str, Any]]) -> None:
@@ -364,8 +431,7 @@ class WorkerGroup:
         self.layout = [{k: replies[r][k] for k in keys} for r in range(self.nprocs)]
 
     # ------------------------------------------------------------------ failure
-    def _fail(self, what: str, rank: int | None, method: str, with_tail: bool,
-              settle: bool = False) -> None:
+    def _fail(self, what: str, rank: int | None, method: str, with_tail: bool, settle: bool = False) -> None:
         """Kill the group, mark it dead and raise RankFailure(what [+ output tail])."""
         if settle:  # let torchrun notice the dead rank and print its report (exit code)
             deadline = time.monotonic() + min(2.0, self.grace_s)
@@ -385,5 +451,7 @@ class WorkerGroup:
     def _dead_message(self) -> str:
         if self._state == "new":
             return "WorkerGroup not started: call start() (or use it as a context manager)"
-        return (f"this WorkerGroup is dead after {self._dead_reason}; start a new WorkerGroup "
-                f"(rebuilding from the last checkpoint)")
+        return (
+            f"this WorkerGroup is dead after {self._dead_reason}; start a new WorkerGroup "
+            f"(rebuilding from the last checkpoint)"
+        )

@@ -29,8 +29,16 @@ import os
 import threading
 from dataclasses import dataclass
 
-__all__ = ["ENV_VAR", "FaultInjected", "Fault", "parse", "maybe_fail", "rank_fault_env",
-           "note_rank_failure", "reset"]
+__all__ = [
+    "ENV_VAR",
+    "FaultInjected",
+    "Fault",
+    "parse",
+    "maybe_fail",
+    "rank_fault_env",
+    "note_rank_failure",
+    "reset",
+]
 
 ENV_VAR = "PPOFLOW_FAULT"
 TASK_POINTS = ("before", "after")
@@ -71,11 +79,13 @@ def parse(spec: str | None) -> list[Fault]:
             parts = parts[:3]
         ok = len(parts) == 3 and (
             (parts[0] == "task" and parts[2] in TASK_POINTS)
-            or (parts[0] in RANK_KINDS and parts[2].isdigit()))
+            or (parts[0] in RANK_KINDS and parts[2].isdigit())
+        )
         if not ok:
             raise ValueError(
                 f"{ENV_VAR}: bad entry {item!r}; allowed: task:<task>:before|after, "
-                f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank> (each optionally + ':always')")
+                f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank> (each optionally + ':always')"
+            )
         faults.append(Fault(parts[0], parts[1], parts[2], always, item))
     return faults
 
@@ -93,8 +103,9 @@ def maybe_fail(task: str, point: str) -> None:
                 if fault.text in _fired and not fault.always:
                     continue
                 _fired.add(fault.text)
-            raise FaultInjected(f"injected fault ({ENV_VAR}={fault.text}): task {task!r} fails "
-                                f"{point} its work")
+            raise FaultInjected(
+                f"injected fault ({ENV_VAR}={fault.text}): task {task!r} fails {point} its work"
+            )
 
 
 def rank_fault_env() -> dict[str, str]:
@@ -102,8 +113,9 @@ def rank_fault_env() -> dict[str, str]:
 
     Always sets ``PPOFLOW_FAULT`` (possibly empty), so task entries never reach the ranks."""
     with _lock:
-        live = [f.rank_spec for f in _current()
-                if f.kind in RANK_KINDS and (f.always or f.text not in _fired)]
+        live = [
+            f.rank_spec for f in _current() if f.kind in RANK_KINDS and (f.always or f.text not in _fired)
+        ]
     return {ENV_VAR: ",".join(live)}
 
 

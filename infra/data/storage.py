@@ -27,7 +27,8 @@ import contextlib
 import json
 import os
 import uuid
-from typing import IO, Any, Iterator
+from collections.abc import Iterator
+from typing import IO, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -221,7 +222,9 @@ def _open_atomic_generic(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[I
         raise
 
 
-def write_bytes_atomic(url: str, data: bytes, storage_options: dict | None = None, *, fsync: bool = False) -> None:
+def write_bytes_atomic(
+    url: str, data: bytes, storage_options: dict | None = None, *, fsync: bool = False
+) -> None:
     """Write ``data`` at ``url``; readers see the old content or all of ``data``, never a part."""
     with open_atomic(url, storage_options, fsync=fsync) as f:
         f.write(data)

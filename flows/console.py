@@ -1,0 +1,190 @@
+"""What a terminal shows of a flow run: a line per committed iteration, and a summary at the end.
+
+``ppoflow run`` and ``ppoflow demo`` run the ``ppo`` flow in this process through
+:func:`run_with_progress` (which polls the experiment's manifest and prints :func:`iteration_line`
+for each new iteration) and then print :func:`print_summary`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.data import storage
+
+__all__ = ["run_with_progress", "print_summary", "iteration_line", "command"]
+
+KL_KEYS = ("actor/reward_kl_penalty", "actor/kl_loss", "actor/ppo_kl")
+
+
+def _fmt(metrics: dict[str, Any], key: str, spec: str) -> str:
+    value = metrics.get(key)
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def iteration_line(n: int, metrics: dict[str, Any]) -> str:
+    """One terminal line per committed iteration: reward (the mean rule score), KL to the
+    reference policy, mean response length, entropy, wall seconds."""
+    kl_key = next((k for k in KL_KEYS if k in metrics), KL_KEYS[0])
+    return (
+        f"iteration {n:4d} | reward {_fmt(metrics, 'critic/score/mean', '.3f')} | "
+        f"kl {_fmt(metrics, kl_key, '.4f')} | response length {_fmt(metrics, 'response_length/mean', '.2f')} | "
+        f"entropy {_fmt(metrics, 'actor/entropy', '.3f')} | {_fmt(metrics, 'timing_s/iteration', '.1f')} s"
+    )
+
+
+class _Progress(threading.Thread):
+    """Prints :func:`iteration_line` for each iteration the flow commits (polls the manifest)."""
+
+    def __init__(
+        self, cfg: ExperimentConfig, out: Callable[[str], None], poll_s: float = 0.5, quiet_s: float = 90.0
+    ):
+        super().__init__(name="ppoflow-progress", daemon=True)
+        from ppoflow.infra.experiment.manifest import ExperimentPaths
+        from ppoflow.tasks.slots import limit_name
+
+        self.paths, self.out, self.poll_s, self.quiet_s = ExperimentPaths.of(cfg), out, poll_s, quiet_s
+        self.limit = limit_name(cfg.resources.device)
+        self.stop_event = threading.Event()
+        self.shown = 0
+        self.shown = self._committed()  # iterations committed before this run are not shown
+        self.last_news = time.monotonic()
+
+    def _committed(self) -> int:
+        try:
+            return int(storage.read_json(self.paths.manifest)["iteration"])
+        except (OSError, ValueError, KeyError):  # not there yet, or a transient read error: next poll
+            return self.shown
+
+    def poll(self) -> None:
+        current = self._committed()
+        while self.shown < current:
+            n = self.shown + 1
+            try:
+                metrics = storage.read_json(self.paths.file(n, "metrics.json"))
+            except (OSError, ValueError):  # a transient read error: next poll
+                return
+            self.out(iteration_line(n, metrics))
+            self.shown = n
+            self.last_news = time.monotonic()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.poll_s):
+            self.poll()
+            if time.monotonic() - self.last_news > self.quiet_s:
+                self.out(
+                    f"... no iteration committed for {self.quiet_s:.0f} s: still starting, or waiting for this "
+                    f"machine's device slots while another ppoflow run holds them (prefect gcl inspect "
+                    f"{self.limit})"
+                )
+                self.last_news = time.monotonic()
+
+    def finish(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=5)
+        self.poll()
+
+
+def run_with_progress(
+    cfg: ExperimentConfig, iterations: int, out: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Run the ``ppo`` flow in this process, printing a line per committed iteration.
+
+    Returns ``{ok, result, error, flow_run_id, wall_s}`` (``result``: what the flow returned).
+    """
+    from ppoflow.flows.ppo import ppo
+
+    progress = _Progress(cfg, out)
+    progress.start()
+    started = time.time()
+    try:
+        state = ppo(cfg, iterations, return_state=True)
+    finally:
+        progress.finish()
+    ok = state.is_completed()
+    result = state.result(raise_on_failure=False)
+    return {
+        "ok": ok,
+        "result": result if ok else None,
+        "error": None if ok else f"{state.name}: {result}",
+        "flow_run_id": str(state.state_details.flow_run_id),
+        "wall_s": time.time() - started,
+    }
+
+
+def command(name: str) -> str:
+    """How to call the console script ``name`` of this environment from the user's shell: the bare
+    name when it is on PATH, else its path (e.g. ``.venv/bin/prefect`` after ``make demo``)."""
+    import shutil
+    import sys
+
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    found = shutil.which(name)
+    if not os.path.exists(here) or (found and os.path.realpath(found) == os.path.realpath(here)):
+        return name
+    rel = os.path.relpath(here)
+    return rel if not rel.startswith("..") else here
+
+
+def _ui_hint(flow_run_id: str | None) -> list[str]:
+    api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
+    path = f"/runs/flow-run/{flow_run_id}" if flow_run_id else "/runs"
+    if api:
+        ui = api[:-4] if api.endswith("/api") else api
+        return [f"Prefect UI:        {ui}{path}"]
+    return [
+        f"Prefect UI:        {command('prefect')} server start      (this run is in the local Prefect database)",
+        f"                   then open http://127.0.0.1:4200{path}",
+    ]
+
+
+def print_summary(
+    cfg: ExperimentConfig,
+    run: dict[str, Any],
+    config_path: str | None = None,
+    wall_s: float | None = None,
+    out: Callable[[str], None] = print,
+) -> None:
+    """Where the experiment lives, its reward trend, the plot, and the commands to go on."""
+    from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+
+    paths = ExperimentPaths.of(cfg)
+    manifest = read_manifest(paths)
+    wall = run["wall_s"] if wall_s is None else wall_s
+    out("")
+    if not run["ok"]:
+        out(f"the flow run failed: {run['error']}")
+    out(f"experiment:        {paths.root}   (iteration {manifest.iteration if manifest else 0} committed)")
+    trend = [r for r in (manifest.trend if manifest else []) if "critic/score/mean" in r]
+    if trend:
+        first, last = trend[0], trend[-1]
+        delta = last["critic/score/mean"] - first["critic/score/mean"]
+        out(
+            f"reward:            iteration {first['iteration']}: {first['critic/score/mean']:.3f} -> iteration "
+            f"{last['iteration']}: {last['critic/score/mean']:.3f}   (difference {delta:+.3f})"
+        )
+    out(f"wall time:         {wall:.0f} s ({wall / 60:.1f} min)")
+    plot = storage.join(paths.root, "plots", "metrics.png")
+    if storage.exists(plot):
+        out(f"plot:              {plot}")
+    ppoflow, prefect = command("ppoflow"), command("prefect")
+    out(f"metrics:           {paths.root}/iterations/<n>/metrics.json   ({ppoflow} status {paths.root})")
+    out(
+        f"TensorBoard:       {ppoflow} tensorboard {paths.root} && {command('tensorboard')} --logdir "
+        f"{paths.root}/tensorboard"
+    )
+    for line in _ui_hint(run.get("flow_run_id")):
+        out(line)
+    cfg_arg = config_path or "<config.yaml>"
+    out(f"continue training: {ppoflow} run {cfg_arg} --iterations 20")
+    out(
+        f"   or deployment:  {prefect} deploy -n iteration && {prefect} deployment run ppo/iteration "
+        "-p iterations=20   (README: Running PPO as a Prefect deployment)"
+    )
+    out(
+        f"export the policy: {ppoflow} export-hf {paths.root} {os.path.join(os.path.dirname(paths.root), 'export')}"
+    )

@@ -1,0 +1,2 @@
+"""Experiment state on storage: the manifest (what is committed), the lock (who runs), metrics,
+plots and TensorBoard files."""

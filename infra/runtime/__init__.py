@@ -1,0 +1,2 @@
+"""The rank runtime: worker groups started with torch's launcher, their control channel, dispatch
+modes, and fault drills."""

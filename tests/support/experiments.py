@@ -1,0 +1,62 @@
+"""Comparing and copying experiments on storage, shared by the flow tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+
+from ppoflow.infra.checkpoint.sharded import load_full_state_dict
+from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.infra.experiment.metrics import is_timing_key
+
+
+def copy_experiment(src_url: str, dst_root: str, name: str, at: int | None = None) -> str:
+    """Copy an experiment directory; with ``at`` roll the copy back to manifest ``at`` (what an
+    experiment looks like when iteration ``at + 1`` never happened). Returns the new URL."""
+    dst = os.path.join(dst_root, name)
+    shutil.copytree(src_url, dst)
+    if at is not None:
+        for sub in ("iterations", "checkpoints/actor", "checkpoints/critic"):
+            for entry in os.listdir(os.path.join(dst, sub)):
+                if int(entry) > at:
+                    shutil.rmtree(os.path.join(dst, sub, entry))
+        shutil.copy(
+            os.path.join(dst, "iterations", f"{at:06d}", "manifest.json"), os.path.join(dst, "manifest.json")
+        )
+    return dst
+
+
+def comparable_metrics(url: str, n: int) -> dict:
+    """metrics.json of iteration ``n`` without the timings (they differ between runs)."""
+    metrics = storage.read_json(ExperimentPaths(url).file(n, "metrics.json"))
+    return {k: v for k, v in metrics.items() if not is_timing_key(k)}
+
+
+def rng_states(checkpoint_url: str) -> dict:
+    """The per-rank RNG states a checkpoint saved (``rng/rank_*.json``)."""
+    rng = storage.join(checkpoint_url, "rng")
+    return {name: storage.read_json(storage.join(rng, name)) for name in storage.listdir(rng)}
+
+
+def assert_same_commit(url_a: str, url_b: str, n: int) -> None:
+    """Iteration ``n`` of two experiments: equal checkpoints (every tensor bit for bit, and each
+    rank's RNG state, which decides what later iterations sample), metrics (timings excluded),
+    data cursor and KL coefficient."""
+    pa_, pb = ExperimentPaths(url_a), ExperimentPaths(url_b)
+    ma, mb = (storage.read_json(p.file(n, "manifest.json")) for p in (pa_, pb))
+    assert ma["data_cursor"] == mb["data_cursor"] and ma["kl_coef"] == mb["kl_coef"]
+    assert ma["actor_checkpoint"] == mb["actor_checkpoint"] == f"checkpoints/actor/{n:06d}"
+    for role in ("actor", "critic"):
+        a = load_full_state_dict(pa_.checkpoint(role, n))
+        b = load_full_state_dict(pb.checkpoint(role, n))
+        assert a.keys() == b.keys()
+        diff = [k for k in a if not torch.equal(a[k], b[k])]
+        assert not diff, f"{role} checkpoint {n} differs in {diff[:5]}"
+    assert comparable_metrics(url_a, n) == comparable_metrics(url_b, n)
+    for role in ("actor", "critic"):
+        assert rng_states(pa_.checkpoint(role, n)) == rng_states(pb.checkpoint(role, n)), (
+            f"the {role} checkpoint {n} holds other RNG states: later iterations would sample differently"
+        )
