@@ -40,7 +40,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.futures import wait
+from prefect.futures import PrefectFuture, wait
 
 from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
 from ppoflow.infra.data import storage
@@ -59,6 +59,7 @@ from ppoflow.tasks import (
     update_critic,
     values,
 )
+from ppoflow.tasks.receipts import IterationReceipts, R
 from ppoflow.tasks.runtime import RunContext, close_run, open_run
 from ppoflow.tasks.slots import device_slots
 
@@ -97,10 +98,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "experiment"
 
 
-def _results(futures: dict[str, Any]) -> dict[str, Any]:
-    """Wait for every future, then return their results (raising the first failure)."""
-    wait(list(futures.values()))
-    return {name: f.result() for name, f in futures.items()}
+def _results(futures: list[PrefectFuture[R]]) -> list[R]:
+    """Wait for every future, then return their results in order (raising the first failure)."""
+    wait(futures)
+    return [f.result() for f in futures]
 
 
 def pending_roles(ctx: RunContext, n: int) -> list[str]:
@@ -128,21 +129,20 @@ def run_iteration(ctx: RunContext, prev: Manifest) -> tuple[Manifest, dict[str, 
     started = time.time()
     ctx.prestart(pending_roles(ctx, n))
     gen = generate(run, n, actor_ckpt, prev.data_cursor)
-    reads = {}
+    reads = []
     if needs_reference(cfg):
-        reads["ref_log_prob"] = ref_log_prob.submit(run, n, gen)
+        reads.append(ref_log_prob.submit(run, n, gen))
     if cfg.critic.enable:
-        reads["values"] = values.submit(run, n, gen, critic_ckpt)
+        reads.append(values.submit(run, n, gen, critic_ckpt))
     if cfg.reward.reward_model.enable:
-        reads["rm_score"] = rm_score.submit(run, n, gen)
+        reads.append(rm_score.submit(run, n, gen))
     scored = _results(reads)
     adv = advantage(run, n, gen, scored, prev.kl_coef)
-    updates = {"update_actor": update_actor.submit(run, n, adv, actor_ckpt)}
+    updates = [update_actor.submit(run, n, adv, actor_ckpt)]
     if cfg.critic.enable:
-        updates["update_critic"] = update_critic.submit(run, n, adv, critic_ckpt)
-    updated = _results(updates)
-    receipts = {"generate": gen, **scored, "advantage": adv, **updated}
-    manifest = Manifest.from_json(commit(run, n, prev.to_json(), receipts, started))
+        updates.append(update_critic.submit(run, n, adv, critic_ckpt))
+    receipts = IterationReceipts(generate=gen, scored=scored, advantage=adv, updates=_results(updates))
+    manifest = commit(run, n, prev, receipts, started)
     return manifest, storage.read_json(ctx.paths.file(n, "metrics.json"))
 
 
@@ -226,7 +226,7 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
                             if iterations
                             else ["actor"] + (["critic"] if cfg.critic.enable else [])
                         )
-                        manifest = Manifest.from_json(init_experiment(key))
+                        manifest = init_experiment(key)
                     for _ in range(iterations):
                         manifest, metrics = run_iteration(ctx, manifest)
                         _publish_iteration(ctx, manifest, metrics)

@@ -20,15 +20,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from prefect import task
 
 from ppoflow.algos import apply_kl_penalty, compute_advantage, get_kl_controller
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.metrics import compute_data_metrics
-from ppoflow.infra.runtime.faults import maybe_fail
-from ppoflow.tasks.common import TASK_OPTIONS, Timer, find_receipt, write_receipt
-from ppoflow.tasks.runtime import get_run
+from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, Receipt
+from ppoflow.tasks.step import Step, ppo_task
 
 __all__ = ["advantage", "rule_scores", "kl_controller"]
 
@@ -71,79 +69,53 @@ def _token_level_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any)
     return scores
 
 
-def _load(receipts: dict[str, dict[str, Any]], key: str) -> DataProto | None:
-    r = receipts.get(key)
-    return DataProto.load(r["outputs"][key]) if r else None
-
-
-@task(name="advantage", task_run_name="advantage-{n}", **TASK_OPTIONS)
+@ppo_task("advantage", AdvantageReceipt)
 def advantage(
-    run: str, n: int, generated: dict[str, Any], scored: dict[str, dict[str, Any]], kl_coef: float | None
-) -> dict[str, Any]:
+    step: Step[AdvantageReceipt], generated: GenerateReceipt, scored: list[Receipt], kl_coef: float | None
+) -> AdvantageReceipt:
     """Rewards, KL penalty and advantages of iteration ``n``.
 
     Args:
         generated: the ``generate`` receipt.
-        scored: receipts of ``ref_log_prob`` / ``values`` / ``rm_score`` that ran, by task name.
+        scored: the receipts of the ``ref_log_prob`` / ``values`` / ``rm_score`` tasks that ran.
         kl_coef: the KL controller's coefficient after iteration n-1 (None: the config's).
     """
-    ctx = get_run(run)
-    done = find_receipt(ctx, n, "advantage")
-    if done is not None:
-        return done
-    maybe_fail("advantage", "before")
-    cfg = ctx.cfg
-    with Timer() as timer:
-        batch = DataProto.load(generated["outputs"]["rollout"])
-        for key in ("ref_log_prob", "values", "rm_score"):
-            part = _load(scored, key)
-            if part is not None:
-                batch = batch.union(part)
-        mask = batch.batch["response_mask"]
-        scores = _token_level_scores(cfg, batch, ctx.tokenizer)
-        metrics: dict[str, float] = {}
-        new_kl = kl_coef
-        if cfg.algorithm.use_kl_in_reward:
-            ctrl = kl_controller(cfg, kl_coef)
-            rewards, kl_metrics = apply_kl_penalty(
-                scores,
-                batch.batch["old_log_probs"],
-                batch.batch["ref_log_prob"],
-                mask,
-                ctrl,
-                kind=cfg.algorithm.kl_penalty,
-            )
-            metrics.update(kl_metrics)
-            new_kl = ctrl.value
-        else:
-            rewards = scores
-        adv, ret = compute_advantage(
-            cfg.algorithm.adv_estimator,
-            token_level_rewards=rewards,
-            response_mask=mask,
-            values=batch.batch.get("values"),
-            index=batch.non_tensor_batch["uid"],
-            gamma=cfg.algorithm.gamma,
-            lam=cfg.algorithm.lam,
-            norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+    cfg = step.cfg
+    batch = DataProto.load(generated.output("rollout"))
+    for receipt in scored:
+        batch = batch.union(DataProto.load(receipt.output(receipt.task)))
+    mask = batch.batch["response_mask"]
+    scores = _token_level_scores(cfg, batch, step.ctx.tokenizer)
+    metrics: dict[str, float] = {}
+    new_kl = kl_coef
+    if cfg.algorithm.use_kl_in_reward:
+        ctrl = kl_controller(cfg, kl_coef)
+        rewards, kl_metrics = apply_kl_penalty(
+            scores,
+            batch.batch["old_log_probs"],
+            batch.batch["ref_log_prob"],
+            mask,
+            ctrl,
+            kind=cfg.algorithm.kl_penalty,
         )
-        batch.batch.update(
-            token_level_scores=scores,
-            token_level_rewards=rewards,
-            advantages=adv.float(),
-            returns=ret.float(),
-        )
-        metrics.update(compute_data_metrics(batch.batch))
-        out_url = ctx.paths.file(n, "advantages.arrow")
-        batch.save(out_url)
-    receipt = write_receipt(
-        ctx,
-        n,
-        "advantage",
-        outputs={"advantages": out_url},
-        metrics=metrics,
-        timing_s=timer.seconds,
-        extra={"kl_coef": new_kl},
+        metrics.update(kl_metrics)
+        new_kl = ctrl.value
+    else:
+        rewards = scores
+    adv, ret = compute_advantage(
+        cfg.algorithm.adv_estimator,
+        token_level_rewards=rewards,
+        response_mask=mask,
+        values=batch.batch.get("values"),
+        index=batch.non_tensor_batch["uid"],
+        gamma=cfg.algorithm.gamma,
+        lam=cfg.algorithm.lam,
+        norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
     )
-    maybe_fail("advantage", "after")
-    return receipt
+    batch.batch.update(
+        token_level_scores=scores, token_level_rewards=rewards, advantages=adv.float(), returns=ret.float()
+    )
+    metrics.update(compute_data_metrics(batch.batch))
+    out = step.file("advantages.arrow")
+    batch.save(out)
+    return step.receipt(outputs={"advantages": out}, metrics=metrics, kl_coef=new_kl)

@@ -13,7 +13,6 @@ already published returns it (a retried commit).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from prefect import task
 
@@ -28,8 +27,9 @@ from ppoflow.infra.experiment.manifest import (
 )
 from ppoflow.infra.experiment.metrics import throughput_metrics
 from ppoflow.infra.runtime.faults import maybe_fail
-from ppoflow.tasks.common import TASK_OPTIONS, task_logs
+from ppoflow.tasks.receipts import IterationReceipts, Receipt
 from ppoflow.tasks.runtime import get_run
+from ppoflow.tasks.step import TASK_OPTIONS, task_logs
 
 __all__ = ["init_experiment", "commit", "iteration_metrics"]
 
@@ -44,13 +44,13 @@ CRITICAL_PATH = (
 
 
 @task(name="init", task_run_name="init", **TASK_OPTIONS)
-def init_experiment(run: str) -> dict[str, Any]:
+def init_experiment(run: str) -> Manifest:
     """Create iteration 0 of the run's experiment (a no-op returning it if it exists)."""
     ctx = get_run(run)
     cfg, paths = ctx.cfg, ctx.paths
     existing = read_manifest(paths)
     if existing is not None:
-        return existing.to_json()
+        return existing
     maybe_fail("init", "before")
     roles = ["actor"] + (["critic"] if cfg.critic.enable else [])
     checkpoints: dict[str, str | None] = {"actor": None, "critic": None}
@@ -62,10 +62,8 @@ def init_experiment(run: str) -> dict[str, Any]:
             url = checkpoints[role] = paths.checkpoint(role, 0)
             if is_complete(url):
                 continue  # saved by an earlier attempt; a group that needs it loads it
-            ctx.group(role, None, progress=logger.info)
-            ctx.call(
-                role, "save_checkpoint", url, extra={"iteration": 0, "experiment": cfg.storage.experiment}
-            )
+            worker = ctx.worker(role, None, progress=logger.info)
+            worker.save_checkpoint(url, extra={"iteration": 0, "experiment": cfg.storage.experiment})
             ctx.set_state(role, url)
     manifest = initial_manifest(
         cfg, paths, checkpoints["actor"], checkpoints["critic"], kl_coef=cfg.algorithm.kl_ctrl.kl_coef
@@ -73,16 +71,16 @@ def init_experiment(run: str) -> dict[str, Any]:
     ctx.lock.check()
     publish(paths, manifest)
     maybe_fail("init", "after")
-    return manifest.to_json()
+    return manifest
 
 
-def iteration_metrics(receipts: dict[str, dict[str, Any]], wall_s: float, nprocs: int) -> dict[str, float]:
+def iteration_metrics(receipts: list[Receipt], wall_s: float, nprocs: int) -> dict[str, float]:
     """One flat dict for ``metrics.json``: every task's metrics, ``timing_s/<task>``, the
     iteration's wall time, its critical path, the orchestration overhead, and throughput."""
     metrics: dict[str, float] = {}
-    for name, receipt in sorted(receipts.items()):
-        metrics.update(receipt.get("metrics") or {})
-        metrics[f"timing_s/{name}"] = float(receipt.get("timing_s") or 0.0)
+    for receipt in sorted(receipts, key=lambda r: r.task):
+        metrics.update(receipt.metrics)
+        metrics[f"timing_s/{receipt.task}"] = float(receipt.timing_s)
     critical = sum(
         max((metrics.get(f"timing_s/{t}", 0.0) for t in stage), default=0.0) for stage in CRITICAL_PATH
     )
@@ -94,9 +92,7 @@ def iteration_metrics(receipts: dict[str, dict[str, Any]], wall_s: float, nprocs
 
 
 @task(name="commit", task_run_name="commit-{n}", **TASK_OPTIONS)
-def commit(
-    run: str, n: int, previous: dict[str, Any], receipts: dict[str, dict[str, Any]], started: float
-) -> dict[str, Any]:
+def commit(run: str, n: int, previous: Manifest, receipts: IterationReceipts, started: float) -> Manifest:
     """Publish manifest ``n`` on top of ``previous`` (manifest n-1) from the iteration's receipts.
 
     ``started``: ``time.time()`` when the flow began the iteration (for ``timing_s/iteration``).
@@ -105,34 +101,26 @@ def commit(
     cfg, paths = ctx.cfg, ctx.paths
     current = read_manifest(paths)
     if current is not None and current.iteration == n:
-        return current.to_json()
+        return current
     maybe_fail("commit", "before")
     t0 = time.time()
-    prev = Manifest.from_json(previous)
-    critic_ckpt = (
-        receipts["update_critic"]["checkpoints"]["critic"]
-        if "update_critic" in receipts
-        else paths.url(prev.critic_checkpoint)
-    )
+    commit_time = Receipt(task="commit", iteration=n, timing_s=time.time() - t0)
     metrics = iteration_metrics(
-        {**receipts, "commit": {"timing_s": time.time() - t0}},
-        wall_s=time.time() - started,
-        nprocs=cfg.resources.nprocs,
+        [*receipts.all(), commit_time], wall_s=time.time() - started, nprocs=cfg.resources.nprocs
     )
     metrics["iteration"] = n
-    metrics_url = paths.file(n, "metrics.json")
-    storage.write_json_atomic(metrics_url, metrics)
+    storage.write_json_atomic(paths.file(n, "metrics.json"), metrics)
     manifest = next_manifest(
-        prev,
+        previous,
         cfg,
         paths,
-        actor_checkpoint=receipts["update_actor"]["checkpoints"]["actor"],
-        critic_checkpoint=critic_ckpt,
-        data_cursor=receipts["generate"]["extra"]["next_cursor"],
-        kl_coef=receipts["advantage"]["extra"]["kl_coef"],
+        actor_checkpoint=receipts.checkpoint("actor"),
+        critic_checkpoint=receipts.checkpoint("critic") or paths.url(previous.critic_checkpoint),
+        data_cursor=receipts.generate.next_cursor,
+        kl_coef=receipts.advantage.kl_coef,
         metrics=metrics,
     )
     ctx.lock.check()
     publish(paths, manifest)
     maybe_fail("commit", "after")
-    return manifest.to_json()
+    return manifest

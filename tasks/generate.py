@@ -12,17 +12,14 @@ so a retried or resumed iteration samples exactly what an uninterrupted one woul
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.data.prompts import DataCursor
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
-from ppoflow.infra.runtime.faults import maybe_fail
-from ppoflow.tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
-from ppoflow.tasks.runtime import get_run
+from ppoflow.tasks.receipts import GenerateReceipt
+from ppoflow.tasks.step import Step, ppo_task
 
 __all__ = ["generate", "iteration_seed"]
 
@@ -32,62 +29,47 @@ def iteration_seed(seed: int, rollout_seed: int, n: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(rollout_seed), int(n)]).generate_state(1)[0] >> 1)
 
 
-@task(name="generate", task_run_name="generate-{n}", **TASK_OPTIONS)
-def generate(run: str, n: int, actor_checkpoint: str, cursor: dict[str, int]) -> dict[str, Any]:
+@ppo_task("generate", GenerateReceipt, roles=("actor",))
+def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCursor) -> GenerateReceipt:
     """Roll out iteration ``n`` from data ``cursor`` with the actor of ``actor_checkpoint``.
 
-    Returns the receipt: outputs ``prompts``, ``rollout``; extra ``next_cursor``,
-    ``truncated_prompts``; metrics ``rollout/*``, ``weight_sync_s``.
+    Outputs ``prompts``, ``rollout``; metrics ``rollout/*``, ``weight_sync_s``, ``data/*``.
     """
-    ctx = get_run(run)
-    done = find_receipt(ctx, n, "generate")
-    if done is not None:
-        return done
-    maybe_fail("generate", "before")
-    cfg, paths = ctx.cfg, ctx.paths
-    with task_logs(ctx, "actor") as logger, Timer() as timer:
-        progress = create_progress_artifact(0.0, description=f"iteration {n}: generation")
-        rows, next_cursor = ctx.dataset.take(
-            cursor, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
-        )
-        base_seed = iteration_seed(cfg.seed, cfg.rollout.seed, n)
-        prompts, stats = ctx.dataset.tokenize(
-            rows,
-            ctx.tokenizer,
-            prompt_length=cfg.rollout.prompt_length,
-            apply_chat_template=cfg.data.apply_chat_template,
-            meta_info={"iteration": n, "seed": base_seed},
-        )
-        prompts_url, rollout_url = paths.file(n, "prompts.arrow"), paths.file(n, "rollout.arrow")
-        prompts.save(prompts_url)
-        update_progress_artifact(
-            progress,
-            10.0,
-            description=f"iteration {n}: {len(rows)} prompts "
-            f"from epoch {cursor.get('epoch', 0)} offset {cursor.get('offset', 0)}",
-        )
-        ctx.group("actor", actor_checkpoint, progress=logger.info)
-        update_progress_artifact(
-            progress,
-            20.0,
-            description=f"iteration {n}: actor group ready, sampling {len(rows)} x {cfg.rollout.n} responses",
-        )
-        ctx.call("actor", "generate_sequences", prompts_url, out_url=rollout_url)
-        meta = DataProto.load(rollout_url, columns=[]).meta_info
-        update_progress_artifact(progress, 100.0, description=f"iteration {n}: rollout written")
+    cfg, ctx, n = step.cfg, step.ctx, step.n
+    progress = create_progress_artifact(0.0, description=f"iteration {n}: generation")
+    rows, next_cursor = ctx.dataset.take(
+        cursor, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
+    )
+    seed = iteration_seed(cfg.seed, cfg.rollout.seed, n)
+    prompts, stats = ctx.dataset.tokenize(
+        rows,
+        ctx.tokenizer,
+        prompt_length=cfg.rollout.prompt_length,
+        apply_chat_template=cfg.data.apply_chat_template,
+        meta_info={"iteration": n, "seed": seed},
+    )
+    prompts_url, rollout_url = step.file("prompts.arrow"), step.file("rollout.arrow")
+    prompts.save(prompts_url)
+    where = f"epoch {cursor['epoch']} offset {cursor['offset']}"
+    update_progress_artifact(progress, 10.0, description=f"iteration {n}: {len(rows)} prompts from {where}")
+    actor = step.worker("actor", actor_checkpoint)
+    update_progress_artifact(
+        progress,
+        20.0,
+        description=f"iteration {n}: actor group ready, sampling {len(rows)} x {cfg.rollout.n}",
+    )
+    actor.generate_sequences(prompts_url, out_url=rollout_url)
+    meta = DataProto.load(rollout_url, columns=[]).meta_info
+    update_progress_artifact(progress, 100.0, description=f"iteration {n}: rollout written")
     metrics = reduce_rank_metrics([meta.get("metrics") or {}])
     if "rollout/weight_sync_s" in metrics:  # the name the UI table lists it under
         metrics["weight_sync_s"] = metrics["rollout/weight_sync_s"]
     metrics["data/truncated_prompts"] = float(stats["truncated"])
-    metrics["data/epoch"] = float(cursor.get("epoch", 0))
-    receipt = write_receipt(
-        ctx,
-        n,
-        "generate",
+    metrics["data/epoch"] = float(cursor["epoch"])
+    return step.receipt(
         outputs={"prompts": prompts_url, "rollout": rollout_url},
         metrics=metrics,
-        timing_s=timer.seconds,
-        extra={"next_cursor": next_cursor, "truncated_prompts": stats["truncated"], "seed": base_seed},
+        next_cursor=next_cursor,
+        seed=seed,
+        truncated_prompts=int(stats["truncated"]),
     )
-    maybe_fail("generate", "after")
-    return receipt

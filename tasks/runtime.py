@@ -18,6 +18,7 @@ Rank output goes to the Prefect logger of the task currently using the group (se
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -28,20 +29,55 @@ from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.runtime import faults
+from ppoflow.infra.runtime.dispatch import Dispatch, registered_methods
 from ppoflow.infra.runtime.launch import RankFailure, WorkerGroup, WorkerGroupDead
+from ppoflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+from ppoflow.workers.base import Worker
+from ppoflow.workers.critic_worker import CriticWorker
+from ppoflow.workers.reward_model_worker import RewardModelWorker
 
-__all__ = ["RunContext", "open_run", "get_run", "close_run", "WORKERS", "ROLE_NAMES"]
+__all__ = ["RunContext", "WorkerHandle", "open_run", "get_run", "close_run", "WORKERS", "ROLE_NAMES"]
 
 #: The worker class of each group, by the name tasks use for it.
-WORKERS = {
-    "actor": "ppoflow.workers.actor_rollout_ref_worker:ActorRolloutRefWorker",
-    "critic": "ppoflow.workers.critic_worker:CriticWorker",
-    "reward_model": "ppoflow.workers.reward_model_worker:RewardModelWorker",
+WORKERS: dict[str, type[Worker]] = {
+    "actor": ActorRolloutRefWorker,
+    "critic": CriticWorker,
+    "reward_model": RewardModelWorker,
 }
 #: The ``role`` each group's worker is built with.
 ROLE_NAMES = {"actor": "actor_rollout_ref", "critic": "critic", "reward_model": "reward_model"}
 
 _LOG = logging.getLogger("ppoflow.flow")
+
+
+class WorkerHandle:
+    """The driver's view of one role's worker group: an attribute per ``@register`` method of its
+    worker class, so ``handle.compute_values(url, out_url=...)`` is checked against the class's
+    table (a typo fails at once, naming the methods there are) and goes to ``RunContext.call``.
+
+    DP_COMPUTE_PROTO methods take the input DataProto's URL and return the output's URL (or the
+    per-rank JSON results); ONE_TO_ALL methods return the per-rank results; RANK_ZERO rank 0's.
+    """
+
+    def __init__(self, ctx: RunContext, role: str):
+        self._ctx, self._role, self._cls = ctx, role, WORKERS[role]
+        self._methods = registered_methods(self._cls)
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        mode = self.__dict__.get("_methods", {}).get(method)
+        if mode is None:
+            raise AttributeError(
+                f"{self._cls.__name__} (the {self._role} group) has no @register method {method!r}; "
+                f"it has {', '.join(sorted(self._methods))}"
+            )
+        return functools.partial(self._ctx.call, self._role, method)
+
+    def mode(self, method: str) -> Dispatch:
+        """The dispatch mode of ``method``."""
+        return self._methods[method]
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._methods))
 
 
 @dataclass
@@ -133,6 +169,13 @@ class RunContext:
                 slot.state = state
             return slot.group
 
+    def worker(
+        self, role: str, state: str | None = None, *, progress: Callable[[str], None] | None = None
+    ) -> WorkerHandle:
+        """:meth:`group` as a :class:`WorkerHandle` (the methods of ``role``'s worker class)."""
+        self.group(role, state, progress=progress)
+        return WorkerHandle(self, role)
+
     def prestart(self, roles: list[str]) -> None:
         """Start the groups of ``roles`` in background threads (their starts overlap each other
         and the first tasks); a task that needs one waits for it. A failed start is only logged
@@ -156,8 +199,9 @@ class RunContext:
             slot.group.shutdown()
         cfg = self.cfg
         config = {"config": cfg.model_dump(mode="json"), "role": ROLE_NAMES[role]}
+        worker = WORKERS[role]
         group = WorkerGroup(
-            WORKERS[role],
+            f"{worker.__module__}:{worker.__qualname__}",
             nprocs=cfg.resources.nprocs,
             config=config,
             device=cfg.resources.device,

@@ -12,74 +12,31 @@ The flow submits them together; they run on different groups, so concurrently.
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefect import task
-
-from ppoflow.infra.runtime.faults import maybe_fail
-from ppoflow.tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
-from ppoflow.tasks.runtime import get_run
+from ppoflow.tasks.receipts import GenerateReceipt, Receipt
+from ppoflow.tasks.step import Step, ppo_task
 
 __all__ = ["ref_log_prob", "values", "rm_score"]
 
 
-def _score(
-    run: str, n: int, name: str, role: str, method: str, filename: str, rollout_url: str, state: str | None
-) -> dict[str, Any]:
-    ctx = get_run(run)
-    done = find_receipt(ctx, n, name)
-    if done is not None:
-        return done
-    maybe_fail(name, "before")
-    out_url = ctx.paths.file(n, filename)
-    with task_logs(ctx, role) as logger, Timer() as timer:
-        ctx.group(role, state, progress=logger.info)
-        ctx.call(role, method, rollout_url, out_url=out_url)
-    receipt = write_receipt(ctx, n, name, outputs={name: out_url}, timing_s=timer.seconds)
-    maybe_fail(name, "after")
-    return receipt
-
-
-@task(name="ref_log_prob", task_run_name="ref_log_prob-{n}", **TASK_OPTIONS)
-def ref_log_prob(run: str, n: int, generated: dict[str, Any]) -> dict[str, Any]:
+@ppo_task("ref_log_prob", roles=("actor",))
+def ref_log_prob(step: Step[Receipt], generated: GenerateReceipt) -> Receipt:
     """Log-probs of the sampled responses under the frozen reference policy."""
-    return _score(
-        run,
-        n,
-        "ref_log_prob",
-        "actor",
-        "compute_ref_log_prob",
-        "ref_log_prob.arrow",
-        generated["outputs"]["rollout"],
-        state=None,
-    )
+    out = step.file("ref_log_prob.arrow")
+    step.worker("actor").compute_ref_log_prob(generated.output("rollout"), out_url=out)
+    return step.receipt(outputs={"ref_log_prob": out})
 
 
-@task(name="values", task_run_name="values-{n}", **TASK_OPTIONS)
-def values(run: str, n: int, generated: dict[str, Any], critic_checkpoint: str) -> dict[str, Any]:
+@ppo_task("values", roles=("critic",))
+def values(step: Step[Receipt], generated: GenerateReceipt, critic_checkpoint: str) -> Receipt:
     """The critic's values of the rollout, with the critic of ``critic_checkpoint`` (n-1)."""
-    return _score(
-        run,
-        n,
-        "values",
-        "critic",
-        "compute_values",
-        "values.arrow",
-        generated["outputs"]["rollout"],
-        state=critic_checkpoint,
-    )
+    out = step.file("values.arrow")
+    step.worker("critic", critic_checkpoint).compute_values(generated.output("rollout"), out_url=out)
+    return step.receipt(outputs={"values": out})
 
 
-@task(name="rm_score", task_run_name="rm_score-{n}", **TASK_OPTIONS)
-def rm_score(run: str, n: int, generated: dict[str, Any]) -> dict[str, Any]:
+@ppo_task("rm_score", roles=("reward_model",))
+def rm_score(step: Step[Receipt], generated: GenerateReceipt) -> Receipt:
     """The reward model's score of each response (on its last token)."""
-    return _score(
-        run,
-        n,
-        "rm_score",
-        "reward_model",
-        "compute_rm_score",
-        "rm_scores.arrow",
-        generated["outputs"]["rollout"],
-        state=None,
-    )
+    out = step.file("rm_scores.arrow")
+    step.worker("reward_model").compute_rm_score(generated.output("rollout"), out_url=out)
+    return step.receipt(outputs={"rm_score": out})

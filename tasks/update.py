@@ -9,55 +9,37 @@ reloads n-1 and updates again, so it ends in the same weights as a run that neve
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefect import task
-
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
-from ppoflow.infra.runtime.faults import maybe_fail
-from ppoflow.tasks.common import TASK_OPTIONS, Timer, find_receipt, task_logs, write_receipt
-from ppoflow.tasks.runtime import get_run
+from ppoflow.tasks.receipts import AdvantageReceipt, Receipt
+from ppoflow.tasks.step import Step, Timer, ppo_task
 
 __all__ = ["update_actor", "update_critic"]
 
 
 def _update(
-    run: str, n: int, name: str, role: str, advantages: dict[str, Any], previous_checkpoint: str
-) -> dict[str, Any]:
-    ctx = get_run(run)
-    done = find_receipt(ctx, n, name)
-    if done is not None:
-        return done
-    maybe_fail(name, "before")
-    checkpoint = ctx.paths.checkpoint(role, n)
-    with task_logs(ctx, role) as logger, Timer() as timer:
-        ctx.group(role, previous_checkpoint, progress=logger.info)
-        ctx.set_state(role, None)  # the live module leaves checkpoint n-1 from here on
-        per_rank = ctx.call(role, name, advantages["outputs"]["advantages"])
-        metrics = reduce_rank_metrics(per_rank)
-        with Timer() as save:
-            ctx.call(
-                role,
-                "save_checkpoint",
-                checkpoint,
-                extra={"iteration": n, "experiment": ctx.cfg.storage.experiment},
-            )
-        ctx.set_state(role, checkpoint)
+    step: Step[Receipt], role: str, method: str, advantages: AdvantageReceipt, previous: str
+) -> Receipt:
+    """Run ``method`` on ``role``'s group from checkpoint ``previous`` and save checkpoint n."""
+    ctx, checkpoint = step.ctx, step.paths.checkpoint(role, step.n)
+    worker = step.worker(role, previous)
+    ctx.set_state(role, None)  # the live module leaves checkpoint n-1 from here on
+    metrics = reduce_rank_metrics(getattr(worker, method)(advantages.output("advantages")))
+    with Timer() as save:
+        worker.save_checkpoint(
+            checkpoint, extra={"iteration": step.n, "experiment": step.cfg.storage.experiment}
+        )
+    ctx.set_state(role, checkpoint)
     metrics[f"timing_s/save_checkpoint_{role}"] = save.seconds
-    receipt = write_receipt(
-        ctx, n, name, outputs={}, checkpoints={role: checkpoint}, metrics=metrics, timing_s=timer.seconds
-    )
-    maybe_fail(name, "after")
-    return receipt
+    return step.receipt(checkpoints={role: checkpoint}, metrics=metrics)
 
 
-@task(name="update_actor", task_run_name="update_actor-{n}", **TASK_OPTIONS)
-def update_actor(run: str, n: int, advantages: dict[str, Any], actor_checkpoint: str) -> dict[str, Any]:
+@ppo_task("update_actor", roles=("actor",))
+def update_actor(step: Step[Receipt], advantages: AdvantageReceipt, actor_checkpoint: str) -> Receipt:
     """PPO policy update from ``actor_checkpoint`` (n-1); saves ``checkpoints/actor/n``."""
-    return _update(run, n, "update_actor", "actor", advantages, actor_checkpoint)
+    return _update(step, "actor", "update_actor", advantages, actor_checkpoint)
 
 
-@task(name="update_critic", task_run_name="update_critic-{n}", **TASK_OPTIONS)
-def update_critic(run: str, n: int, advantages: dict[str, Any], critic_checkpoint: str) -> dict[str, Any]:
+@ppo_task("update_critic", roles=("critic",))
+def update_critic(step: Step[Receipt], advantages: AdvantageReceipt, critic_checkpoint: str) -> Receipt:
     """Value update from ``critic_checkpoint`` (n-1); saves ``checkpoints/critic/n``."""
-    return _update(run, n, "update_critic", "critic", advantages, critic_checkpoint)
+    return _update(step, "critic", "update_critic", advantages, critic_checkpoint)

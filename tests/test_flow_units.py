@@ -89,7 +89,7 @@ def test_retry_rule_skips_config_errors_only():
 
     from ppoflow.infra.config import ConfigError
     from ppoflow.infra.experiment.lock import ExperimentLocked
-    from ppoflow.tasks.common import retryable
+    from ppoflow.tasks.step import retryable
 
     def failed(exc):
         return Failed(data=exc)

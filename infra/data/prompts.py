@@ -33,10 +33,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 too
 
 from ppoflow.infra.data import storage
 
-__all__ = ["PromptDataset", "DataError", "Row"]
+__all__ = ["PromptDataset", "DataError", "Row", "DataCursor"]
+
+
+class DataCursor(TypedDict):
+    """Where the next prompt batch starts: row ``offset`` of ``epoch``'s visiting order."""
+
+    epoch: int
+    offset: int
+
 
 _LOG = logging.getLogger("ppoflow.data")
 
@@ -116,8 +125,8 @@ class PromptDataset:
         return np.random.default_rng([int(seed), int(epoch)]).permutation(len(self))
 
     def take(
-        self, cursor: dict[str, int], batch_size: int, *, seed: int, shuffle: bool
-    ) -> tuple[list[Row], dict[str, int]]:
+        self, cursor: DataCursor, batch_size: int, *, seed: int, shuffle: bool
+    ) -> tuple[list[Row], DataCursor]:
         """The next ``batch_size`` rows from ``cursor`` and the cursor after them."""
         epoch, offset = int(cursor.get("epoch", 0)), int(cursor.get("offset", 0))
         if offset >= len(self):  # the files shrank since the cursor was written
@@ -130,7 +139,7 @@ class PromptDataset:
             offset += step
             if offset == len(self):
                 epoch, offset = epoch + 1, 0
-        return rows, {"epoch": epoch, "offset": offset}
+        return rows, DataCursor(epoch=epoch, offset=offset)
 
     # ------------------------------------------------------------------ tokens
     def records(self, rows: list[Row]) -> list[dict[str, Any]]:

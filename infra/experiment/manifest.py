@@ -32,6 +32,7 @@ from typing import Any
 
 from ppoflow.infra.config import ConfigError, ExperimentConfig, dump_config
 from ppoflow.infra.data import storage
+from ppoflow.infra.data.prompts import DataCursor
 
 __all__ = [
     "FORMAT",
@@ -139,7 +140,7 @@ class Manifest:
     critic_checkpoint: str | None
     config_hash: str
     identity: dict[str, Any]
-    data_cursor: dict[str, int]
+    data_cursor: DataCursor
     kl_coef: float | None
     created_at: str
     committed_at: str
@@ -219,7 +220,7 @@ def initial_manifest(
         critic_checkpoint=paths.ref(critic_checkpoint),
         config_hash=cfg.config_hash(),
         identity=cfg.identity(),
-        data_cursor={"epoch": 0, "offset": 0},
+        data_cursor=DataCursor(epoch=0, offset=0),
         kl_coef=kl_coef,
         created_at=now,
         committed_at=now,
@@ -234,7 +235,7 @@ def next_manifest(
     *,
     actor_checkpoint: str,
     critic_checkpoint: str | None,
-    data_cursor: dict[str, int],
+    data_cursor: DataCursor,
     kl_coef: float | None,
     metrics: dict[str, Any],
 ) -> Manifest:
@@ -248,7 +249,7 @@ def next_manifest(
         critic_checkpoint=paths.ref(critic_checkpoint),
         config_hash=cfg.config_hash(),
         identity=prev.identity,
-        data_cursor=dict(data_cursor),
+        data_cursor=DataCursor(epoch=int(data_cursor["epoch"]), offset=int(data_cursor["offset"])),
         kl_coef=kl_coef,
         created_at=prev.created_at,
         committed_at=now_iso(),

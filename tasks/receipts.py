@@ -1,0 +1,140 @@
+"""Receipts: what a finished task leaves on storage, and how a rerun finds it.
+
+A task's receipt (``iterations/{n:06d}/tasks/<task>.json``) is written after its outputs are
+complete. Paths in it are stored relative to the experiment root (so an experiment directory can
+be copied or moved) and resolved to URLs when read. A task that finds its receipt, and every output
+it lists still complete (an Arrow file: it exists, as writes are atomic; a checkpoint: its
+completion marker), returns the receipt instead of working again. That is how a retried or rerun
+flow resumes at the first unfinished task: storage, not Prefect's result cache, is the record.
+
+Receipts are reused even if the config changed in between (say, a smaller micro-batch after an
+out-of-memory failure does not redo the rollout); the config that commits the iteration is the one
+recorded in its manifest.
+
+Each task has its receipt type: :class:`Receipt` holds what every task reports; the subclasses
+add the typed values later steps need (``GenerateReceipt.next_cursor``, ``AdvantageReceipt.kl_coef``).
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ppoflow.infra.checkpoint.sharded import is_complete
+from ppoflow.infra.data import storage
+from ppoflow.infra.data.prompts import DataCursor
+from ppoflow.infra.experiment.manifest import ExperimentPaths
+
+__all__ = [
+    "Receipt",
+    "GenerateReceipt",
+    "AdvantageReceipt",
+    "IterationReceipts",
+    "find_receipt",
+    "write_receipt",
+    "R",
+]
+
+
+class Receipt(BaseModel):
+    """What every task reports: its outputs (Arrow files by name), the checkpoints it wrote (by
+    role), its metrics and its wall time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: str
+    iteration: int
+    outputs: dict[str, str] = Field(default_factory=dict, description="Arrow files by name (URLs)")
+    checkpoints: dict[str, str] = Field(default_factory=dict, description="checkpoints by role (URLs)")
+    metrics: dict[str, float] = Field(default_factory=dict)
+    timing_s: float = 0.0
+    finished_at: str = ""
+    resumed: bool = Field(False, description="True when read back from storage instead of computed")
+
+    def output(self, name: str) -> str:
+        """The URL of output ``name``; a clear error naming what the task did write."""
+        try:
+            return self.outputs[name]
+        except KeyError:
+            raise KeyError(
+                f"the {self.task} receipt of iteration {self.iteration} has no output {name!r} "
+                f"(it has {sorted(self.outputs)})"
+            ) from None
+
+    def checkpoint(self, role: str) -> str:
+        """The URL of the checkpoint of ``role`` this task wrote."""
+        try:
+            return self.checkpoints[role]
+        except KeyError:
+            raise KeyError(
+                f"the {self.task} receipt of iteration {self.iteration} has no {role} checkpoint "
+                f"(it has {sorted(self.checkpoints)})"
+            ) from None
+
+
+class GenerateReceipt(Receipt):
+    """``generate``: where the data cursor goes next, the iteration's sampling seed, and how many
+    prompts were truncated to ``rollout.prompt_length``."""
+
+    next_cursor: DataCursor
+    seed: int
+    truncated_prompts: int = 0
+
+
+class AdvantageReceipt(Receipt):
+    """``advantage``: the KL controller's coefficient after this iteration (None: no KL in the
+    reward), which ``commit`` stores in the manifest."""
+
+    kl_coef: float | None = None
+
+
+R = TypeVar("R", bound=Receipt)
+
+
+def _map_urls(receipt: R, convert) -> R:
+    return receipt.model_copy(
+        update={
+            "outputs": {k: convert(v) for k, v in receipt.outputs.items()},
+            "checkpoints": {k: convert(v) for k, v in receipt.checkpoints.items()},
+        }
+    )
+
+
+def _complete(receipt: Receipt) -> bool:
+    return all(storage.exists(u) for u in receipt.outputs.values()) and all(
+        is_complete(u) for u in receipt.checkpoints.values()
+    )
+
+
+def find_receipt(paths: ExperimentPaths, n: int, task: str, kind: type[R]) -> R | None:
+    """The receipt of ``task`` for iteration ``n`` if it and all its outputs are complete."""
+    url = paths.receipt(n, task)
+    if not storage.exists(url):
+        return None
+    receipt = _map_urls(kind.model_validate(storage.read_json(url)), paths.url)
+    return receipt.model_copy(update={"resumed": True}) if _complete(receipt) else None
+
+
+def write_receipt(paths: ExperimentPaths, receipt: Receipt) -> None:
+    """Record ``receipt`` (call after its outputs are complete); paths stored relative."""
+    stored = _map_urls(receipt, paths.ref)
+    storage.write_json_atomic(paths.receipt(receipt.iteration, receipt.task), stored.model_dump(mode="json"))
+
+
+class IterationReceipts(BaseModel):
+    """Everything ``commit`` publishes iteration n from: the receipts of its tasks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generate: GenerateReceipt
+    scored: list[Receipt] = Field(default_factory=list, description="ref_log_prob / values / rm_score")
+    advantage: AdvantageReceipt
+    updates: list[Receipt] = Field(description="update_actor (and update_critic)")
+
+    def all(self) -> list[Receipt]:
+        return [self.generate, *self.scored, self.advantage, *self.updates]
+
+    def checkpoint(self, role: str) -> str | None:
+        """The checkpoint of ``role`` an update of this iteration wrote (None: no update of it)."""
+        return next((r.checkpoints[role] for r in self.updates if role in r.checkpoints), None)

@@ -1,0 +1,170 @@
+"""The skeleton every step of an iteration shares, in one decorator: :func:`ppo_task`.
+
+    @ppo_task("values", roles=("critic",))
+    def values(step: Step, rollout: GenerateReceipt, critic_checkpoint: str) -> Receipt:
+        critic = step.worker("critic", state=critic_checkpoint)
+        out = step.file("values.arrow")
+        critic.compute_values(rollout.output("rollout"), out_url=out)
+        return step.receipt(outputs={"values": out})
+
+becomes the Prefect task ``values(run: str, n: int, rollout, critic_checkpoint) -> Receipt`` that
+
+1. looks up the flow run's :class:`~ppoflow.tasks.runtime.RunContext` by ``run``;
+2. returns the stored receipt if iteration ``n`` of this task already finished (resume);
+3. fires ``PPOFLOW_FAULT`` drills before and after the work (``ppoflow.infra.runtime.faults``);
+4. routes the rank output of ``roles`` into the task's log, and times the body;
+5. writes the receipt (with the body's wall time) once the outputs are complete.
+
+Every task retries :data:`TASK_RETRIES` times except on errors a retry cannot fix
+(:data:`PERMANENT_ERRORS`), never caches through Prefect (storage is the record: a deleted
+experiment is never "resumed" from a stale cache) and persists no Prefect result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ppoflow.infra.config import ConfigError, ExperimentConfig
+from ppoflow.infra.data.prompts import DataError
+from ppoflow.infra.experiment.lock import ExperimentLocked
+from ppoflow.infra.experiment.manifest import ExperimentPaths, ManifestConflict, now_iso
+from ppoflow.infra.runtime import faults
+from ppoflow.tasks.receipts import R, Receipt, find_receipt, write_receipt
+from ppoflow.tasks.runtime import RunContext, WorkerHandle, get_run
+
+__all__ = [
+    "ppo_task",
+    "Step",
+    "TASK_OPTIONS",
+    "TASK_RETRIES",
+    "PERMANENT_ERRORS",
+    "retryable",
+    "Timer",
+    "task_logs",
+]
+
+TASK_RETRIES = 2
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    DataError,
+    ExperimentLocked,
+    ManifestConflict,
+)
+
+
+def retryable(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry unless the failure is a :data:`PERMANENT_ERRORS`."""
+    try:
+        state.result()
+    except PERMANENT_ERRORS:
+        return False
+    except BaseException:  # noqa: BLE001 - any other failure may pass on a retry
+        return True
+    return True
+
+
+TASK_OPTIONS: dict[str, Any] = dict(
+    retries=TASK_RETRIES,
+    retry_delay_seconds=1,
+    retry_condition_fn=retryable,
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
+
+
+class Timer:
+    """Wall-clock seconds of a block: ``with Timer() as t: ...; t.seconds``."""
+
+    def __enter__(self) -> Timer:
+        self.t0 = time.perf_counter()
+        self.seconds = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.t0
+
+
+@contextlib.contextmanager
+def task_logs(ctx: RunContext, *roles: str) -> Iterator[Any]:
+    """The task's Prefect logger, with the rank output of ``roles`` routed into it."""
+    from prefect import get_run_logger
+
+    logger = get_run_logger()
+    with contextlib.ExitStack() as stack:
+        for role in roles:
+            stack.enter_context(ctx.using(role, logger))
+        yield logger
+
+
+@dataclass
+class Step(Generic[R]):
+    """What a task body works with: the run's context, the iteration, the task's logger."""
+
+    ctx: RunContext
+    n: int
+    task: str
+    kind: type[R]
+    logger: Any
+
+    @property
+    def cfg(self) -> ExperimentConfig:
+        return self.ctx.cfg
+
+    @property
+    def paths(self) -> ExperimentPaths:
+        return self.ctx.paths
+
+    def file(self, name: str) -> str:
+        """The URL of ``name`` in this iteration's directory (``iterations/{n:06d}/name``)."""
+        return self.paths.file(self.n, name)
+
+    def worker(self, role: str, state: str | None = None) -> WorkerHandle:
+        """``role``'s worker group, started (or rebuilt) if needed and holding checkpoint ``state``
+        (None: any), as a handle whose methods are the worker class's ``@register`` methods."""
+        return self.ctx.worker(role, state, progress=self.logger.info)
+
+    def receipt(self, **fields: Any) -> R:
+        """This task's receipt for iteration ``n`` (the decorator adds the timing)."""
+        return self.kind(task=self.task, iteration=self.n, **fields)
+
+
+def ppo_task(
+    name: str, kind: type[R] = Receipt, roles: tuple[str, ...] = ()
+) -> Callable[[Callable[..., R]], Any]:
+    """Make ``body(step, *args)`` the Prefect task ``name(run, n, *args) -> kind`` (module docstring)."""
+
+    def deco(body: Callable[..., R]) -> Any:
+        @functools.wraps(body)
+        def run_step(run: str, n: int, *args: Any, **kwargs: Any) -> R:
+            ctx = get_run(run)
+            done = find_receipt(ctx.paths, n, name, kind)
+            if done is not None:
+                return done
+            faults.maybe_fail(name, "before")
+            with task_logs(ctx, *roles) as logger, Timer() as timer:
+                receipt = body(Step(ctx, n, name, kind, logger), *args, **kwargs)
+            receipt = receipt.model_copy(update={"timing_s": timer.seconds, "finished_at": now_iso()})
+            write_receipt(ctx.paths, receipt)
+            faults.maybe_fail(name, "after")
+            return receipt
+
+        # Prefect binds the call's arguments with the signature: (run, n, <the body's after step>).
+        params = list(inspect.signature(body).parameters.values())[1:]
+        head = [
+            inspect.Parameter("run", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str),
+            inspect.Parameter("n", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
+        ]
+        run_step.__signature__ = inspect.Signature(head + params, return_annotation=kind)  # type: ignore[attr-defined]
+        del run_step.__wrapped__  # type: ignore[attr-defined]  # signature() must not look through
+        return task(name=name, task_run_name=f"{name}-{{n}}", **TASK_OPTIONS)(run_step)
+
+    return deco
