@@ -12,12 +12,48 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+def _registry(name: str) -> Callable[[], Iterable[str]]:
+    """The names in ``ppoflow.algos.<name>`` (imported when a config is validated)."""
+
+    def names() -> Iterable[str]:
+        import ppoflow.algos
+
+        return getattr(ppoflow.algos, name)
+
+    return names
+
+
+def _one_of(what: str, names: Callable[[], Iterable[str]]) -> Any:
+    """A ``str`` field whose allowed values are a registry's names. The registry is the only list:
+    an estimator registered with ``@register_adv_estimator`` is valid at once, and the JSON schema
+    (the Prefect UI's form) offers the names registered when it is generated."""
+
+    def check(value: str) -> str:
+        allowed = sorted(names())
+        if value not in allowed:
+            raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+        return value
+
+    return Annotated[
+        str,
+        AfterValidator(check),
+        Field(json_schema_extra=lambda schema: schema.update(enum=sorted(names()))),
+    ]
+
+
+AdvEstimatorName = _one_of("advantage estimator", _registry("ADV_ESTIMATORS"))
+LossAggMode = _one_of("loss aggregation mode", _registry("LOSS_AGG_MODES"))
+KLPenaltyKind = _one_of("KL penalty kind", _registry("KL_PENALTY_KINDS"))
+KLControllerKind = _one_of("KL controller", _registry("KL_CONTROLLERS"))
 
 
 class _Section(BaseModel):
@@ -74,13 +110,11 @@ class ActorConfig(_Section):
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = Field(3.0, gt=1.0)
-    loss_agg_mode: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = "token-mean"
+    loss_agg_mode: LossAggMode = "token-mean"
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
-    kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
+    kl_loss_type: KLPenaltyKind = "low_var_kl"
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
     logprob_head: Literal["checkpoint", "fused"] = Field(
         "checkpoint",
@@ -131,9 +165,7 @@ class CriticConfig(_Section):
     ppo_epochs: int = Field(1, ge=1)
     shuffle: bool = False
     cliprange_value: float = 0.5
-    loss_agg_mode: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = "token-mean"
+    loss_agg_mode: LossAggMode = "token-mean"
     forward_micro_batch_size_per_gpu: int = Field(8, ge=1)
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
@@ -158,21 +190,19 @@ class RewardConfig(_Section):
 
 
 class KLControlConfig(_Section):
-    type: Literal["fixed", "adaptive"] = "fixed"
+    type: KLControllerKind = "fixed"
     kl_coef: float = 0.001
     target_kl: float = 0.1
     horizon: int = 10000
 
 
 class AlgorithmConfig(_Section):
-    adv_estimator: Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"] = (
-        "gae"
-    )
+    adv_estimator: AdvEstimatorName = "gae"
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
     use_kl_in_reward: bool = False
-    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
+    kl_penalty: KLPenaltyKind = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
 
 
@@ -225,15 +255,19 @@ class ExperimentConfig(_Section):
         tp = self.rollout.tensor_model_parallel_size
         if n % tp:
             raise ValueError(f"rollout.tensor_model_parallel_size={tp} must divide resources.nprocs={n}")
-        if self.algorithm.adv_estimator == "gae" and not self.critic.enable:
+        from ppoflow.algos import ADV_ESTIMATORS, estimator_inputs
+
+        est = self.algorithm.adv_estimator
+        needs = estimator_inputs(est)
+        if "values" in needs and not self.critic.enable:
+            others = sorted(n for n in ADV_ESTIMATORS if "values" not in estimator_inputs(n))
             raise ValueError(
-                "algorithm.adv_estimator='gae' needs a critic: set critic.enable=true or pick "
-                "an outcome estimator (grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline)"
+                f"algorithm.adv_estimator='{est}' needs a critic: set critic.enable=true or pick "
+                f"an estimator that runs without one ({', '.join(others)})"
             )
-        if self.algorithm.adv_estimator in ("grpo", "rloo") and self.rollout.n < 2:
+        if "index" in needs and self.rollout.n < 2:
             raise ValueError(
-                f"algorithm.adv_estimator='{self.algorithm.adv_estimator}' compares responses to the "
-                "same prompt: set rollout.n >= 2"
+                f"algorithm.adv_estimator='{est}' compares responses to the same prompt: set rollout.n >= 2"
             )
         for name, size in (
             ("data.train_batch_size", self.data.train_batch_size),
