@@ -278,7 +278,14 @@ def run_worker(args: argparse.Namespace) -> None:
         llm, _prompts(n, plen, vocab, prompt_seed), _params(variants[0], n, 1, 0)
     )
     _emit(
-        {"engine": eng.name, "kind": "prefill", "variant": variants[0], "seconds": seconds, "tokens": tokens}
+        {
+            "engine": eng.name,
+            "kind": "prefill",
+            "variant": variants[0],
+            "seconds": seconds,
+            "tokens": tokens,
+            "prompt_tokens": n * plen,
+        }
     )
     for v in variants:
         best = None
@@ -452,9 +459,14 @@ def _describe(rec: dict) -> str:
     if rec["kind"] == "start":
         facts = {k: v for k, v in rec.items() if k not in ("engine", "kind", "seconds")}
         return f"{rec['engine']}: engine up in {rec['seconds']:.1f} s {json.dumps(facts)}"
+    if rec["kind"] == "prefill":
+        rate = rec["prompt_tokens"] / rec["seconds"]
+        return (
+            f"{rec['engine']}: prefill only (max_tokens=1): {rec['prompt_tokens']} prompt tokens in "
+            f"{rec['seconds']:.3f} s = {rate:.0f} prompt tok/s"
+        )
     tok_s = rec["tokens"] / rec["seconds"] if rec["seconds"] else float("nan")
-    what = "prefill only" if rec["kind"] == "prefill" else rec["variant"]
-    return f"{rec['engine']}: {what}: {rec['tokens']} tokens in {rec['seconds']:.3f} s = {tok_s:.0f} tok/s"
+    return f"{rec['engine']}: {rec['variant']}: {rec['tokens']} tokens in {rec['seconds']:.3f} s = {tok_s:.0f} tok/s"
 
 
 def main(argv: list[str] | None = None) -> None:
