@@ -93,6 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--eager", action=argparse.BooleanOptionalAction, default=None, help="default: graphs on GPU"
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    p.add_argument("--sleep-level", type=int, choices=(1, 2), default=None, help="default: the config's")
     p.add_argument("--kv-cache-gib", type=kv_budget, default=None, help="GiB, auto (default) or profile")
     p.add_argument(
         "--tol-mean", type=float, default=None, help="default: by compute dtype (module docstring)"
@@ -127,7 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.micro_batch,
         False,
     )
-    args.max_num_seqs = args.max_num_batched_tokens = args.sleep_level = None
+    args.max_num_seqs = args.max_num_batched_tokens = None
     return args
 
 
@@ -247,7 +248,8 @@ def report(args, result: dict, drill: DrillLog) -> str:
     graphs = args.device == "cuda" if args.eager is None else not args.eager
     lines = [
         f"gpu_check: {args.preset}, {args.ranks} rank(s) on {args.device}, vLLM TP {args.tp} "
-        f"({'CUDA graphs' if graphs else 'eager'}, push loader {args.loader}), {args.dtype} compute; "
+        f"({'CUDA graphs' if graphs else 'eager'}, push loader {args.loader}, sleep level "
+        f"{args.sleep_level or 'default'}), {args.dtype} compute; "
         f"{args.prompts} prompts x {args.n}, prompt {args.prompt_len}, response {args.response_len}; "
         f"actor lr {args.lr:g}",
         f"tolerance ({args.dtype}, over response tokens): mean |d| <= {args.tol_mean:g}, max |d| <= "
