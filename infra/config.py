@@ -143,14 +143,45 @@ class RolloutConfig(_Section):
     top_k: int = Field(-1, description="-1 = off")
     prompt_length: int = Field(64, ge=1, description="prompts are left-padded/truncated to this many tokens")
     response_length: int = Field(32, ge=1)
-    tensor_model_parallel_size: int = Field(1, ge=1)
-    dtype: Dtype | None = Field(None, description="engine dtype; None = the model dtype")
-    kv_cache_gib: float = Field(
-        0.25, gt=0.0, description="KV-cache budget per engine, GiB (VLLM_CPU_KVCACHE_SPACE on CPU)"
+    tensor_model_parallel_size: int = Field(
+        1, ge=1, description="vLLM tensor parallelism; training always uses every rank whatever it is"
     )
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
-    max_num_seqs: int = 256
-    enforce_eager: bool = True
+    dtype: Dtype | None = Field(None, description="engine dtype; None = the model dtype")
+    kv_cache_gib: Annotated[float, Field(gt=0.0)] | Literal["auto"] | None = Field(
+        "auto",
+        description="KV-cache budget per engine, GiB. GPU: 'auto' = what the batch needs (each "
+        "engine's sequences at once, at prompt_length + response_length tokens, +25%, >= 1 GiB); "
+        "None = vLLM sizes it from gpu_memory_utilization, profiling the device's memory at "
+        "start-up (which assumes no other process changes its memory meanwhile: not so with "
+        "colocated worker groups). CPU: 'auto' and None = 0.25 (VLLM_CPU_KVCACHE_SPACE, whole "
+        "GiB, overrides it)",
+    )
+    gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0.0,
+        le=1.0,
+        description="GPU: vLLM starts only if this share of the device is free; with kv_cache_gib None "
+        "it is also the engine's whole budget (weights, activations, CUDA graphs, KV cache)",
+    )
+    max_num_seqs: int = Field(256, ge=1, description="most sequences one engine decodes at once")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="tokens per engine step (chunked prefill budget); None = vLLM's default"
+    )
+    enforce_eager: bool | None = Field(
+        None, description="None: eager on CPU, CUDA graphs on GPU (2-2.5x faster decoding); or force it"
+    )
+    sleep_level: Literal[1, 2] | None = Field(
+        None,
+        description="GPU: how the engine sleeps after each rollout to give its memory to training. "
+        "2 discards weights and KV cache (nothing copied; the next rollout pushes the weights); 1 also "
+        "frees the GPU but keeps the weights in host memory. None: 2 when the engine shares its ranks "
+        "with the trained actor (which pushes new weights before every rollout anyway), else 1",
+    )
+    weight_loader: Literal["hf", "dtensor"] = Field(
+        "hf",
+        description="FSDP -> engine push with TP > 1: hf (every rank gets full tensors, vLLM slices) or "
+        "dtensor (each TP rank receives only its slices of the linear layers)",
+    )
     seed: int = 0
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
 

@@ -33,6 +33,7 @@ from torch import nn
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.workers.device_memory import release_cached
 from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, load_hf_model, mesh_info, reshard_all
 
 __all__ = ["RewardModelWorker", "LastTokenScorer", "same_tokenizer"]
@@ -229,6 +230,7 @@ class RewardModelWorker(Worker):
                 dev = self.device
                 scores.append(self.module(ids.to(dev), attn.to(dev), pos.to(dev), last.to(dev)).cpu())
         reshard_all(self.module)
+        release_cached(self.device)  # the next rollout's engine maps its memory on this GPU
         out = torch.zeros((n, r), dtype=torch.float32)
         if n:
             where = (mask.sum(-1) - 1).clamp(min=0).long()
