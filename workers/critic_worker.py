@@ -57,6 +57,7 @@ class CriticWorker(Worker):
             self.device,
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
             seed=cfg.seed,
+            varlen_attention=cfg.critic.use_dynamic_bsz,
         )
         hf = module.hf_model
         optimizer, scheduler = build_optimizer(module, cfg.critic.optim)

@@ -37,6 +37,8 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from ppoflow.workers.packing import use_varlen_attention
+
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
     from ppoflow.infra.config import FSDPConfig, ModelConfig, OptimConfig
 
@@ -176,6 +178,7 @@ def build_fsdp_model(
     trainable: bool = True,
     gradient_checkpointing: bool = False,
     seed: int = 0,
+    varlen_attention: bool = False,
 ) -> nn.Module:
     """Sharded model with the checkpoint's weights, read by rank 0 only.
 
@@ -185,6 +188,7 @@ def build_fsdp_model(
     broadcast_from_rank0=True)`` sends each rank its shards. Host memory: one full copy on rank 0
     instead of one per rank. Buffers (rotary ``inv_freq``) are saved before ``to_empty`` and put
     back after it: ``to_empty`` leaves them uninitialised (silently wrong logits otherwise).
+    ``varlen_attention`` switches the model to ``ppoflow_varlen`` attention (packed forwards).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -196,6 +200,8 @@ def build_fsdp_model(
             dtype=model_cfg.dtype,
             trust_remote_code=bool(model_cfg.trust_remote_code),
         )
+    if varlen_attention:
+        use_varlen_attention(hf)
     if gradient_checkpointing:
         enable_gradient_checkpointing(hf)
     hf.requires_grad_(trainable)
@@ -369,14 +375,21 @@ def build_optimizer(
     """AdamW over the trainable parameters and a LambdaLR with linear warmup, then constant.
 
     Warmup length: ``warmup_steps`` if > 0, else ``warmup_steps_ratio * total_training_steps``.
+    ``optim_cfg.fused``: True = AdamW's fused kernel (one kernel for all parameters; works on
+    FSDP2's DTensor shards, CUDA and CPU), False = torch's default (foreach on CUDA, a loop over
+    parameters on CPU), None = fused when the parameters are on CUDA.
     """
     params = [p for p in module.parameters() if p.requires_grad]
+    fused = optim_cfg.fused
+    if fused is None:
+        fused = bool(params) and all(p.device.type == "cuda" for p in params)
     optimizer = torch.optim.AdamW(
         params,
         lr=optim_cfg.lr,
         betas=tuple(optim_cfg.betas),
         eps=optim_cfg.eps,
         weight_decay=optim_cfg.weight_decay,
+        fused=True if fused else None,
     )
     warmup = optim_cfg.warmup_steps
     if warmup <= 0 and optim_cfg.warmup_steps_ratio > 0:

@@ -10,6 +10,10 @@ Layout of a batch (docs/internals.md): ``input_ids`` (B, P+R) = left-padded prom
 response; the hidden state at position ``P+t-1`` predicts response token ``t``, so
 ``hidden[:, -R-1:-1]`` lines up with ``responses`` (B, R).
 
+With ``packed=True`` the padding is dropped before the model runs: the real tokens of the
+micro-batch go through it as one row (``ppoflow.workers.packing``; the HF model must use the
+``ppoflow_varlen`` attention) and only the states the outputs need are gathered from it.
+
 The policy never builds the (B, T, V) logits tensor: log-probs (and entropy) come from the final
 hidden states in chunks of ``chunk_size`` tokens; with gradients enabled each chunk runs under
 activation checkpointing, so backward recomputes that chunk's logits instead of keeping them.
@@ -21,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from ppoflow.workers.packing import checked_index, pack, packed_hidden
 
 __all__ = ["PolicyLM", "ValueModel", "chunked_log_probs", "HEAD_IMPLS"]
 
@@ -130,7 +136,9 @@ def chunked_log_probs(
         raise ValueError(f"unknown head impl {impl!r}; allowed: {', '.join(HEAD_IMPLS)}")
     outs_lp, outs_ent = [], []
     grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
-    for start in range(0, hidden.shape[0], chunk_size):
+    # an empty input still runs one (empty) chunk: the outputs stay connected to the graph, so a
+    # micro-batch without response tokens still runs backward (FSDP's collectives need every rank's)
+    for start in range(0, max(hidden.shape[0], 1), chunk_size):
         args = (
             hidden[start : start + chunk_size],
             head.weight,
@@ -148,9 +156,6 @@ def chunked_log_probs(
             lp, ent = checkpoint(_token_stats, *args, use_reentrant=False)
         outs_lp.append(lp)
         outs_ent.append(ent)
-    if not outs_lp:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, (empty if with_entropy else None)
     return torch.cat(outs_lp), (torch.cat(outs_ent) if with_entropy else None)
 
 
@@ -170,6 +175,23 @@ def _response_hidden(
     out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden[:, -response_length - 1 : -1]
+
+
+def _masked_response_hidden(
+    base: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    mask: torch.Tensor,
+    packed: bool,
+) -> torch.Tensor:
+    """(N, H): the hidden states predicting the N response tokens where the (B, R) bool ``mask``
+    is true, from a padded forward or from a packed one (no compute on padding)."""
+    if not packed:
+        return _response_hidden(base, input_ids, attention_mask, position_ids, mask.shape[1])[mask]
+    rows = pack(input_ids, attention_mask, position_ids)
+    index = rows.index[:, -mask.shape[1] - 1 : -1][mask]
+    return packed_hidden(base, rows)[checked_index(index, "the state before a response token")]
 
 
 class PolicyLM(nn.Module):
@@ -209,6 +231,7 @@ class PolicyLM(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         entropy_grad: bool = False,
+        packed: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Log-probs of ``responses`` given the prefix, with temperature.
 
@@ -216,15 +239,15 @@ class PolicyLM(nn.Module):
             input_ids, attention_mask, position_ids: (B, P+R).
             responses: (B, R), the last R columns of ``input_ids``.
             response_mask: (B, R); if given, only those tokens are computed (zeros elsewhere).
+            packed: run the model on the real tokens only (same numbers up to float rounding).
 
         Returns:
             ``{"log_probs": (B, R)}`` (+ ``"entropy": (B, R)`` with ``with_entropy``), float32.
         """
-        resp_len = responses.shape[1]
-        hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, resp_len)
         mask = torch.ones_like(responses, dtype=torch.bool) if response_mask is None else response_mask.bool()
+        hidden = _masked_response_hidden(self.base, input_ids, attention_mask, position_ids, mask, packed)
         lp, ent = chunked_log_probs(
-            hidden[mask],
+            hidden,
             self.lm_head,
             responses[mask],
             temperature,
@@ -276,7 +299,19 @@ class ValueModel(nn.Module):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         response_length: int,
+        response_mask: torch.Tensor | None = None,
+        packed: bool = False,
     ) -> torch.Tensor:
-        """Values (B, R), float32, for every response position (mask them downstream)."""
-        hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, response_length)
-        return getattr(self, self.head_name)(hidden).squeeze(-1).float()
+        """Values (B, R), float32, for every response position (mask them downstream).
+
+        With ``packed`` the model runs on the real tokens only and values are computed where
+        ``response_mask`` (default: the response part of ``attention_mask``) is set, 0 elsewhere.
+        """
+        head = getattr(self, self.head_name)
+        if not packed:
+            hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, response_length)
+            return head(hidden).squeeze(-1).float()
+        mask = attention_mask[:, -response_length:] if response_mask is None else response_mask
+        mask = mask.bool()
+        hidden = _masked_response_hidden(self.base, input_ids, attention_mask, position_ids, mask, True)
+        return _scatter(head(hidden).squeeze(-1).float(), mask)
