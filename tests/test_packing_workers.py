@@ -5,7 +5,8 @@ The batch is skewed on purpose: rank 0's share is all full-length rows (P + R to
 share short ones (a 1-token prompt with a 1-token response, an empty response, ...). With a budget
 of one full row, rank 0 needs 4 micro-batches per mini-batch and rank 1 only 1-2: rank 1 must split
 its groups to keep FSDP's collectives in step, or the ranks hang. Same tolerances as the padded
-tests: LOGPROB_TOL for log-probs/values, WEIGHT_TOL for weights after two AdamW steps.
+tests: LOGPROB_TOL for log-probs/values, WEIGHT_TOL for weights after two AdamW steps (the
+critic's with AdamW's fused kernel, the reference's torch's default one).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def test_packed_actor_and_ref_match_single_process(tiny):
         infos = group.call("init_model")
         assert infos[0]["actor"]["attn_implementation"] == "ppoflow_varlen"
         assert infos[0]["ref"]["attn_implementation"] == "ppoflow_varlen"
+        assert infos[0]["actor"]["optimizer"] == "for-loop"  # torch's default on CPU
         # the HF engine generates from the varlen-attention actor; old log-probs come packed
         gen = DataProto.load(group.call("generate_sequences", prompts_url))
         gmask = gen.batch["response_mask"].bool()
@@ -125,12 +127,13 @@ def test_packed_actor_and_ref_match_single_process(tiny):
 def test_packed_critic_matches_single_process(tiny):
     cfg = packed_config(tiny["dir"])
     cfg.critic.model = {"path": tiny["dir"], "enable_gradient_checkpointing": True}
+    cfg.critic.optim.fused = True  # AdamW's fused kernel on FSDP2's DTensor shards (CPU here)
     batch, tmp = skewed_batch(tiny["batch"]), tiny["tmp"]
     mask = batch["response_mask"].bool()
     data_url = save_batch(batch, str(tmp / "packed_rollout_c.arrow"))
     with start_group(CRITIC, cfg, 2) as group:
         infos = group.call("init_model")
-        assert infos[0]["critic"]["gradient_checkpointing"]
+        assert infos[0]["critic"]["gradient_checkpointing"] and infos[0]["critic"]["optimizer"] == "fused"
         values = DataProto.load(group.call("compute_values", data_url)).batch["values"]
         metrics = group.call("update_critic", data_url)
         ckpt = str(tmp / "packed_critic_ckpt")

@@ -37,6 +37,7 @@ from ppoflow.workers.fsdp_utils import (
     build_optimizer,
     mesh_info,
     move_optimizer_state,
+    optimizer_kernel,
 )
 from ppoflow.workers.modeling import PolicyLM
 
@@ -170,6 +171,7 @@ class ActorRolloutRefWorker(Worker):
             optimizer = scheduler = None
             if self.is_actor:
                 optimizer, scheduler = build_optimizer(module, cfg.actor.optim)
+                info["actor"]["optimizer"] = optimizer_kernel(optimizer)
             self.actor = DataParallelPPOActor(cfg.actor, module, optimizer, scheduler, **common)
         if self.is_ref:
             module, info["ref"] = self._build_policy(cfg.ref.fsdp, trainable=False, packed=ref_packed)

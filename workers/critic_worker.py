@@ -27,6 +27,7 @@ from ppoflow.workers.fsdp_utils import (
     build_optimizer,
     mesh_info,
     move_optimizer_state,
+    optimizer_kernel,
 )
 from ppoflow.workers.modeling import ValueModel
 
@@ -75,6 +76,7 @@ class CriticWorker(Worker):
             **mesh_info(mesh, module),
             "gradient_checkpointing": bool(hf.is_gradient_checkpointing),
             "param_offload": cfg.critic.fsdp.param_offload,
+            "optimizer": optimizer_kernel(optimizer),
         }
         return {
             "rank": self.rank,

@@ -54,6 +54,7 @@ __all__ = [
     "build_optimizer",
     "warmup_lambda",
     "clip_and_step",
+    "optimizer_kernel",
     "global_sum",
     "move_optimizer_state",
 ]
@@ -398,6 +399,20 @@ def build_optimizer(
         warmup = int(optim_cfg.warmup_steps_ratio * optim_cfg.total_training_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(warmup))
     return optimizer, scheduler
+
+
+def optimizer_kernel(optimizer: torch.optim.Optimizer) -> str:
+    """Which AdamW kernel ``optimizer`` runs: ``fused``, ``foreach`` or ``for-loop`` (torch's
+    default picks foreach for CUDA tensors, FSDP2's DTensors included, and the loop on CPU)."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    group = optimizer.param_groups[0]
+    if group.get("fused"):
+        return "fused"
+    if group.get("foreach") is None:
+        _, foreach = _default_to_fused_or_foreach(group["params"], differentiable=False, use_fused=False)
+        return "foreach" if foreach else "for-loop"
+    return "foreach" if group["foreach"] else "for-loop"
 
 
 def clip_and_step(
