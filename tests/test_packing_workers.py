@@ -111,6 +111,8 @@ def test_packed_actor_and_ref_match_single_process(tiny):
     )
     assert (out.batch["old_log_probs"][~mask] == 0).all()
     assert metrics[0]["actor/optimizer_steps"] == 2 and metrics[0]["actor/skipped_steps"] == 0
+    # rank 0's 4 full rows need 4 micro-batches per step; rank 1's short rows fit one, split to 4
+    assert metrics[0]["actor/micro_batches"] == metrics[1]["actor/micro_batches"] == 4
 
     groups = mini_batch_groups(16, 2, cfg.actor.ppo_mini_batch_size * cfg.rollout.n // 2, 1)
     want = reference_actor_update(tiny["dir"], batch, cfg, groups)
@@ -143,6 +145,7 @@ def test_packed_critic_matches_single_process(tiny):
     )
     assert v_err < LOGPROB_TOL and (values[~mask] == 0).all(), v_err
     assert metrics[0]["critic/optimizer_steps"] == 2
+    assert metrics[0]["critic/micro_batches"] == metrics[1]["critic/micro_batches"] == 4
     groups = mini_batch_groups(16, 2, cfg.critic.ppo_mini_batch_size * cfg.rollout.n // 2, 1)
     diff = max_weight_diff(
         load_full_state_dict(ckpt), reference_critic_update(tiny["dir"], batch, cfg, groups)

@@ -227,7 +227,12 @@ def test_reward_model_worker_on_two_ranks_matches_hf(tmp_path):
     _rollout(policy_tok, False).save(os.path.join(work, "data_ids.arrow"))
 
     def config(rm_dir, max_length=None, max_tokens=None):
-        rm = {"enable": True, "model": {"path": rm_dir}, "micro_batch_size_per_gpu": 2, "max_length": max_length}
+        rm = {
+            "enable": True,
+            "model": {"path": rm_dir},
+            "micro_batch_size_per_gpu": 2,
+            "max_length": max_length,
+        }
         if max_tokens:  # packed micro-batches of at most max_tokens real tokens (no compute on padding)
             rm.update(use_dynamic_bsz=True, forward_max_token_len_per_gpu=max_tokens)
         return {

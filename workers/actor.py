@@ -306,9 +306,10 @@ class DataParallelPPOActor:
             (loss * (weight * self.grad_scale)).backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + weight * value
-        return finish_mini_batch(
+        out = finish_mini_batch(
             self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums, self.device, "actor"
         )
+        return {**out, "actor/micro_batches": float(len(groups))}
 
     def update_policy(self, data) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches (gradient accumulation), one optimizer step per
@@ -322,7 +323,8 @@ class DataParallelPPOActor:
             metrics averaged over the optimizer steps (identical on every rank): ``actor/pg_loss``,
             ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, ``actor/entropy``,
             ``actor/kl_loss`` (with ``use_kl_loss``), ``actor/grad_norm``, ``actor/lr`` (the LR of
-            the last step), ``actor/skipped_steps`` (a sum) and ``actor/optimizer_steps``.
+            the last step), ``actor/skipped_steps`` (a sum), ``actor/optimizer_steps`` and
+            ``actor/micro_batches`` (per optimizer step, the same on every rank).
         """
         if self.optimizer is None:
             raise RuntimeError("this actor has no optimizer (a reference policy cannot be updated)")

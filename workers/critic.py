@@ -139,9 +139,10 @@ class DataParallelPPOCritic:
             }
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + weight * value
-        return finish_mini_batch(
+        out = finish_mini_batch(
             self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums, self.device, "critic"
         )
+        return {**out, "critic/micro_batches": float(len(groups))}
 
     def update_critic(self, data) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches of the clipped value loss
@@ -154,7 +155,7 @@ class DataParallelPPOCritic:
         Returns:
             metrics averaged over the optimizer steps (identical on every rank): ``critic/vf_loss``,
             ``critic/vf_clipfrac``, ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/lr``,
-            ``critic/skipped_steps``, ``critic/optimizer_steps``.
+            ``critic/skipped_steps``, ``critic/optimizer_steps``, ``critic/micro_batches``.
         """
         if self.optimizer is None:
             raise RuntimeError("this critic has no optimizer")

@@ -74,7 +74,9 @@ class _FusedHeadLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, temperature, with_entropy, entropy_grad):
         with torch.no_grad():
-            logits = F.linear(hidden, weight, bias).float().div_(temperature)
+            logits = F.linear(hidden, weight, bias).float()
+            if temperature != 1.0:
+                logits.div_(temperature)
             lse = torch.logsumexp(logits, dim=-1)
             log_probs = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - lse
             entropy = logits.new_zeros(0)
@@ -89,7 +91,9 @@ class _FusedHeadLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_lp, grad_ent):
         hidden, weight, bias, labels, lse, entropy = ctx.saved_tensors
-        z = F.linear(hidden, weight, bias).float().div_(ctx.temperature)  # (N, V) scaled logits
+        z = F.linear(hidden, weight, bias).float()  # (N, V) scaled logits
+        if ctx.temperature != 1.0:
+            z.div_(ctx.temperature)
         probs = torch.exp(z - lse.unsqueeze(-1))
         # d log p(y) / dz = onehot(y) - p;  dH / dz = -p * (z - sum(p z)),  sum(p z) = lse - H
         if ctx.entropy_grad and grad_ent is not None and grad_ent.numel():
@@ -98,7 +102,9 @@ class _FusedHeadLogProb(torch.autograd.Function):
         else:
             grad_z = probs.mul_(-grad_lp.unsqueeze(-1))
         grad_z.scatter_add_(-1, labels.long().unsqueeze(-1), grad_lp.unsqueeze(-1).to(grad_z.dtype))
-        grad_raw = grad_z.div_(ctx.temperature).to(hidden.dtype)
+        if ctx.temperature != 1.0:
+            grad_z.div_(ctx.temperature)
+        grad_raw = grad_z.to(hidden.dtype)
         grad_hidden = grad_raw @ weight if ctx.needs_input_grad[0] else None
         grad_weight = grad_raw.t() @ hidden if ctx.needs_input_grad[1] else None
         grad_bias = grad_raw.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
