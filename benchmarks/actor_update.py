@@ -14,10 +14,13 @@ Every option below takes a comma list; every combination runs (a combination tha
 GPU memory prints ``OOM`` and the sweep goes on):
 - ``--batching``: ``rows:N`` = padded micro-batches of N sequences (``ppo_micro_batch_size_per_gpu``);
   ``tokens:N`` = packed micro-batches of at most N real tokens (``use_dynamic_bsz`` with
-  ``ppo_max_token_len_per_gpu`` N; no compute on padding). Default on cuda:
-  ``rows:32,tokens:24576,tokens:49152`` (32 x 768 = 24,576).
+  ``ppo_max_token_len_per_gpu`` N; no compute on padding). Default on cuda: ``rows:32,tokens:49152``
+  (today's best padded setting, and one packed micro-batch per mini-batch of 64 x 768).
 - ``--optim``: AdamW's ``fused`` kernel, or torch's ``foreach`` / ``for-loop`` ones. Default
   ``foreach,fused`` on cuda (foreach is torch's default there, DTensor shards included).
+- ``--compile`` off/on: ``model.use_torch_compile`` (each decoder layer and the LM-head math
+  through ``torch.compile``; the first variant with it pays the compilation in its warm-up).
+  Default ``off,on`` on cuda.
 - ``--recompute`` on/off (activation checkpointing), ``--head`` checkpoint/fused (LM-head
   backward), ``--reshard`` on/off (FSDP ``reshard_after_forward``).
 - ``--lengths``: ``full`` = every prompt and response at full length (no padding);
@@ -59,6 +62,7 @@ from ppoflow.workers.fsdp_utils import (
     apply_fsdp,
     build_mesh,
     build_optimizer,
+    compile_decoder_layers,
     enable_gradient_checkpointing,
     model_from_config,
     optimizer_kernel,
@@ -119,13 +123,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batching",
         default=None,
         help="rows:N (padded) or tokens:N (packed) micro-batches, comma list; "
-        "default rows:32,tokens:24576,tokens:49152 (tiny: rows:2,tokens:96)",
+        "default rows:32,tokens:49152 (tiny: rows:2,tokens:96)",
     )
     p.add_argument(
         "--log-prob-micro-batch", type=int, default=None, help="rows variants; default 16 (tiny: 4)"
     )
     p.add_argument(
         "--optim", default=None, help="fused, foreach, for-loop; default foreach,fused (cpu: for-loop,fused)"
+    )
+    p.add_argument(
+        "--compile", default=None, help="torch.compile layers + head: off, on; default off,on on cuda"
     )
     p.add_argument(
         "--recompute", default="off", help="activation checkpointing of each decoder layer: on, off"
@@ -162,7 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ("prompt_len", 512, 32),
         ("response_len", 256, 16),
         ("mini_batch", 64, 4),
-        ("batching", "rows:32,tokens:24576,tokens:49152", "rows:2,tokens:96"),
+        ("batching", "rows:32,tokens:49152", "rows:2,tokens:96"),
+        ("compile", "off,on" if args.device == "cuda" else "off", None),
         ("log_prob_micro_batch", 16, 4),
         ("optim", "foreach,fused" if args.device == "cuda" else "for-loop,fused", None),
     ):
@@ -173,7 +181,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except argparse.ArgumentTypeError as err:
         p.error(str(err))
     on_off = {"on": True, "off": False}
-    for name, allowed in (("recompute", on_off), ("reshard", on_off), ("head", HEAD_IMPLS)):
+    for name, allowed in (
+        ("recompute", on_off),
+        ("reshard", on_off),
+        ("compile", on_off),
+        ("head", HEAD_IMPLS),
+    ):
         values = _list(getattr(args, name))
         if any(v not in allowed for v in values):
             p.error(f"--{name} takes {', '.join(allowed)}")
@@ -272,9 +285,11 @@ def build_actor(
         use_varlen_attention(hf)
     if point["recompute"]:
         enable_gradient_checkpointing(hf)
+    if point["compile"]:
+        compile_decoder_layers(hf)
     n_params = sum(p.numel() for p in hf.parameters())
     module = apply_fsdp(
-        PolicyLM(hf, chunk_size=args.chunk_size, head_impl=point["head"]),
+        PolicyLM(hf, chunk_size=args.chunk_size, head_impl=point["head"], compiled_head=point["compile"]),
         build_mesh(fsdp_cfg, world, device.type),
         fsdp_cfg,
         device,
@@ -403,6 +418,7 @@ def _name(point: dict) -> str:
             point["lengths"],
             f"{kind}{size}",
             point["optim"],
+            "compiled" if point["compile"] else "eager",
             "rc" if point["recompute"] else "norc",
             point["head"],
         ]
@@ -425,7 +441,7 @@ def profile_update(actor: DataParallelPPOActor, data: DataProto, device: torch.d
 
 
 HEADER = (
-    f"{'lengths':>7} {'batching':>13} {'optim':>8} {'recomp':>6} {'head':>10} {'reshard':>7} | "
+    f"{'lengths':>7} {'batching':>13} {'optim':>8} {'compile':>7} {'recomp':>6} {'head':>10} {'reshard':>7} | "
     f"{'update s':>8} {'tok/s':>9} {'MFU':>6} {'useful':>6} {'mb/step':>7} | "
     f"{'logprob tok/s':>13} {'MFU':>6} {'Δlp':>8} | {'peak GiB':>8}"
 )
@@ -436,7 +452,7 @@ def _row(r: dict) -> str:
     batching = r["batching"] if isinstance(r["batching"], str) else "{}:{}".format(*r["batching"])
     head = (
         f"{r['lengths']:>7} {batching:>13} {r.get('optimizer_kernel', r['optim']):>8} "
-        f"{'on' if r['recompute'] else 'off':>6} {r['head']:>10} {'on' if r['reshard'] else 'off':>7} | "
+        f"{'on' if r['compile'] else 'off':>7} {'on' if r['recompute'] else 'off':>6} {r['head']:>10} {'on' if r['reshard'] else 'off':>7} | "
     )
     if "error" in r:
         return f"{head}{r['error']}"
@@ -475,10 +491,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         print(HEADER, flush=True)
     results, first_lp = [], {}
-    axes = (args.lengthss, args.batchings, args.optims, args.recomputes, args.heads, args.reshards)
-    for lengths, batching, optim, recompute, head, reshard in itertools.product(*axes):
+    axes = (
+        args.lengthss,
+        args.batchings,
+        args.optims,
+        args.compiles,
+        args.recomputes,
+        args.heads,
+        args.reshards,
+    )
+    for lengths, batching, optim, compiled, recompute, head, reshard in itertools.product(*axes):
         point = dict(
-            lengths=lengths, batching=batching, optim=optim, recompute=recompute, head=head, reshard=reshard
+            lengths=lengths,
+            batching=batching,
+            optim=optim,
+            compile=compiled,
+            recompute=recompute,
+            head=head,
+            reshard=reshard,
         )
         try:
             result = {**setup, **run_point(args, point, world, rank, device, first_lp)}

@@ -32,6 +32,11 @@ class ModelConfig(_Section):
     trust_remote_code: bool = False
     dtype: Dtype = Field("float32", description="parameter dtype of the trained copy")
     enable_gradient_checkpointing: bool = False
+    use_torch_compile: bool = Field(
+        False,
+        description="torch.compile each decoder layer and the policy's LM-head math (fuses the "
+        "elementwise work around the matmuls; meant for GPUs, compiles once per run)",
+    )
     override_config: dict[str, Any] = Field(default_factory=dict)
 
     @property

@@ -96,7 +96,12 @@ class ActorRolloutRefWorker(Worker):
         mesh = self._mesh(fsdp_cfg)
         ckpt = trainable and self.cfg.model.enable_gradient_checkpointing
         actor = self.cfg.actor
-        wrap = functools.partial(PolicyLM, chunk_size=actor.logprob_chunk_size, head_impl=actor.logprob_head)
+        wrap = functools.partial(
+            PolicyLM,
+            chunk_size=actor.logprob_chunk_size,
+            head_impl=actor.logprob_head,
+            compiled_head=self.cfg.model.use_torch_compile,
+        )
         module = build_fsdp_model(
             self.cfg.model,
             "causal_lm",

@@ -49,6 +49,8 @@ __all__ = [
     "model_from_config",
     "apply_fsdp",
     "build_fsdp_model",
+    "compile_decoder_layers",
+    "enable_gradient_checkpointing",
     "reshard_all",
     "iter_full_params",
     "build_optimizer",
@@ -205,6 +207,8 @@ def build_fsdp_model(
         use_varlen_attention(hf)
     if gradient_checkpointing:
         enable_gradient_checkpointing(hf)
+    if getattr(model_cfg, "use_torch_compile", False):
+        compile_decoder_layers(hf)
     hf.requires_grad_(trainable)
     module = wrap(hf)
     buffers = {name: buf.detach().clone() for name, buf in module.named_buffers()}
@@ -257,6 +261,16 @@ def enable_gradient_checkpointing(hf_model: nn.Module) -> None:
     hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if hasattr(hf_model, "config"):
         hf_model.config.use_cache = False
+
+
+def compile_decoder_layers(hf_model: nn.Module) -> None:
+    """``torch.compile`` each decoder layer's ``forward`` (dynamic shapes: packed micro-batches vary
+    in length). The module, its hooks and parameter names stay as they are, so FSDP2 wraps it and
+    checkpoints keep their HF names; the attention kernel itself runs eagerly between two compiled
+    graphs when it is ``ppoflow_varlen``. All layers share one compiled graph (same code, parameters
+    as inputs)."""
+    for layer in _decoder_layers(hf_model):
+        layer.forward = torch.compile(layer.forward, dynamic=True)
 
 
 def apply_fsdp(

@@ -170,6 +170,7 @@ def _flash_varlen(query, key, value, cu, max_len: int, scaling: float | None) ->
     return fn(query, key.contiguous(), value.contiguous(), cu, cu, max_len, max_len, **kwargs)
 
 
+@torch.compiler.disable  # a graph break in a compiled decoder layer: this stays eager (data-dependent)
 def varlen_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
