@@ -33,7 +33,7 @@ MFU = model FLOPs / time / (peak x ranks), with peak 791 TFLOP/s (H200 bf16 dens
 - ``useful``: only the matmuls the step needs: 6·(N - V·H)·tokens + 6·V·H·response_tokens
   (PolicyLM applies the LM head to response positions only), no recomputation counted.
 ``logprob`` columns time ``compute_log_prob`` (forward only: 2·N·tokens) with the same batching.
-``Δlp`` is the largest log-prob difference to the sweep's first variant on the same data (a
+``warm-up s`` is the variant's build, compilation and untimed calls. ``Δlp`` is the largest log-prob difference to the sweep's first variant on the same data (a
 sanity check of packed vs padded numerics: bf16 rounding only). ``mb/step`` = micro-batches per
 optimizer step.
 
@@ -349,6 +349,8 @@ def run_point(
     args: argparse.Namespace, point: dict, world: int, rank: int, device: torch.device, first_lp: dict
 ) -> dict:
     """Build the actor for one combination, time compute_log_prob and update_policy, return the row."""
+    torch._dynamo.reset()  # each variant compiles afresh: its numbers do not depend on the order
+    t_build = time.perf_counter()
     actor, n_params, hf_cfg = build_actor(args, point, world, device)
     full = synthetic_rollout(
         args.sequences, args.prompt_len, args.response_len, hf_cfg.vocab_size, point["lengths"], seed=0
@@ -368,6 +370,8 @@ def run_point(
         data.batch["ref_log_prob"] = old.clone()
     for _ in range(args.warmup):
         actor.update_policy(data)
+    _sync(device)
+    warmup_s = time.perf_counter() - t_build
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times = []
@@ -393,6 +397,7 @@ def run_point(
         "params_M": round(n_params / 1e6, 1),
         "tokens": tokens,
         "padding_share": round(1 - tokens / full.batch["attention_mask"].numel(), 3),
+        "warmup_s": round(warmup_s, 1),
         "update_s": round(step_s, 4),
         "update_tokens_per_s": round(tokens / step_s, 1),
         "mfu": round(flops / step_s / peak, 4),
@@ -443,7 +448,7 @@ def profile_update(actor: DataParallelPPOActor, data: DataProto, device: torch.d
 HEADER = (
     f"{'lengths':>7} {'batching':>13} {'optim':>8} {'compile':>7} {'recomp':>6} {'head':>10} {'reshard':>7} | "
     f"{'update s':>8} {'tok/s':>9} {'MFU':>6} {'useful':>6} {'mb/step':>7} | "
-    f"{'logprob tok/s':>13} {'MFU':>6} {'Δlp':>8} | {'peak GiB':>8}"
+    f"{'logprob tok/s':>13} {'MFU':>6} {'Δlp':>8} | {'peak GiB':>8} {'warm-up s':>9}"
 )
 
 
@@ -459,7 +464,7 @@ def _row(r: dict) -> str:
     return (
         f"{head}{r['update_s']:>8.3f} {r['update_tokens_per_s']:>9.0f} {r['mfu']:>6.3f} "
         f"{r['mfu_useful']:>6.3f} {r['micro_batches_per_step']:>7.1f} | {r['logprob_tokens_per_s']:>13.0f} "
-        f"{r['logprob_mfu']:>6.3f} {r['logprob_max_diff']:>8.1e} | {r['peak_mem_GiB']!s:>8}"
+        f"{r['logprob_mfu']:>6.3f} {r['logprob_max_diff']:>8.1e} | {r['peak_mem_GiB']!s:>8} {r['warmup_s']:>9.1f}"
     )
 
 

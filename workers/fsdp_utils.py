@@ -268,7 +268,13 @@ def compile_decoder_layers(hf_model: nn.Module) -> None:
     in length). The module, its hooks and parameter names stay as they are, so FSDP2 wraps it and
     checkpoints keep their HF names; the attention kernel itself runs eagerly between two compiled
     graphs when it is ``ppoflow_varlen``. All layers share one compiled graph (same code, parameters
-    as inputs)."""
+    as inputs); every further model in the process (the reference beside the actor) and every
+    input kind (packed or padded, with or without gradients) adds an entry to that code's cache,
+    so the per-code recompile limit is raised from torch's 8 (past it, layers silently run eager)."""
+    import torch._dynamo.config as dynamo_config
+
+    limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
     for layer in _decoder_layers(hf_model):
         layer.forward = torch.compile(layer.forward, dynamic=True)
 
