@@ -246,3 +246,35 @@ def test_micro_batch_without_response_tokens_still_backpropagates(impl):
     assert lp.shape == (0,) and ent.shape == (0,) and lp.grad_fn is not None
     (lp.sum() - ent.sum()).backward()
     assert hidden.grad is not None and head.weight.grad is not None and not head.weight.grad.any()
+
+
+@pytest.mark.slow
+def test_compiled_layers_and_head_equal_eager(tiny):
+    """``model.use_torch_compile``: decoder layers through torch.compile (the packed attention runs
+    eagerly between their graphs) and the fused head's compiled math give the eager log-probs,
+    entropy and gradients (fp32, inductor on CPU here), packed and padded."""
+    from ppoflow.workers.fsdp_utils import compile_decoder_layers
+
+    batch = uneven_batch(tiny["batch"])
+    mask = batch["response_mask"].bool()
+    inputs = {
+        k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+    }
+
+    def run(model, packed):
+        model.train()
+        model.zero_grad(set_to_none=True)
+        out = model(**inputs, temperature=TEMPERATURE, with_entropy=True, entropy_grad=True, packed=packed)
+        (out["log_probs"][mask].sum() + 0.1 * out["entropy"][mask].sum()).backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        return out["log_probs"].detach(), out["entropy"].detach(), grads
+
+    eager = _policy(tiny["dir"], True)
+    eager.head_impl = "fused"
+    compiled = _policy(tiny["dir"], True)
+    compiled.head_impl, compiled.compiled_head = "fused", True
+    compile_decoder_layers(compiled.hf_model)
+    for packed in (True, False):
+        (lp0, ent0, g0), (lp1, ent1, g1) = run(eager, packed), run(compiled, packed)
+        assert (lp1 - lp0)[mask].abs().max() < PACK_TOL and (ent1 - ent0)[mask].abs().max() < PACK_TOL
+        assert (g1 - g0).norm() / g0.norm() < 1e-5
