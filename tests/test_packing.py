@@ -253,7 +253,7 @@ def test_compiled_layers_and_head_equal_eager(tiny):
     """``model.use_torch_compile``: decoder layers through torch.compile (the packed attention runs
     eagerly between their graphs) and the fused head's compiled math give the eager log-probs,
     entropy and gradients (fp32, inductor on CPU here), packed and padded."""
-    from ppoflow.workers.fsdp_utils import compile_decoder_layers
+    from ppoflow.workers.compiled import compile_decoder_layers
 
     batch = uneven_batch(tiny["batch"])
     mask = batch["response_mask"].bool()

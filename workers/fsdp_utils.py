@@ -37,6 +37,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from ppoflow.workers.compiled import compile_decoder_layers
 from ppoflow.workers.packing import use_varlen_attention
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
@@ -49,7 +50,6 @@ __all__ = [
     "model_from_config",
     "apply_fsdp",
     "build_fsdp_model",
-    "compile_decoder_layers",
     "enable_gradient_checkpointing",
     "reshard_all",
     "iter_full_params",
@@ -208,7 +208,7 @@ def build_fsdp_model(
     if gradient_checkpointing:
         enable_gradient_checkpointing(hf)
     if getattr(model_cfg, "use_torch_compile", False):
-        compile_decoder_layers(hf)
+        compile_decoder_layers(hf, _decoder_layers(hf))
     hf.requires_grad_(trainable)
     module = wrap(hf)
     buffers = {name: buf.detach().clone() for name, buf in module.named_buffers()}
@@ -261,22 +261,6 @@ def enable_gradient_checkpointing(hf_model: nn.Module) -> None:
     hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if hasattr(hf_model, "config"):
         hf_model.config.use_cache = False
-
-
-def compile_decoder_layers(hf_model: nn.Module) -> None:
-    """``torch.compile`` each decoder layer's ``forward`` (dynamic shapes: packed micro-batches vary
-    in length). The module, its hooks and parameter names stay as they are, so FSDP2 wraps it and
-    checkpoints keep their HF names; the attention kernel itself runs eagerly between two compiled
-    graphs when it is ``ppoflow_varlen``. All layers share one compiled graph (same code, parameters
-    as inputs); every further model in the process (the reference beside the actor) and every
-    input kind (packed or padded, with or without gradients) adds an entry to that code's cache,
-    so the per-code recompile limit is raised from torch's 8 (past it, layers silently run eager)."""
-    import torch._dynamo.config as dynamo_config
-
-    limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
-    for layer in _decoder_layers(hf_model):
-        layer.forward = torch.compile(layer.forward, dynamic=True)
 
 
 def apply_fsdp(

@@ -234,7 +234,7 @@ def _register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
-    if VARLEN_ATTENTION in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+    if VARLEN_ATTENTION in ALL_MASK_ATTENTION_FUNCTIONS:
         return
 
     def mask(*args, attention_mask=None, **kwargs):
