@@ -278,6 +278,8 @@ def main(argv=None) -> None:
     work = args.storage or tempfile.mkdtemp(prefix="ppoflow-bench-")
     os.makedirs(work, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect-home"))
+    # a fresh PREFECT_HOME migrates its database first: on a busy machine that outlasts the 20 s default
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     from ppoflow.flows.ppo import install_sigterm_handler, ppo
     from ppoflow.infra.config import parse_config
 

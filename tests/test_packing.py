@@ -278,3 +278,10 @@ def test_compiled_layers_and_head_equal_eager(tiny):
         (lp0, ent0, g0), (lp1, ent1, g1) = run(eager, packed), run(compiled, packed)
         assert (lp1 - lp0)[mask].abs().max() < PACK_TOL and (ent1 - ent0)[mask].abs().max() < PACK_TOL
         assert (g1 - g0).norm() / g0.norm() < 1e-5
+    # generation with a KV cache (rollout.engine: hf) goes through the eager forward: same tokens
+    prompt = {"input_ids": batch["input_ids"][:2, :P], "attention_mask": batch["attention_mask"][:2, :P]}
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=1)
+    with torch.no_grad():
+        want = eager.eval().hf_model.generate(**prompt, **kwargs)
+        got = compiled.eval().hf_model.generate(**prompt, **kwargs)
+    assert torch.equal(got, want)

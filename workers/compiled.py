@@ -17,13 +17,16 @@ __all__ = ["compile_decoder_layers"]
 
 def compile_decoder_layers(hf_model: nn.Module, layers: list[nn.Module] | None = None) -> None:
     """``torch.compile`` each decoder layer's ``forward`` (dynamic shapes: packed micro-batches vary
-    in length). The module, its hooks and parameter names stay as they are, so FSDP2 wraps it and
-    checkpoints keep their HF names (``layers``: the decoder layers; default: the classes in the
-    model's ``_no_split_modules``); the attention kernel itself runs eagerly between two compiled
-    graphs when it is ``ppoflow_varlen``. All layers share one compiled graph (same code, parameters
-    as inputs); every further model in the process (the reference beside the actor) and every
-    input kind (packed or padded, with or without gradients) adds an entry to that code's cache,
-    so the per-code recompile limit is raised from torch's 8 (past it, layers silently run eager)."""
+    in length); ``layers`` default: the classes in the model's ``_no_split_modules``.
+
+    The module, its hooks and parameter names stay as they are, so FSDP2 wraps it and checkpoints
+    keep their HF names. The ``ppoflow_varlen`` attention runs eagerly between two compiled graphs;
+    generation with a KV cache keeps the eager forward. All layers share one compiled graph (same
+    code, parameters as inputs); every further model in the process (the reference beside the
+    actor) and every input kind (packed or padded, with or without gradients) adds an entry to
+    that code's cache, so the per-code recompile limit is raised from torch's 8 (past it, layers
+    silently run eager).
+    """
     import torch._dynamo.config as dynamo_config
 
     limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
@@ -32,4 +35,17 @@ def compile_decoder_layers(hf_model: nn.Module, layers: list[nn.Module] | None =
         names = {n for m in hf_model.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
         layers = [m for m in hf_model.modules() if type(m).__name__ in names]
     for layer in layers:
-        layer.forward = torch.compile(layer.forward, dynamic=True)
+        layer.forward = _without_cache_only(layer.forward, torch.compile(layer.forward, dynamic=True))
+
+
+def _without_cache_only(eager, compiled):
+    """The compiled forward for training and scoring passes; the eager one for generation with a
+    KV cache (``rollout.engine: hf``), whose cache object and one-token steps would only make the
+    compiled graph recompile or break."""
+
+    def forward(*args, **kwargs):
+        if kwargs.get("past_key_values") is not None:
+            return eager(*args, **kwargs)
+        return compiled(*args, **kwargs)
+
+    return forward
