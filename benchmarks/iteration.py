@@ -11,6 +11,15 @@ update's MFU (on GPU) and the share of the iteration spent outside model compute
     python benchmarks/iteration.py --preset qwen2.5-0.5b --device cuda --ranks 1 --engine vllm \\
         --prompts 256 --prompt-len 512 --response-len 256 --micro-batch 32 \\
         --log-prob-micro-batch 32 --reference-tokens-per-s 36819                       # one H200
+    ... --mean-response-len 128 [--dynamic-bsz]          # uneven responses, padded or packed
+
+Uneven responses: a random-weight model samples close to uniformly over its vocabulary, so it
+almost never stops. ``--mean-response-len L`` gives the model ``V / L`` extra stop tokens (in its
+``generation_config.json``, which both engines honour): each sampled token then ends the response
+with probability about ``1 / L``, and lengths spread from 1 to ``--response-len`` as they do with
+a real stop token. ``--dynamic-bsz`` runs the actor, reference and critic with packed micro-batches
+of ``--max-token-len`` real tokens (default: micro-batch x (prompt + response)); tokens/s count
+real tokens, so the two runs side by side show the packing gain.
 
 The engine flags (``--eager``, ``--gpu-memory-utilization``, ``--kv-cache-gib``, ``--max-num-seqs``,
 ``--max-num-batched-tokens``, ``--tp``, ``--sleep-level``, ``--loader``) set the ``rollout``
@@ -79,6 +88,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward per rank")
     p.add_argument("--log-prob-micro-batch", type=int, default=8)
     p.add_argument("--recompute", action="store_true", help="activation checkpointing in the updates")
+    p.add_argument(
+        "--mean-response-len", type=int, default=0, help="add stop tokens for about this mean (0: none)"
+    )
+    p.add_argument("--dynamic-bsz", action="store_true", help="packed token-budget micro-batches")
+    p.add_argument("--max-token-len", type=int, default=None, help="tokens per update micro-batch per rank")
+    p.add_argument("--compile", action="store_true", help="model.use_torch_compile")
     p.add_argument("--iters", type=int, default=2, help="warm iterations timed (after one warm-up)")
     p.add_argument("--storage", default=None, help="where the experiment goes (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
@@ -112,8 +127,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_model(out_dir: str, preset: str, max_len: int) -> int:
-    """Random-weight Qwen2-shaped model + the byte tokenizer; returns the parameter count."""
+def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int = 0) -> int:
+    """Random-weight Qwen2-shaped model + the byte tokenizer; returns the parameter count. With
+    ``mean_response_len`` the generation config lists ``V / mean_response_len`` stop tokens."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -131,6 +147,11 @@ def build_model(out_dir: str, preset: str, max_len: int) -> int:
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if mean_response_len > 0:
+        rng = random.Random(1)
+        ordinary = range(len(tok), vocab) if vocab > 4 * len(tok) else range(5, vocab)  # not specials
+        stops = rng.sample(list(ordinary), max(1, round(vocab / mean_response_len)))
+        model.generation_config.eos_token_id = [tok.eos_token_id, *stops]
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return sum(p.numel() for p in model.parameters())
@@ -166,8 +187,20 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
     cuda = args.device == "cuda"
     mini = args.mini_batch or max(1, args.prompts // 4)
     fsdp = {"param_dtype": "bfloat16", "reduce_dtype": "float32"} if cuda else {}
+    row = args.prompt_len + args.response_len
+    budget = args.max_token_len or args.micro_batch * row
+    packing = {
+        "use_dynamic_bsz": args.dynamic_bsz,
+        "ppo_max_token_len_per_gpu": max(budget, row),
+    }
+    log_prob_budget = max(args.log_prob_micro_batch * row, row)
     return {
-        "model": {"path": model_dir, "dtype": "float32", "enable_gradient_checkpointing": args.recompute},
+        "model": {
+            "path": model_dir,
+            "dtype": "float32",
+            "enable_gradient_checkpointing": args.recompute,
+            "use_torch_compile": args.compile,
+        },
         "data": {"train_files": [data_url], "train_batch_size": args.prompts, "apply_chat_template": True},
         "rollout": {
             "engine": args.engine,
@@ -195,6 +228,8 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "logprob_head": "fused",
             "optim": {"lr": 1e-6},
             "fsdp": fsdp,
+            **packing,
+            "log_prob_max_token_len_per_gpu": log_prob_budget,
         },
         "ref": {"log_prob_micro_batch_size_per_gpu": args.log_prob_micro_batch, "fsdp": fsdp},
         "critic": {
@@ -203,6 +238,8 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "forward_micro_batch_size_per_gpu": args.log_prob_micro_batch,
             "optim": {"lr": 1e-5},
             "fsdp": fsdp,
+            **packing,
+            "forward_max_token_len_per_gpu": log_prob_budget,
         },
         "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True},
         "storage": {"root": root, "experiment": "bench"},
@@ -230,7 +267,9 @@ def report(args, rows: list[dict], n_params: int, extra: list[str] = ()) -> tupl
     lines = [
         f"ppoflow iteration benchmark: {args.preset} (N={n_params / 1e6:.1f}M), {args.ranks} rank(s) on "
         f"{args.device}, engine {engine}, {args.prompts} prompts x {args.n}, prompt {args.prompt_len}, "
-        f"response {args.response_len}; mean of {len(rows)} warm iteration(s)",
+        f"response {args.response_len} (mean {mean(rows, 'response_length/mean'):.1f}), "
+        f"{'packed micro-batches (dynamic bsz)' if args.dynamic_bsz else 'padded micro-batches'}; "
+        f"mean of {len(rows)} warm iteration(s)",
         "",
         f"{'stage':<22}{'seconds':>10}{'tokens/s':>12}",
     ]
@@ -305,14 +344,17 @@ def main(argv=None) -> None:
     work = args.storage or tempfile.mkdtemp(prefix="ppoflow-bench-")
     os.makedirs(work, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect-home"))
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # a fresh database
+    # a fresh PREFECT_HOME migrates its database first: on a busy machine that outlasts the 20 s default
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     from ppoflow.flows.ppo import install_sigterm_handler, ppo
     from ppoflow.infra.config import parse_config
 
     model_dir = os.path.join(work, "model")
     data_url = os.path.join(work, "prompts.parquet")
     t0 = time.perf_counter()
-    n_params = build_model(model_dir, args.preset, args.prompt_len + args.response_len + 8)
+    n_params = build_model(
+        model_dir, args.preset, args.prompt_len + args.response_len + 8, args.mean_response_len
+    )
     build_prompts(data_url, max(args.prompts * (args.iters + 1), args.prompts), args.prompt_len)
     cfg = parse_config(experiment_config(args, model_dir, data_url, os.path.join(work, "runs")))
     print(

@@ -68,6 +68,11 @@ class ModelConfig(_Section):
     trust_remote_code: bool = False
     dtype: Dtype = Field("float32", description="parameter dtype of the trained copy")
     enable_gradient_checkpointing: bool = False
+    use_torch_compile: bool = Field(
+        False,
+        description="torch.compile each decoder layer and the policy's LM-head math (fuses the "
+        "elementwise work around the matmuls; meant for GPUs, compiles once per run)",
+    )
     override_config: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -100,6 +105,11 @@ class OptimConfig(_Section):
     warmup_steps_ratio: float = Field(0.0, ge=0.0, le=1.0)
     total_training_steps: int | None = Field(None, description="needed only for warmup_steps_ratio")
     grad_clip: float = 1.0
+    fused: bool | None = Field(
+        None,
+        description="AdamW's fused kernel (True), its foreach/for-loop kernels (False), or None = fused "
+        "on CUDA, torch's default elsewhere",
+    )
 
 
 class ActorConfig(_Section):
@@ -124,12 +134,29 @@ class ActorConfig(_Section):
     logprob_chunk_size: int = Field(
         1024, ge=1, description="tokens per LM-head chunk (never the full logits)"
     )
+    use_dynamic_bsz: bool = Field(
+        False,
+        description="pack each micro-batch's real tokens into one row (no compute on padding) and form micro-batches "
+        "by a token budget instead of a row count",
+    )
+    ppo_max_token_len_per_gpu: int = Field(
+        16384, ge=1, description="with use_dynamic_bsz: real tokens per update micro-batch per GPU"
+    )
+    log_prob_max_token_len_per_gpu: int | None = Field(
+        None,
+        ge=1,
+        description="with use_dynamic_bsz: tokens per log-prob micro-batch; None = ppo_max_token_len_per_gpu",
+    )
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
 class RefConfig(_Section):
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
+    log_prob_use_dynamic_bsz: bool | None = Field(None, description="None = actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int | None = Field(
+        None, ge=1, description="None = the actor's log-prob token budget"
+    )
     fsdp: FSDPConfig = Field(default_factory=lambda: FSDPConfig(param_offload=False))
 
 
@@ -198,6 +225,19 @@ class CriticConfig(_Section):
     cliprange_value: float = 0.5
     loss_agg_mode: LossAggMode = "token-mean"
     forward_micro_batch_size_per_gpu: int = Field(8, ge=1)
+    use_dynamic_bsz: bool = Field(
+        False,
+        description="pack each micro-batch's real tokens into one row (no compute on padding) and form micro-batches "
+        "by a token budget instead of a row count",
+    )
+    ppo_max_token_len_per_gpu: int = Field(
+        32768, ge=1, description="with use_dynamic_bsz: real tokens per update micro-batch per GPU"
+    )
+    forward_max_token_len_per_gpu: int | None = Field(
+        None,
+        ge=1,
+        description="with use_dynamic_bsz: tokens per values micro-batch; None = ppo_max_token_len_per_gpu",
+    )
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
@@ -206,6 +246,10 @@ class RewardModelConfig(_Section):
     enable: bool = False
     model: ModelConfig | None = None
     micro_batch_size_per_gpu: int = Field(8, ge=1)
+    use_dynamic_bsz: bool = Field(
+        False, description="score packed micro-batches of forward_max_token_len_per_gpu real tokens"
+    )
+    forward_max_token_len_per_gpu: int = Field(32768, ge=1)
     max_length: int | None = None
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
@@ -326,6 +370,31 @@ class ExperimentConfig(_Section):
             )
         if self.reward.reward_model.enable and self.reward.reward_model.model is None:
             raise ValueError("reward.reward_model.enable=true needs reward.reward_model.model.path")
+        return self
+
+    @model_validator(mode="after")
+    def _check_token_budgets(self) -> ExperimentConfig:
+        """With use_dynamic_bsz every token budget must hold the longest rollout row."""
+        longest = self.rollout.prompt_length + self.rollout.response_length
+        budgets = []
+        if self.actor.use_dynamic_bsz:
+            budgets.append(("actor.ppo_max_token_len_per_gpu", self.actor.ppo_max_token_len_per_gpu))
+        if self.actor.use_dynamic_bsz or self.ref.log_prob_use_dynamic_bsz:
+            budgets.append(
+                ("actor.log_prob_max_token_len_per_gpu", self.actor.log_prob_max_token_len_per_gpu)
+            )
+            budgets.append(("ref.log_prob_max_token_len_per_gpu", self.ref.log_prob_max_token_len_per_gpu))
+        if self.critic.enable and self.critic.use_dynamic_bsz:
+            budgets.append(("critic.ppo_max_token_len_per_gpu", self.critic.ppo_max_token_len_per_gpu))
+            budgets.append(
+                ("critic.forward_max_token_len_per_gpu", self.critic.forward_max_token_len_per_gpu)
+            )
+        for name, budget in budgets:
+            if budget is not None and budget < longest:
+                raise ValueError(
+                    f"{name}={budget} is smaller than the longest row: rollout.prompt_length + "
+                    f"rollout.response_length = {longest} tokens; raise it to at least {longest}"
+                )
         return self
 
     @property

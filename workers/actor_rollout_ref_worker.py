@@ -48,6 +48,7 @@ from ppoflow.workers.fsdp_utils import (
     build_optimizer,
     mesh_info,
     move_optimizer_state,
+    optimizer_kernel,
 )
 from ppoflow.workers.modeling import PolicyLM
 
@@ -98,12 +99,20 @@ class ActorRolloutRefWorker(Worker):
             self._meshes[size] = build_mesh(fsdp_cfg, self.world_size, self.device.type)
         return self._meshes[size]
 
-    def _build_policy(self, fsdp_cfg: FSDPConfig, trainable: bool) -> tuple[PolicyLM, dict[str, Any]]:
-        """The base model as a sharded ``PolicyLM`` (rank 0 reads the weights, the others get shards)."""
+    def _build_policy(
+        self, fsdp_cfg: FSDPConfig, trainable: bool, packed: bool
+    ) -> tuple[PolicyLM, dict[str, Any]]:
+        """The base model as a sharded ``PolicyLM`` (rank 0 reads the weights, the others get shards);
+        ``packed``: with the attention packed forwards need."""
         mesh = self._mesh(fsdp_cfg)
         ckpt = trainable and self.cfg.model.enable_gradient_checkpointing
         actor = self.cfg.actor
-        wrap = functools.partial(PolicyLM, chunk_size=actor.logprob_chunk_size, head_impl=actor.logprob_head)
+        wrap = functools.partial(
+            PolicyLM,
+            chunk_size=actor.logprob_chunk_size,
+            head_impl=actor.logprob_head,
+            compiled_head=self.cfg.model.use_torch_compile,
+        )
         module = build_fsdp_model(
             self.cfg.model,
             "causal_lm",
@@ -114,11 +123,13 @@ class ActorRolloutRefWorker(Worker):
             trainable=trainable,
             gradient_checkpointing=ckpt,
             seed=self.cfg.seed,
+            varlen_attention=packed,
         )
         info = {
             **mesh_info(mesh, module),
             "gradient_checkpointing": bool(module.hf_model.is_gradient_checkpointing),
             "param_offload": fsdp_cfg.param_offload,
+            "attn_implementation": module.hf_model.config._attn_implementation,
         }
         return module, info
 
@@ -173,19 +184,28 @@ class ActorRolloutRefWorker(Worker):
             default_temperature=cfg.rollout.temperature,
             seed=cfg.seed,
         )
+        ref_packed = cfg.actor.use_dynamic_bsz
+        if cfg.ref.log_prob_use_dynamic_bsz is not None:
+            ref_packed = cfg.ref.log_prob_use_dynamic_bsz
         if self.is_actor or self.is_rollout:
-            module, info["actor"] = self._build_policy(cfg.actor.fsdp, trainable=self.is_actor)
+            module, info["actor"] = self._build_policy(
+                cfg.actor.fsdp, trainable=self.is_actor, packed=cfg.actor.use_dynamic_bsz
+            )
             optimizer = scheduler = None
             if self.is_actor:
                 optimizer, scheduler = build_optimizer(module, cfg.actor.optim)
+                info["actor"]["optimizer"] = optimizer_kernel(optimizer)
             self.actor = DataParallelPPOActor(cfg.actor, module, optimizer, scheduler, **common)
         if self.is_ref:
-            module, info["ref"] = self._build_policy(cfg.ref.fsdp, trainable=False)
+            module, info["ref"] = self._build_policy(cfg.ref.fsdp, trainable=False, packed=ref_packed)
             self.ref = DataParallelPPOActor(
                 cfg.actor,
                 module,
                 **common,
                 log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
+                log_prob_use_dynamic_bsz=ref_packed,
+                log_prob_max_token_len=cfg.ref.log_prob_max_token_len_per_gpu,
+                log_prob_section="ref",
             )
         if self.is_rollout:
             info["rollout"] = self._build_rollout()

@@ -28,6 +28,7 @@ from ppoflow.workers.fsdp_utils import (
     build_optimizer,
     mesh_info,
     move_optimizer_state,
+    optimizer_kernel,
 )
 from ppoflow.workers.modeling import ValueModel
 
@@ -58,6 +59,7 @@ class CriticWorker(Worker):
             self.device,
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
             seed=cfg.seed,
+            varlen_attention=cfg.critic.use_dynamic_bsz,
         )
         hf = module.hf_model
         optimizer, scheduler = build_optimizer(module, cfg.critic.optim)
@@ -75,6 +77,7 @@ class CriticWorker(Worker):
             **mesh_info(mesh, module),
             "gradient_checkpointing": bool(hf.is_gradient_checkpointing),
             "param_offload": cfg.critic.fsdp.param_offload,
+            "optimizer": optimizer_kernel(optimizer),
         }
         return {
             "rank": self.rank,
