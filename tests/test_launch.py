@@ -211,7 +211,7 @@ def test_shutdown_runs_worker_hook_and_leaves_nothing(group, marker):
     group.shutdown()
     print(f"\n[timing] shutdown {time.monotonic() - t0:.2f} s")
     assert [open(f"{marker}.{r}").read() for r in (0, 1)] == ["bye", "bye"]
-    assert group._res.proc.returncode == 0  # every rank exited 0, torchrun too
+    assert group.launcher.returncode == 0  # every rank exited 0, torchrun too
     assert not os.path.exists(scratch) and not group.alive
     assert_all_gone(pids)
     with pytest.raises(WorkerGroupDead, match="shut down"):

@@ -2,16 +2,16 @@
 JSON messages and killing a launched process group.
 
 - ``torchrun_command`` / ``rank_env``: how the ranks are launched and what they are told.
-- ``ControlListener``: a TCP listener on 127.0.0.1 with a random authkey whose ``accept`` takes a
-  timeout (``multiprocessing.connection.Listener.accept`` cannot), speaking the same HMAC handshake
-  as ``multiprocessing.connection.Client`` on the rank side.
+- ``ControlListener``: a TCP listener (127.0.0.1 and a random authkey for a group on this host; a
+  configured address and the cluster key for a multi-node driver) whose ``accept`` takes a timeout
+  (``multiprocessing.connection.Listener.accept`` cannot); ``authenticate`` is its side of the
+  mutual HMAC handshake that ``multiprocessing.connection.Client`` speaks on the rank side.
 - ``send_json`` / ``recv_json``: every message is JSON bytes over ``send_bytes``/``recv_bytes``;
   nothing is ever pickled or unpickled.
 - ``OutputPump``: a thread that streams the launcher's merged stdout/stderr line by line to a
   ``log`` callable and keeps the last lines for error messages.
 - ``kill_process_group``: SIGKILL torchrun, every rank (each in a session of its own) and whatever
   the ranks spawned, and reap torchrun.
-- ``GroupResources``: everything a group holds, released by one idempotent ``release()``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import json
 import os
 import secrets
 import select
-import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -70,20 +70,27 @@ def torchrun_command(nprocs: int, log_dir: str) -> list[str]:
 
 
 def rank_env(
-    env: dict[str, str], listener: ControlListener, worker: str, device: str, nprocs: int
+    env: dict[str, str],
+    address: tuple[str, int],
+    authkey: bytes,
+    worker: str,
+    device: str,
+    local_world: int,
 ) -> dict[str, str]:
-    """The environment of torchrun and the ranks: ``env`` plus what ``ppoflow.infra.runtime.rank_entry`` reads."""
+    """The environment of torchrun and its ranks: ``env`` plus what ``ppoflow.infra.runtime.rank_entry``
+    reads (the driver's control address and authkey, the worker class, the device). The caller adds
+    ``PPOFLOW_DRIVER_PID``: the local process whose death ends the ranks. ``local_world`` is the
+    number of ranks on this host (it sets the default CPU threads per rank)."""
     env = dict(env)
     threads = env.get("PPOFLOW_RANK_THREADS", "")
     if not threads.isdigit():  # the rank reports a bad value; OMP just needs a number
-        threads = str(max(1, (os.cpu_count() or 1) // nprocs))
+        threads = str(max(1, (os.cpu_count() or 1) // local_world))
     env.setdefault("OMP_NUM_THREADS", threads)  # (and torchrun prints no banner)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
     env.update(
         {
-            "PPOFLOW_DRIVER_ADDR": f"{listener.address[0]}:{listener.address[1]}",
-            "PPOFLOW_AUTHKEY": listener.authkey.hex(),
-            "PPOFLOW_DRIVER_PID": str(os.getpid()),
+            "PPOFLOW_DRIVER_ADDR": f"{address[0]}:{address[1]}",
+            "PPOFLOW_AUTHKEY": authkey.hex(),
             "PPOFLOW_WORKER": worker,
             "PPOFLOW_DEVICE": device,
             "PYTHONUNBUFFERED": "1",
@@ -103,30 +110,58 @@ def recv_json(conn: Connection) -> Any:
     return json.loads(conn.recv_bytes())
 
 
-class ControlListener:
-    """Accepts authenticated ``multiprocessing.connection`` links from the ranks, with timeouts."""
+def authenticate(conn: Connection, authkey: bytes, timeout: float = 10.0) -> bool:
+    """The server side of ``multiprocessing.connection``'s mutual HMAC handshake (what
+    ``Client(address, authkey=...)`` answers), with a time limit so a silent peer cannot hold
+    the caller. True if the peer proved it holds ``authkey``; the link is closed otherwise."""
+    timeval = struct.Struct("ll")  # struct timeval on Linux
+    sock = socket.socket(fileno=os.dup(conn.fileno()))  # the same socket, to set its read timeout
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval.pack(max(1, int(timeout)), 0))
+        deliver_challenge(conn, authkey)
+        answer_challenge(conn, authkey)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval.pack(0, 0))
+        return True
+    except (AuthenticationError, EOFError, OSError):
+        conn.close()
+        return False
+    finally:
+        sock.close()
 
-    def __init__(self, host: str = "127.0.0.1"):
-        self.authkey = secrets.token_bytes(32)
-        self._sock = socket.create_server((host, 0), backlog=128)
+
+class ControlListener:
+    """Accepts authenticated ``multiprocessing.connection`` links from the ranks, with timeouts.
+
+    ``host`` is the interface to listen on (127.0.0.1 for a group on this host), ``port`` 0 for
+    any free one; ``authkey`` defaults to 32 random bytes."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, authkey: bytes | None = None):
+        self.authkey = authkey or secrets.token_bytes(32)
+        self._sock = socket.create_server((host, port), backlog=128)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def accept_raw(self, timeout: float) -> tuple[Connection, tuple] | None:
+        """The next connection before any handshake, with the peer's address (None on timeout)."""
+        readable, _, _ = select.select([self._sock], [], [], max(0.0, timeout))
+        if not readable:
+            return None
+        try:
+            sock, peer = self._sock.accept()
+        except OSError:
+            return None
+        sock.setblocking(True)
+        return Connection(sock.detach()), peer
 
     def accept(self, timeout: float) -> Connection | None:
         """One authenticated connection, or None if none arrived within ``timeout`` seconds (or the
         peer failed the handshake)."""
-        readable, _, _ = select.select([self._sock], [], [], max(0.0, timeout))
-        if not readable:
+        got = self.accept_raw(timeout)
+        if got is None:
             return None
-        sock, _ = self._sock.accept()
-        sock.setblocking(True)
-        conn = Connection(sock.detach())
-        try:
-            deliver_challenge(conn, self.authkey)
-            answer_challenge(conn, self.authkey)
-        except (AuthenticationError, EOFError, OSError):
-            conn.close()
-            return None
-        return conn
+        return got[0] if authenticate(got[0], self.authkey) else None
 
     def close(self) -> None:
         self._sock.close()
@@ -246,37 +281,3 @@ def wait_pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
-
-
-class GroupResources:
-    """What must be released when a group ends, shut down or not (held by a weakref finalizer)."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
-        self.pump: OutputPump | None = None
-        self.listener: ControlListener | None = None
-        self.conns: list[Connection] = []
-        self.pidfd: int | None = None
-        self.scratch: str | None = None
-        self.rank_pids: list[int] = []
-        self.killed = False
-
-    def release(self) -> None:
-        """Kill the process group (if still running), close every handle, remove the scratch dir."""
-        if self.proc is not None and not self.killed:
-            self.killed = True
-            kill_process_group(self.proc, self.rank_pids)
-        if self.pump is not None:
-            self.pump.join(timeout=2.0)
-        for conn in self.conns:
-            conn.close()
-        self.conns = []
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-        if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            self.scratch = None

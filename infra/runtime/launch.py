@@ -7,22 +7,27 @@ commands from the driver process (a Prefect task, a test, a script).
         url = group.call("compute_values", rollout_url, out_url=values_url, micro_batch=4)
 
 How it works:
-- ``start()`` opens a control listener on 127.0.0.1 with a random authkey, then runs
-  ``python -m torch.distributed.run --standalone --nproc-per-node=N --max-restarts=0 --tee 3
-  -m ppoflow.infra.runtime.rank_entry`` in its own session (so the whole group can be killed as one). Each rank
-  initialises torch.distributed (gloo on CPU, nccl on CUDA), connects back, says hello, receives
-  the config JSON over the link and builds the worker (imported by its "module:Class" string).
+- ``start()`` has the group's launcher start the ranks (``ppoflow.infra.runtime.launchers``): by
+  default ``LocalLauncher``, which opens a control listener on 127.0.0.1 with a random authkey and
+  runs ``python -m torch.distributed.run --standalone --nproc-per-node=N --max-restarts=0 --tee 3
+  -m ppoflow.infra.runtime.rank_entry`` in its own session (so the whole group can be killed as
+  one); or ``ppoflow.infra.runtime.cluster.RendezvousLauncher``, whose per-node agents run torchrun
+  with a c10d rendezvous so the ranks span hosts. Each rank initialises torch.distributed (gloo on
+  CPU, nccl on CUDA), connects back, says hello, receives the config JSON over the link and builds
+  the worker (imported by its "module:Class" string).
 - Rank output (stdout and stderr, prefixed ``[rankN]:``) is streamed line by line to ``log``; the
   last 200 lines go into error messages.
 - ``call`` sends one JSON command per rank and waits for every reply while watching the ranks'
-  links (EOF = dead rank) and torchrun's liveness (a pidfd). Data never travels on the link: a
-  DP_COMPUTE_PROTO call moves DataProto chunks as Arrow files in the group's scratch directory.
+  links (EOF = dead rank) and the launcher (torchrun's pidfd; the agents' links). Data never
+  travels on the link: a DP_COMPUTE_PROTO call moves DataProto chunks as Arrow files in the
+  group's scratch space (a temp dir, or a storage URL every node reads when ranks span hosts).
   See ``ppoflow.infra.runtime.dispatch.Dispatch`` for the modes and ``ppoflow.infra.runtime.rank_entry`` for the rank side.
 - Failures: a rank that raises sends its traceback; the driver waits ``grace_s`` for the others
   (they may be stuck in a collective), kills the process group and raises ``RankFailure``. A rank
-  that dies (EOF, or torchrun exits) gets the group killed and ``RankFailure`` with torchrun's
-  output tail within about a second. A failed group is dead: later calls raise ``WorkerGroupDead``.
-- Ranks exit by themselves when the driver process dies (they watch its pid), and a finalizer
+  that dies (EOF, torchrun exits, a node's agent is lost) gets the group killed and
+  ``RankFailure`` with the launcher's account and the output tail within about a second. A failed group is dead: later calls raise ``WorkerGroupDead``.
+- Ranks exit by themselves when the driver process (or their node's agent) dies: they watch its
+  pid; a finalizer
   (also run at interpreter exit) kills a group that was never shut down.
 
 Fault injection for chaos tests: pass ``env={"PPOFLOW_FAULT": "rank_exit:<method>:<rank>"}`` (the
@@ -36,9 +41,6 @@ import itertools
 import json
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 import weakref
@@ -46,23 +48,30 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ppoflow.infra.runtime.control import (
-    ControlListener,
-    GroupResources,
-    OutputPump,
-    RankFailure,
-    WorkerGroupDead,
-    rank_env,
-    recv_json,
-    send_json,
-    torchrun_command,
-    wait_pidfd,
-)
+from ppoflow.infra.data import storage
+from ppoflow.infra.runtime.control import RankFailure, WorkerGroupDead, recv_json, send_json
 from ppoflow.infra.runtime.dispatch import Dispatch, merge_results, split_proto
+from ppoflow.infra.runtime.launchers import Launcher, LocalLauncher
 
 __all__ = ["WorkerGroup", "RankFailure", "WorkerGroupDead", "Dispatch"]
 
 _LOG = logging.getLogger("ppoflow.ranks")
+
+
+class _Resources:
+    """What must be released when a group ends, shut down or not (held by a weakref finalizer):
+    the launcher (processes, listener, scratch space) and the rank links."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.conns: list[Connection] = []
+
+    def release(self) -> None:
+        """Kill what is left, close the links, remove the scratch space (idempotent)."""
+        self.launcher.release()
+        for conn in self.conns:
+            conn.close()
+        self.conns = []
 
 
 class WorkerGroup:
@@ -76,11 +85,14 @@ class WorkerGroup:
         log: called with every output line of the ranks and of torchrun (default: the
             ``ppoflow.ranks`` logger at INFO).
         env: extra environment variables for the ranks (e.g. ``PPOFLOW_FAULT``).
-        scratch_dir: parent of the group's temp dir (DataProto chunks, rank logs); removed at
-            shutdown. Default: the system temp dir.
+        scratch_dir: parent of the group's temp dir (DataProto chunks, rank logs) of the default
+            local launcher; removed at shutdown. Default: the system temp dir.
         grace_s: after a rank raises, how long to wait for the other ranks before killing them.
-        start_timeout_s: how long ``start`` waits for all ranks to connect.
+        start_timeout_s: how long ``start`` waits for all ranks to connect (after the launcher
+            started them).
         call_timeout_s: optional limit for one call (None: wait as long as the ranks live).
+        launcher: how the ranks are started (``ppoflow.infra.runtime.launchers``); default a
+            ``LocalLauncher`` of ``nprocs`` ranks on this host.
     """
 
     def __init__(
@@ -95,6 +107,7 @@ class WorkerGroup:
         grace_s: float = 5.0,
         start_timeout_s: float = 120.0,
         call_timeout_s: float | None = None,
+        launcher: Launcher | None = None,
     ):
         if ":" not in worker:
             raise ValueError(f"worker must be 'module:Class', got {worker!r}")
@@ -102,19 +115,24 @@ class WorkerGroup:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         if nprocs < 1:
             raise ValueError(f"nprocs must be >= 1, got {nprocs}")
+        launcher = launcher or LocalLauncher(nprocs, scratch_dir)
+        if launcher.nprocs != nprocs:
+            raise ValueError(f"nprocs={nprocs} but the launcher starts {launcher.nprocs} ranks")
         self.worker, self.nprocs, self.device = worker, int(nprocs), device
         self.config = dict(config or {})
         self._config_json = json.dumps(self.config)  # fail early on a non-JSON config
         self.log = log or _LOG.info
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
-        self.scratch_parent, self.grace_s = scratch_dir, float(grace_s)
+        self.grace_s = float(grace_s)
         self.start_timeout_s, self.call_timeout_s = float(start_timeout_s), call_timeout_s
+        self.launcher = launcher
         self.pids: list[int] = []  # rank pids, by rank (from the hellos)
+        self.hellos: dict[int, dict[str, Any]] = {}  # rank -> its hello (pid, node, host, ...)
         self.methods: dict[str, Dispatch] = {}
         self.layout: list[dict[str, Any]] = []  # per rank: dp_rank, dp_size, is_output_rank
         self.start_s: float | None = None
-        self._res = GroupResources()
-        self._finalizer = weakref.finalize(self, GroupResources.release, self._res)
+        self._res = _Resources(launcher)
+        self._finalizer = weakref.finalize(self, _Resources.release, self._res)
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
         self._state = "new"  # new -> running -> failed | closed
@@ -123,26 +141,27 @@ class WorkerGroup:
     # ------------------------------------------------------------------ lifecycle
     @property
     def alive(self) -> bool:
-        """True while the group is started, has not failed or been shut down, and torchrun runs."""
-        proc = self._res.proc
-        return self._state == "running" and proc is not None and proc.poll() is None
+        """True while the group is started, has not failed or been shut down, and its launched
+        processes run."""
+        return self._state == "running" and self.launcher.failure() is None
 
     @property
     def scratch(self) -> str | None:
-        """The group's temp dir (removed at shutdown)."""
-        return self._res.scratch
+        """The group's scratch space: a temp dir or a storage URL (removed at shutdown)."""
+        return self.launcher.scratch
 
     @property
     def launcher_pid(self) -> int | None:
-        """Pid of the torchrun process (each rank runs in a session of its own below it)."""
-        return self._res.proc.pid if self._res.proc is not None else None
+        """Pid of the local torchrun process (each rank runs in a session of its own below it);
+        None for groups whose ranks run elsewhere."""
+        return getattr(self.launcher, "pid", None)
 
     def output_tail(self, n: int = 200) -> str:
         """The last ``n`` output lines of the ranks and torchrun."""
-        return self._res.pump.tail(n) if self._res.pump is not None else ""
+        return self.launcher.output_tail(n)
 
     def start(self) -> WorkerGroup:
-        """Launch torchrun, accept the N rank links, send the config, wait until every worker is built."""
+        """Launch the ranks, accept the N rank links, send the config, wait until every worker is built."""
         with self._lock:
             if self._state != "new":
                 raise RuntimeError(f"WorkerGroup.start() on a group that is {self._state}")
@@ -159,23 +178,12 @@ class WorkerGroup:
     def _start(self) -> None:
         """The body of ``start``: any exception leaves the caller to kill the group."""
         t0 = time.monotonic()
-        res = self._res
-        res.scratch = tempfile.mkdtemp(prefix="ppoflow-group-", dir=self.scratch_parent)
-        res.listener = ControlListener()
-        env = rank_env({**os.environ, **self.env}, res.listener, self.worker, self.device, self.nprocs)
-        res.proc = subprocess.Popen(
-            torchrun_command(self.nprocs, os.path.join(res.scratch, "logs")),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        res.pidfd = wait_pidfd(res.proc.pid)
-        res.pump = OutputPump(res.proc.stdout, self.log)
-        res.pump.start()
-        self._accept_all(t0 + self.start_timeout_s)
-        for conn in res.conns:
+        self.launcher.start(self.worker, self.device, {**os.environ, **self.env}, self.log)
+        self._accept_all(time.monotonic() + self.start_timeout_s)
+        placement = self.launcher.placement(self.hellos)
+        if placement:
+            self.log(f"[ppoflow] {placement}")
+        for conn in self._res.conns:
             conn.send_bytes(b'{"type": "init", "config": ' + self._config_json.encode() + b"}")
         ready = self._collect("__init__", None)
         self.methods = {k: Dispatch(v) for k, v in ready[0]["methods"].items()}
@@ -183,10 +191,9 @@ class WorkerGroup:
         self.start_s = time.monotonic() - t0
 
     def _accept_all(self, deadline: float) -> None:
-        """Accept the N links and read each hello, watching torchrun; fail with the output tail."""
+        """Take the N rank links and their hellos from the launcher, watching it; fail with the
+        output tail."""
         by_rank: dict[int, Connection] = {}
-        pids: dict[int, int] = {}
-        pending: list[Connection] = []
         while len(by_rank) < self.nprocs:
             now = time.monotonic()
             if now > deadline:
@@ -196,37 +203,24 @@ class WorkerGroup:
                     "__start__",
                     with_tail=True,
                 )
-            if self._res.proc.poll() is not None:
-                self._fail(
-                    f"torchrun exited (status {self._res.proc.returncode}) before all ranks connected",
-                    None,
-                    "__start__",
-                    with_tail=True,
-                )
-            conn = self._res.listener.accept(min(0.2, deadline - now))
-            if conn is not None:
-                pending.append(conn)
+            cause = self.launcher.failure()
+            if cause is not None:
+                self._fail(f"{cause} before all ranks connected", None, "__start__", with_tail=True)
+            try:
+                got = self.launcher.poll_hello(min(0.2, deadline - now))
+            except EOFError as err:
+                self._fail(str(err), None, "__start__", with_tail=True, settle=True)
+            if got is not None:
+                conn, hello = got
                 self._res.conns.append(conn)
-            for c in [c for c in pending if c.poll(0)]:
-                pending.remove(c)
-                try:
-                    hello = recv_json(c)
-                except (EOFError, OSError):
-                    self._fail(
-                        "a rank closed its link before saying hello",
-                        None,
-                        "__start__",
-                        with_tail=True,
-                        settle=True,
-                    )
-                by_rank[int(hello["rank"])] = c
-                pids[int(hello["rank"])] = int(hello["pid"])
+                by_rank[int(hello["rank"])] = conn
+                self.hellos[int(hello["rank"])] = hello
         self._res.conns = [by_rank[r] for r in range(self.nprocs)]
-        self.pids = self._res.rank_pids = [pids[r] for r in range(self.nprocs)]
+        self.pids = [int(self.hellos[r]["pid"]) for r in range(self.nprocs)]
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Ask the ranks to exit cleanly (worker.shutdown(), free, barrier, destroy the process
-        group, os._exit(0)); kill whatever is left after ``timeout_s``; remove the scratch dir.
+        group, os._exit(0)); kill whatever is left after ``timeout_s``; remove the scratch space.
         Idempotent; safe on a failed group."""
         with self._lock:
             if self._state == "running" and self.alive:
@@ -234,8 +228,10 @@ class WorkerGroup:
                 try:
                     for conn in self._res.conns:
                         send_json(conn, {"type": "shutdown", "id": cid})
-                    self._res.proc.wait(timeout=timeout_s)
-                except (OSError, subprocess.TimeoutExpired):
+                    exited = self.launcher.wait(timeout_s)
+                except OSError:
+                    exited = False
+                if not exited:
                     self.log(f"[ppoflow] ranks did not exit within {timeout_s} s; killing them")
                 self._log_shutdown_errors()
             if self._state in ("new", "running"):
@@ -273,10 +269,9 @@ class WorkerGroup:
         with self._lock:
             if self._state != "running":
                 raise WorkerGroupDead(self._dead_message())
-            if not self.alive:
-                self._fail(
-                    f"torchrun exited (status {self._res.proc.returncode})", None, method, with_tail=True
-                )
+            cause = self.launcher.failure()
+            if cause is not None:
+                self._fail(cause, None, method, with_tail=True)
             mode = self.methods.get(method)
             if mode is None:
                 raise AttributeError(
@@ -303,8 +298,7 @@ class WorkerGroup:
                 f"{method} is DP_COMPUTE_PROTO: call it as "
                 f"call({method!r}, data_url, *args, out_url=..., **kwargs)"
             )
-        call_dir = os.path.join(self._res.scratch, f"call-{cid:06d}")
-        os.makedirs(call_dir)
+        call_dir = storage.join(self.launcher.scratch, f"call-{cid:06d}")
         try:
             split = split_proto(args[0], self.nprocs, self.layout, call_dir)
             msgs = [
@@ -315,17 +309,26 @@ class WorkerGroup:
                     "args": list(args[1:]),
                     "kwargs": kwargs,
                     "in_url": split.in_urls[r],
-                    "out_url": os.path.join(call_dir, f"out-rank{r}.arrow"),
+                    "out_url": storage.join(call_dir, f"out-rank{r}.arrow"),
                 }
                 for r in range(self.nprocs)
             ]
             layout = self.layout  # the layout the data was split with
             replies = self._round_trip(method, msgs)
-            dest = out_url or os.path.join(self._res.scratch, f"out-{cid:06d}.arrow")
+            dest = out_url or storage.join(self.launcher.scratch, f"out-{cid:06d}.arrow")
             return merge_results(method, [replies[r] for r in range(self.nprocs)], layout, split, dest)
         finally:
-            if self._res.scratch is not None:
-                shutil.rmtree(call_dir, ignore_errors=True)
+            self._remove_scratch(call_dir)
+
+    def _remove_scratch(self, url: str) -> None:
+        """Delete one call's chunks (a failed group's launcher already removed the whole space)."""
+        if self.launcher.scratch is None:
+            return
+        try:
+            if storage.exists(url):
+                storage.rm(url, recursive=True)
+        except (OSError, ValueError) as err:  # leftovers are only disk space; say so and go on
+            self.log(f"[ppoflow] could not remove {url}: {err}")
 
     def _round_trip(self, method: str, msgs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
         """Send one command per rank, collect every reply (raising RankFailure), update the layout."""
@@ -335,7 +338,7 @@ class WorkerGroup:
                     send_json(conn, msg)
                 except OSError:
                     self._fail(
-                        f"rank {rank} (pid {self.pids[rank]}) is gone (link closed)",
+                        f"{self._rank_name(rank)} is gone (link closed)",
                         rank,
                         method,
                         with_tail=True,
@@ -351,8 +354,9 @@ class WorkerGroup:
         return replies
 
     def _collect(self, method: str, cid: int | None) -> dict[int, dict[str, Any]]:
-        """One reply per rank. Watches the links (EOF: dead rank) and torchrun (pidfd); after the
-        first error reply waits ``grace_s`` for the rest, then kills the group."""
+        """One reply per rank. Watches the links (EOF: dead rank) and the launcher (torchrun's
+        pidfd, the agents' links); after the first error reply waits ``grace_s`` for the rest, then
+        kills the group."""
         conns = self._res.conns
         rank_of = {id(c): r for r, c in enumerate(conns)}
         pending = set(range(self.nprocs))
@@ -377,11 +381,11 @@ class WorkerGroup:
                     )
                 timeout = min(timeout, left)
             watch: list[Any] = [conns[r] for r in sorted(pending)]
-            if self._res.pidfd is not None:
-                watch.append(self._res.pidfd)
+            if self.launcher.event_fd is not None:
+                watch.append(self.launcher.event_fd)
             for obj in wait(watch, timeout):
                 if isinstance(obj, int):
-                    continue  # torchrun exited: handled below, after the links are drained
+                    continue  # the launcher has news: handled below, after the links are drained
                 rank = rank_of[id(obj)]
                 try:
                     msg = recv_json(obj)
@@ -390,8 +394,7 @@ class WorkerGroup:
                         pending.discard(rank)
                         continue
                     self._fail(
-                        f"rank {rank} (pid {self.pids[rank] if self.pids else '?'}) died "
-                        f"during {method!r} (its link closed)",
+                        f"{self._rank_name(rank)} died during {method!r} (its link closed)",
                         rank,
                         method,
                         with_tail=True,
@@ -403,12 +406,12 @@ class WorkerGroup:
                 pending.discard(rank)
                 if not msg.get("ok") and first_error is None:
                     first_error = (rank, time.monotonic())
-            if pending and self._res.proc.poll() is not None:
+            cause = self.launcher.failure() if pending else None
+            if cause is not None:
                 if first_error is not None:
                     break  # report the traceback of the rank that raised
                 self._fail(
-                    f"torchrun exited (status {self._res.proc.returncode}) during "
-                    f"{method!r}; ranks {sorted(pending)} never replied",
+                    f"{cause} during {method!r}; ranks {sorted(pending)} never replied",
                     min(pending),
                     method,
                     with_tail=True,
@@ -426,19 +429,29 @@ class WorkerGroup:
             )
         return replies
 
+    def _rank_name(self, rank: int) -> str:
+        """``rank 1 (pid 123)``, with the node it ran on when the group spans nodes."""
+        hello = self.hellos.get(rank, {})
+        where = f", node {hello['node']}" if self.launcher.names_nodes and "node" in hello else ""
+        return f"rank {rank} (pid {hello.get('pid', '?')}{where})"
+
     def _update_layout(self, replies: dict[int, dict[str, Any]]) -> None:
         keys = ("dp_rank", "dp_size", "is_output_rank")
         self.layout = [{k: replies[r][k] for k in keys} for r in range(self.nprocs)]
 
     # ------------------------------------------------------------------ failure
     def _fail(self, what: str, rank: int | None, method: str, with_tail: bool, settle: bool = False) -> None:
-        """Kill the group, mark it dead and raise RankFailure(what [+ output tail])."""
-        if settle:  # let torchrun notice the dead rank and print its report (exit code)
+        """Kill the group, mark it dead and raise RankFailure(what [+ the launcher's account of
+        it, e.g. the node that was lost] [+ output tail])."""
+        if settle:  # let the launcher notice the dead rank (torchrun's report, a lost node)
             deadline = time.monotonic() + min(2.0, self.grace_s)
-            while self._res.proc.poll() is None and time.monotonic() < deadline:
+            while self.launcher.failure() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
+        cause = self.launcher.failure()  # before the kill below ends everything
         self._die(f"a failure in {method!r} (rank {rank})")
         message = what
+        if cause is not None and cause not in what:
+            message = f"{cause}\n{what}" if self.launcher.names_nodes else f"{what}\n{cause}"
         if with_tail:
             message += f"\n--- last output lines of the ranks/torchrun ---\n{self.output_tail()}"
         raise RankFailure(message, rank=rank, method=method)
