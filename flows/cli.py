@@ -5,6 +5,7 @@
     ppoflow status EXPERIMENT [--json]                           manifest + last metrics
     ppoflow export-hf EXPERIMENT [--iteration N] OUT             a Hugging Face directory
     ppoflow tensorboard EXPERIMENT [--logdir DIR]                TensorBoard event files of the metrics
+    ppoflow agent --driver HOST:PORT [--node-rank K]             one node of multi-node worker groups
 
 ``EXPERIMENT`` is an experiment's URL (``<storage.root>/<storage.experiment>``, any fsspec URL or
 path) or the YAML config of one. ``run`` and ``demo`` run the flow in this process: against the
@@ -106,6 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--logdir", default=None, help="where the event file goes (default: <experiment>/tensorboard)"
     )
+
+    from ppoflow.infra.runtime.agent import add_arguments as add_agent_arguments
+
+    p = sub.add_parser(
+        "agent",
+        help="serve as one node of the worker groups of runs with resources.launch: rendezvous",
+        description="Dial the driver's control endpoint and run its worker groups' ranks on this node "
+        "(torchrun with a c10d rendezvous). The cluster key comes from PPOFLOW_CLUSTER_KEY_FILE or "
+        "PPOFLOW_CLUSTER_KEY.",
+    )
+    add_agent_arguments(p)
     return parser
 
 
@@ -286,12 +298,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    from ppoflow.infra.runtime.agent import run_agent
+
+    return run_agent(args)
+
+
 COMMANDS = {
     "demo": cmd_demo,
     "run": cmd_run,
     "status": cmd_status,
     "export-hf": cmd_export_hf,
     "tensorboard": cmd_tensorboard,
+    "agent": cmd_agent,
 }
 
 

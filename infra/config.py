@@ -294,16 +294,84 @@ class StorageConfig(_Section):
     root: str = Field("runs", description="fsspec URL or path: file://, s3://, memory://")
     experiment: str = "default"
     storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
+    shared_filesystem: bool = Field(
+        False,
+        description="a local `root` is a filesystem mounted at the same path on every node (NFS, "
+        "Lustre): lets a multi-node run (resources.launch: rendezvous) use it instead of S3",
+    )
 
     @property
     def experiment_url(self) -> str:
         return self.root.rstrip("/") + "/" + self.experiment
 
 
+class RendezvousConfig(_Section):
+    """Worker groups whose ranks span nodes (``resources.launch: rendezvous``). Each node runs
+    ``ppoflow agent --driver <driver_host>:<control_port>``; the flow's process hosts the control
+    endpoint and the c10d rendezvous store. The cluster key comes from the environment
+    (PPOFLOW_CLUSTER_KEY_FILE / PPOFLOW_CLUSTER_KEY), never from this config."""
+
+    nnodes: int = Field(2, ge=1, description="nodes every worker group spans (one `ppoflow agent` each)")
+    nproc_per_node: int = Field(1, ge=1, description="ranks per node (one per GPU)")
+    driver_host: str | None = Field(
+        None, description="address the agents and ranks reach the flow's process at; None = its FQDN"
+    )
+    bind_host: str = Field(
+        "0.0.0.0",
+        description="interface the control endpoint listens on (every connection must pass the "
+        "cluster-key handshake)",
+    )
+    control_port: int = Field(
+        29401, ge=0, le=65535, description="the agents' --driver port; ranks dial it too"
+    )
+    rdzv_port: int = Field(
+        29400,
+        ge=0,
+        le=65535,
+        description="the c10d rendezvous store (torchrun --rdzv-endpoint), on the driver",
+    )
+    join_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="how long a group start waits for every node's agent, then for the rendezvous",
+    )
+
+
 class ResourcesConfig(_Section):
-    nprocs: int = Field(2, ge=1, description="ranks per worker group (one per GPU)")
+    launch: Literal["local", "rendezvous"] = Field(
+        "local",
+        description="local: every group's ranks on the flow's host (torchrun --standalone); "
+        "rendezvous: on `rendezvous.nnodes` nodes, each running `ppoflow agent`",
+    )
+    nprocs: int = Field(
+        2, ge=1, description="ranks per worker group (one per GPU); rendezvous: nnodes x nproc_per_node"
+    )
     device: Literal["cpu", "cuda"] = "cpu"
     threads_per_rank: int | None = Field(None, description="CPU threads per rank; None = cores / ranks")
+    rendezvous: RendezvousConfig = Field(default_factory=RendezvousConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _world_from_nodes(cls, data: Any) -> Any:
+        """With ``launch: rendezvous`` and no ``nprocs``, the world is nnodes x nproc_per_node."""
+        if isinstance(data, dict) and data.get("launch") == "rendezvous" and "nprocs" not in data:
+            nodes = data.get("rendezvous")
+            nodes = nodes.model_dump() if isinstance(nodes, RendezvousConfig) else dict(nodes or {})
+            try:
+                data = {**data, "nprocs": int(nodes.get("nnodes", 2)) * int(nodes.get("nproc_per_node", 1))}
+            except (TypeError, ValueError):
+                pass  # the field validators report the bad number
+        return data
+
+    @model_validator(mode="after")
+    def _check_world(self) -> ResourcesConfig:
+        nodes = self.rendezvous
+        if self.launch == "rendezvous" and self.nprocs != nodes.nnodes * nodes.nproc_per_node:
+            raise ValueError(
+                f"resources.nprocs={self.nprocs} must equal rendezvous.nnodes={nodes.nnodes} x "
+                f"rendezvous.nproc_per_node={nodes.nproc_per_node} (or leave nprocs out)"
+            )
+        return self
 
 
 class ExperimentConfig(_Section):
@@ -395,6 +463,27 @@ class ExperimentConfig(_Section):
                     f"{name}={budget} is smaller than the longest row: rollout.prompt_length + "
                     f"rollout.response_length = {longest} tokens; raise it to at least {longest}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_multinode_storage(self) -> ExperimentConfig:
+        """Ranks on other hosts read and write the experiment's storage: it must reach them."""
+        if self.resources.launch != "rendezvous":
+            return self
+        root = self.storage.root
+        proto = root.split("://", 1)[0].lower() if "://" in root else "file"
+        if proto == "memory":
+            raise ValueError(
+                f"storage.root={root!r} lives in one process; a multi-node run "
+                "(resources.launch: rendezvous) needs storage every node reaches: use s3://..."
+            )
+        if proto in ("file", "local") and not self.storage.shared_filesystem:
+            raise ValueError(
+                f"storage.root={root!r} is a local path that the other nodes of a multi-node run "
+                "(resources.launch: rendezvous) cannot read: use object storage (s3://bucket/prefix), "
+                "or, if it is a shared filesystem mounted at the same path on every node (NFS, Lustre), "
+                "set storage.shared_filesystem: true"
+            )
         return self
 
     @property

@@ -11,6 +11,12 @@ Worker groups start lazily, when a task first needs them, and live until :func:`
 rebuilt — a fresh group, ``init_model``, ``load_checkpoint`` — so a task's retry resumes from the
 right weights and optimizer state.
 
+With ``resources.launch: rendezvous`` the groups' ranks run on ``rendezvous.nnodes`` nodes: the
+context opens the run's :class:`~ppoflow.infra.runtime.cluster.ClusterHub` (the control endpoint
+the nodes' ``ppoflow agent`` processes dial, and the c10d rendezvous store) with the first group,
+gives every group (and every rebuild) its own rendezvous id ``<run>-<role>-<start>`` and a scratch
+space under ``<experiment>/scratch/``, and closes the hub after the groups at the end of the run.
+
 Rank output goes to the Prefect logger of the task currently using the group (see
 :meth:`RunContext.using`), else to the flow's logger.
 """
@@ -21,6 +27,7 @@ import contextlib
 import functools
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,8 +37,12 @@ from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.runtime import faults
+from ppoflow.infra.runtime.cluster import ClusterHub
+from ppoflow.infra.runtime.cluster_key import load_cluster_key
 from ppoflow.infra.runtime.dispatch import Dispatch, registered_methods
 from ppoflow.infra.runtime.launch import RankFailure, WorkerGroup, WorkerGroupDead
+from ppoflow.infra.runtime.launchers import Launcher
+from ppoflow.infra.runtime.rendezvous import RendezvousLauncher
 from ppoflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 from ppoflow.workers.base import Worker
 from ppoflow.workers.critic_worker import CriticWorker
@@ -104,6 +115,8 @@ class RunContext:
         self._dataset: Any = None
         self._tokenizer: Any = None
         self._mutex = threading.Lock()
+        self._hub: ClusterHub | None = None
+        self._hub_lock = threading.Lock()
         self.closed = False
 
     # ------------------------------------------------------------------ data
@@ -201,6 +214,8 @@ class RunContext:
         cfg = self.cfg
         config = {"config": cfg.model_dump(mode="json"), "role": ROLE_NAMES[role]}
         worker = WORKERS[role]
+        slot.starts += 1
+        launcher = self._launcher(role, slot.starts)
         group = WorkerGroup(
             f"{worker.__module__}:{worker.__qualname__}",
             nprocs=cfg.resources.nprocs,
@@ -208,12 +223,13 @@ class RunContext:
             device=cfg.resources.device,
             log=lambda line: self._emit(role, line),
             env=self._rank_env(),
+            launcher=launcher,
+            start_timeout_s=max(120.0, cfg.resources.rendezvous.join_timeout_s) if launcher else 120.0,
         )
         slot.group, slot.state = group, None
-        slot.starts += 1
         (progress or self.log.info)(
-            f"starting the {role} worker group ({cfg.resources.nprocs} "
-            f"ranks on {cfg.resources.device}, start #{slot.starts})"
+            f"starting the {role} worker group ({group.launcher.describe()}, "
+            f"{cfg.resources.device}, start #{slot.starts})"
         )
         try:
             group.start()
@@ -225,6 +241,41 @@ class RunContext:
             faults.note_rank_failure(exc.method)
             slot.group = None
             raise
+
+    def _launcher(self, role: str, start: int) -> Launcher | None:
+        """None (a local group) or the rendezvous launcher of ``role``'s ``start``-th group."""
+        res = self.cfg.resources
+        if res.launch == "local":
+            return None
+        gid = f"{self.key.replace('-', '')[:8]}-{role.replace('_', '')}-{start}"
+        return RendezvousLauncher(
+            self.cluster_hub(),
+            res.rendezvous.nproc_per_node,
+            gid,
+            storage.join(self.paths.root, "scratch", gid),
+            join_timeout_s=res.rendezvous.join_timeout_s,
+        )
+
+    def cluster_hub(self) -> ClusterHub:
+        """The run's control endpoint for node agents (opened on first use)."""
+        with self._hub_lock:
+            if self._hub is None:
+                nodes = self.cfg.resources.rendezvous
+                self._hub = ClusterHub(
+                    load_cluster_key(who="a flow run with resources.launch: rendezvous"),
+                    nnodes=nodes.nnodes,
+                    advertise_host=nodes.driver_host or socket.getfqdn(),
+                    bind_host=nodes.bind_host,
+                    control_port=nodes.control_port,
+                    rdzv_port=nodes.rdzv_port,
+                    log=lambda line: self._emit("", line),
+                )
+                self.log.info(
+                    f"waiting for {nodes.nnodes} node agents: run `ppoflow agent --driver "
+                    f"{self._hub.control_address} --node-rank N` on each node (c10d rendezvous store "
+                    f"at {self._hub.rdzv_endpoint})"
+                )
+            return self._hub
 
     def _rank_env(self) -> dict[str, str]:
         env = faults.rank_fault_env()
@@ -277,6 +328,10 @@ class RunContext:
             t.start()
         for t in threads:
             t.join()
+        with self._hub_lock:
+            hub, self._hub = self._hub, None
+        if hub is not None:
+            hub.close()  # after the groups: the agents kill anything left and wait for the next run
 
 
 _RUNS: dict[str, RunContext] = {}

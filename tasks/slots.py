@@ -9,7 +9,8 @@ that needs more slots than the limit has is refused (a CPU run takes all of them
 share cores); one that finds them busy waits until they are free.
 
 Change the size with ``prefect gcl update ppoflow-cuda-<host> --limit N`` (e.g. to reserve a GPU
-for something else).
+for something else). A multi-node run (``resources.launch: rendezvous``) takes no slots: its ranks
+run on nodes that Slurm or Kubernetes allocated to it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def device_slots(cfg: ExperimentConfig, log: Callable[[str], None]) -> Iterator[
     """Hold ``resources.nprocs`` slots of this machine's device limit inside the block."""
     from prefect.concurrency.sync import concurrency
 
+    if cfg.resources.launch == "rendezvous":  # the ranks run on the agents' nodes, not here
+        log("multi-node run: its devices are the nodes' (allocated by their scheduler); no slots taken here")
+        yield {"limit": None, "slots": 0, "size": 0}
+        return
     device, need = cfg.resources.device, cfg.resources.nprocs
     name = limit_name(device)
     size = _ensure_limit(name, machine_devices(device), log)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import stat
 
+from ppoflow.infra.config import ConfigError
+
 __all__ = ["ENV_KEY", "ENV_KEY_FILE", "MIN_KEY_CHARS", "ClusterKeyError", "load_cluster_key"]
 
 ENV_KEY = "PPOFLOW_CLUSTER_KEY"
@@ -26,8 +28,9 @@ MIN_KEY_CHARS = 16
 _HOW = "make one with `openssl rand -hex 32 > KEYFILE && chmod 600 KEYFILE` and set PPOFLOW_CLUSTER_KEY_FILE=KEYFILE"
 
 
-class ClusterKeyError(RuntimeError):
-    """No usable cluster key in this process's environment; the message says how to provide one."""
+class ClusterKeyError(ConfigError):
+    """No usable cluster key in this process's environment; the message says how to provide one
+    (a ``ConfigError``: retrying cannot fix it)."""
 
 
 def load_cluster_key(env: dict[str, str] | None = None, who: str = "this process") -> bytes:

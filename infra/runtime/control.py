@@ -17,6 +17,7 @@ JSON messages and killing a launched process group.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import secrets
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 from typing import IO, Any
 
@@ -59,6 +60,40 @@ def torchrun_command(nprocs: int, log_dir: str) -> list[str]:
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={nprocs}",
+        "--max-restarts=0",
+        "--tee",
+        "3",
+        "--log-dir",
+        log_dir,
+        "-m",
+        "ppoflow.infra.runtime.rank_entry",
+    ]
+
+
+def rendezvous_torchrun_command(
+    nnodes: int,
+    nproc_per_node: int,
+    endpoint: str,
+    run_id: str,
+    join_timeout_s: float,
+    local_addr: str | None,
+    log_dir: str,
+) -> list[str]:
+    """torchrun for one node of a group that spans ``nnodes`` nodes: c10d rendezvous at
+    ``endpoint`` (a store the driver hosts: ``is_host=false``, no node hosts it) under the group's
+    ``run_id``, no restarts, output teed and prefixed as in ``torchrun_command``."""
+    conf = f"is_host=false,join_timeout={max(1, int(join_timeout_s))}"
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf={conf}",
+        *([f"--local-addr={local_addr}"] if local_addr else []),
         "--max-restarts=0",
         "--tee",
         "3",
@@ -110,23 +145,53 @@ def recv_json(conn: Connection) -> Any:
     return json.loads(conn.recv_bytes())
 
 
+@contextlib.contextmanager
+def read_timeout(conn: Connection, seconds: float) -> Iterator[None]:
+    """Inside the block, a read on ``conn`` that waits more than ``seconds`` (whole, >= 1) fails
+    with ``OSError`` instead of blocking: for handshakes with a peer that may never speak."""
+    timeval = struct.Struct("ll")  # struct timeval on Linux
+    sock = socket.socket(fileno=os.dup(conn.fileno()))  # the same socket, to set its option
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval.pack(max(1, int(seconds)), 0))
+        yield
+    finally:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval.pack(0, 0))
+        except OSError:
+            pass
+        sock.close()
+
+
 def authenticate(conn: Connection, authkey: bytes, timeout: float = 10.0) -> bool:
     """The server side of ``multiprocessing.connection``'s mutual HMAC handshake (what
     ``Client(address, authkey=...)`` answers), with a time limit so a silent peer cannot hold
     the caller. True if the peer proved it holds ``authkey``; the link is closed otherwise."""
-    timeval = struct.Struct("ll")  # struct timeval on Linux
-    sock = socket.socket(fileno=os.dup(conn.fileno()))  # the same socket, to set its read timeout
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval.pack(max(1, int(timeout)), 0))
-        deliver_challenge(conn, authkey)
-        answer_challenge(conn, authkey)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval.pack(0, 0))
+        with read_timeout(conn, timeout):
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
         return True
     except (AuthenticationError, EOFError, OSError):
         conn.close()
         return False
-    finally:
-        sock.close()
+
+
+def connect(address: tuple[str, int], authkey: bytes, timeout: float = 10.0) -> Connection:
+    """The client side of ``authenticate``: a TCP connection to ``address`` (giving up after
+    ``timeout`` seconds, where ``multiprocessing.connection.Client`` would wait for the OS) and
+    the mutual HMAC handshake. Raises ``OSError`` (unreachable, refused, silent) or
+    ``AuthenticationError`` (the two sides hold different keys)."""
+    sock = socket.create_connection(address, timeout=timeout)
+    sock.setblocking(True)
+    conn = Connection(sock.detach())
+    try:
+        with read_timeout(conn, timeout):
+            answer_challenge(conn, authkey)
+            deliver_challenge(conn, authkey)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 class ControlListener:
@@ -217,6 +282,22 @@ def _proc_table() -> dict[int, tuple[int, int]]:
                 continue
             table[int(entry)] = (int(fields[1]), int(fields[2]))
     return table
+
+
+def processes_with_env(**pairs: str) -> list[int]:
+    """Pids of this user's processes whose environment holds every ``NAME=value`` of ``pairs``
+    (other users' environments are unreadable)."""
+    needles = {f"{name}={value}".encode() for name, value in pairs.items()}
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needles <= set(f.read().split(b"\0")):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
 
 
 def _is_rank(pid: int) -> bool:

@@ -7,6 +7,9 @@ comma-separated list of entries:
     task:<task>:after          ... after its output is written (the retry must find and reuse it)
     rank_exit:<method>:<rank>  rank <rank> of a worker group calls os._exit(17) when <method> starts
     rank_raise:<method>:<rank> rank <rank> raises RuntimeError when <method> starts
+    node_exit:<method>:<rank>  the node running rank <rank> is lost when <method> starts: the rank
+                               SIGKILLs its node's agent and goes down with it (groups of
+                               ``resources.launch: rendezvous`` only)
 
 Each entry fires once per process, so the task's retry (or the rebuilt group) passes. Append
 ``:always`` to an entry to make it fire every time (e.g. to exhaust a task's retries and fail the
@@ -42,7 +45,7 @@ __all__ = [
 
 ENV_VAR = "PPOFLOW_FAULT"
 TASK_POINTS = ("before", "after")
-RANK_KINDS = ("rank_exit", "rank_raise")
+RANK_KINDS = ("rank_exit", "rank_raise", "node_exit")
 
 _fired: set[str] = set()
 _lock = threading.Lock()
@@ -84,7 +87,8 @@ def parse(spec: str | None) -> list[Fault]:
         if not ok:
             raise ValueError(
                 f"{ENV_VAR}: bad entry {item!r}; allowed: task:<task>:before|after, "
-                f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank> (each optionally + ':always')"
+                f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank>, node_exit:<method>:<rank> "
+                "(each optionally + ':always')"
             )
         faults.append(Fault(parts[0], parts[1], parts[2], always, item))
     return faults

@@ -40,7 +40,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import threading
 import time
 import weakref
@@ -168,17 +167,16 @@ class WorkerGroup:
             self._state = "running"
             try:
                 self._start()
-            except RankFailure:
-                raise
             except BaseException:
-                self._die("a failed start")
+                if self._state == "running":  # a RankFailure from _fail() already killed it
+                    self._die("a failed start")
                 raise
             return self
 
     def _start(self) -> None:
         """The body of ``start``: any exception leaves the caller to kill the group."""
         t0 = time.monotonic()
-        self.launcher.start(self.worker, self.device, {**os.environ, **self.env}, self.log)
+        self.launcher.start(self.worker, self.device, self.env, self.log)
         self._accept_all(time.monotonic() + self.start_timeout_s)
         placement = self.launcher.placement(self.hellos)
         if placement:

@@ -50,6 +50,8 @@ class Launcher:
     names_nodes: bool = False
 
     def start(self, worker: str, device: str, env: dict[str, str], log: Callable[[str], None]) -> None:
+        """Start the ranks of ``worker`` on ``device``; ``env``: the group's extra environment
+        variables for its ranks (on top of the environment of the process that runs them)."""
         raise NotImplementedError
 
     def poll_hello(self, timeout: float) -> tuple[Connection, dict[str, Any]] | None:
@@ -111,7 +113,9 @@ class LocalLauncher(Launcher):
     def start(self, worker: str, device: str, env: dict[str, str], log: Callable[[str], None]) -> None:
         self.scratch = tempfile.mkdtemp(prefix="ppoflow-group-", dir=self.scratch_parent)
         self.listener = ControlListener()
-        env = rank_env(env, self.listener.address, self.listener.authkey, worker, device, self.nprocs)
+        env = rank_env(
+            {**os.environ, **env}, self.listener.address, self.listener.authkey, worker, device, self.nprocs
+        )
         env["PPOFLOW_DRIVER_PID"] = str(os.getpid())  # the ranks exit when this process dies
         self.proc = subprocess.Popen(
             torchrun_command(self.nprocs, os.path.join(self.scratch, "logs")),

@@ -4,14 +4,19 @@ The driver (``WorkerGroup``) starts torchrun with these environment variables:
 
     PPOFLOW_DRIVER_ADDR   "host:port" of the driver's control listener
     PPOFLOW_AUTHKEY       hex authkey of that listener
-    PPOFLOW_DRIVER_PID    pid of the driver; the rank exits (status 1) as soon as it dies
+    PPOFLOW_DRIVER_PID    pid of the local process that owns this rank: the driver (a group on the
+                          driver's host) or the node's agent (a group spanning hosts); the rank
+                          exits (status 1) as soon as it dies
+    PPOFLOW_GROUP_ID      the group's id (its rendezvous id), sent in the hello (multi-node groups)
+    PPOFLOW_NODE_RANK     the agent's node number, sent in the hello (multi-node groups; default 0)
+    PPOFLOW_AGENT_PID     the node's agent (multi-node groups), for the ``node_exit`` drill
     PPOFLOW_WORKER        "module:Class" of the worker, imported here with importlib
     PPOFLOW_DEVICE        "cpu" (gloo) or "cuda" (nccl for CUDA tensors, gloo for CPU tensors)
     PPOFLOW_RANK_THREADS  torch intra-op threads (default max(1, cpu_count // local_world_size))
     PPOFLOW_FAULT         optional fault injection, see below
 
 Life of a rank: init torch.distributed -> connect to the driver -> send a hello
-``{type: hello, rank, world_size, local_rank, pid}`` -> receive ``{type: init, config}`` -> build
+``{type: hello, rank, world_size, local_rank, pid, group, node, host}`` -> receive ``{type: init, config}`` -> build
 the worker -> reply ``{type: ready, ok, methods: {name: mode}, dp_rank, dp_size, is_output_rank}``
 -> loop over commands:
 
@@ -32,6 +37,8 @@ All messages are JSON bytes (``send_bytes``/``recv_bytes``): nothing is ever unp
 Fault injection (for chaos tests), env ``PPOFLOW_FAULT``, comma-separated entries:
     rank_exit:<method>:<rank>   the rank calls ``os._exit(17)`` at the start of <method>
     rank_raise:<method>:<rank>  the rank raises ``RuntimeError("injected fault ...")`` there
+    node_exit:<method>:<rank>   the rank SIGKILLs its node's agent (``PPOFLOW_AGENT_PID``) there and
+                                 goes down with it: the whole node is lost (multi-node groups)
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import json
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import traceback
@@ -105,12 +113,11 @@ def parse_faults(spec: str) -> set[tuple[str, str, int]]:
     out = set()
     for item in filter(None, (s.strip() for s in spec.split(","))):
         parts = item.split(":")
-        if parts[0] not in ("rank_exit", "rank_raise"):
+        if parts[0] not in ("rank_exit", "rank_raise", "node_exit"):
             continue
         if len(parts) not in (3, 4) or not parts[2].isdigit():
             raise ValueError(
-                f"PPOFLOW_FAULT: bad entry {item!r}; expected "
-                "rank_exit:<method>:<rank> or rank_raise:<method>:<rank>"
+                f"PPOFLOW_FAULT: bad entry {item!r}; expected rank_exit|rank_raise|node_exit:<method>:<rank>"
             )
         out.add((parts[0], parts[1], int(parts[2])))
     return out
@@ -169,6 +176,20 @@ class RankServer:
             _flush_and_exit(FAULT_EXIT_CODE)
         if ("rank_raise", method, self.rank) in self.faults:
             raise RuntimeError(f"injected fault (PPOFLOW_FAULT) in {method} on rank {self.rank}")
+        if ("node_exit", method, self.rank) in self.faults:
+            agent = os.environ.get("PPOFLOW_AGENT_PID")
+            if not agent:
+                raise RuntimeError(
+                    "PPOFLOW_FAULT node_exit needs a group whose ranks run under a node agent "
+                    "(resources.launch: rendezvous); use rank_exit on a local group"
+                )
+            print(
+                f"[ppoflow] injected fault: rank {self.rank} kills its node's agent (pid {agent}) in {method}",
+                file=sys.stderr,
+                flush=True,
+            )
+            os.kill(int(agent), signal.SIGKILL)
+            _orphaned(f"rank {self.rank}: its node's agent was killed (PPOFLOW_FAULT)")
 
     def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
         """Run one command; return the reply (``ok`` False with the traceback on any exception)."""
@@ -282,6 +303,9 @@ def main() -> None:
             "world_size": dist.get_world_size(),
             "local_rank": local_rank,
             "pid": os.getpid(),
+            "group": env.get("PPOFLOW_GROUP_ID", ""),
+            "node": int(env.get("PPOFLOW_NODE_RANK") or 0),
+            "host": socket.gethostname(),
         },
     )
     server = RankServer(conn, env["PPOFLOW_WORKER"], faults)
