@@ -115,11 +115,13 @@ class Agent:
                 if conn is None:
                     self.say(f"no driver answered at {where} within {self.connect_timeout_s:.0f} s; exiting")
                     return 1
-                refused = self._serve(conn)
-                if refused is not None:
-                    self.say(f"the driver at {where} refused this agent: {refused}")
+                outcome, reason = self._serve(conn)
+                if outcome == "refused":
+                    self.say(f"the driver at {where} refused this agent: {reason}")
                     return 2
-                if self.once:
+                if outcome == "retry":  # e.g. our previous link there is not yet seen to be gone
+                    self.say(f"the driver at {where} asks to retry: {reason}")
+                elif self.once:
                     return 0
                 time.sleep(1.0)
         except AuthenticationError:
@@ -147,9 +149,9 @@ class Agent:
                     last_note = now
                 time.sleep(1.0)
 
-    def _serve(self, conn: Connection) -> str | None:
-        """One driver session: hello, then orders until the link ends. Returns the driver's
-        reason if it refused this agent, else None."""
+    def _serve(self, conn: Connection) -> tuple[str, str]:
+        """One driver session: hello, then orders until the link ends. Returns ("ended", ""),
+        or ("refused" | "retry", the driver's reason) if it did not take this agent."""
         self._conn = conn
         try:
             set_keepalive(conn)
@@ -165,10 +167,7 @@ class Agent:
             )
             reply = recv_json(conn) if conn.poll(30.0) else {"type": "refused", "reason": "no reply"}
             if reply.get("type") != "welcome":
-                if reply.get("retry"):  # e.g. our previous link on that driver is not yet seen gone
-                    self.say(f"the driver asks to retry: {reply.get('reason')}")
-                    return None
-                return str(reply.get("reason", reply))
+                return ("retry" if reply.get("retry") else "refused"), str(reply.get("reason", reply))
             self.say(f"serving the driver at {reply.get('driver')}")
             while True:
                 order = recv_json(conn)
@@ -178,7 +177,7 @@ class Agent:
                     self._kill_group(str(order.get("group")))
         except (EOFError, OSError):
             self.say("the driver's link ended")
-            return None
+            return "ended", ""
         finally:
             self._conn = None
             conn.close()

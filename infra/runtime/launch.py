@@ -196,14 +196,20 @@ class WorkerGroup:
             now = time.monotonic()
             if now > deadline:
                 self._fail(
-                    f"only {len(by_rank)}/{self.nprocs} ranks connected within {self.start_timeout_s:.0f} s",
+                    f"only {len(by_rank)}/{self.nprocs} ranks connected within {self.start_timeout_s:.0f} s"
+                    f"{self.launcher.missing(self.hellos)}",
                     None,
                     "__start__",
                     with_tail=True,
                 )
             cause = self.launcher.failure()
             if cause is not None:
-                self._fail(f"{cause} before all ranks connected", None, "__start__", with_tail=True)
+                self._fail(
+                    f"{cause} before all ranks connected{self.launcher.missing(self.hellos)}",
+                    None,
+                    "__start__",
+                    with_tail=True,
+                )
             try:
                 got = self.launcher.poll_hello(min(0.2, deadline - now))
             except EOFError as err:

@@ -83,6 +83,11 @@ class Launcher:
         """After start: which ranks run where (None: nothing worth saying)."""
         return None
 
+    def missing(self, hellos: dict[int, dict[str, Any]]) -> str:
+        """During start: where the ranks that have not connected yet should come from ("" if
+        that says nothing more than the count)."""
+        return ""
+
 
 class LocalLauncher(Launcher):
     """``python -m torch.distributed.run --standalone --nproc-per-node=N ... -m

@@ -223,6 +223,14 @@ class RendezvousLauncher(Launcher):
         )
         return f"group {self.group_id}: {nodes}"
 
+    def missing(self, hellos: dict[int, dict[str, Any]]) -> str:
+        count = collections.Counter(int(h.get("node", -1)) for h in hellos.values())
+        short = [n for n in range(self.nnodes) if count[n] < self.nproc_per_node]
+        if not short:
+            return ""
+        names = ", ".join(self._node_name(n) for n in short)
+        return f"; ranks missing from {names} (did its torchrun reach the rendezvous at {self.hub.rdzv_endpoint}?)"
+
     # ------------------------------------------------------------------ end
     def release(self) -> None:
         """Have every live agent kill the group's processes (waiting up to ``KILL_WAIT_S`` for
