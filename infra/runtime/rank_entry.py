@@ -123,6 +123,21 @@ def parse_faults(spec: str) -> set[tuple[str, str, int]]:
     return out
 
 
+def seed_process_rngs(rank: int) -> None:
+    """Give python's and numpy's global RNGs a start that depends only on the rank. Python seeds
+    ``random`` (and numpy its global state) from the OS at start-up, so two runs of one config
+    would save different RNG states in their checkpoints: a run's commits could then not be
+    compared with another's (a local group against a multi-node one, a rerun against the
+    original), and anything a library draws from them would differ. torch's CPU RNG already
+    starts from a fixed seed; workers seed what their math uses themselves."""
+    import random
+
+    import numpy as np
+
+    random.seed(rank)
+    np.random.seed(rank)
+
+
 def _layout(worker: Any) -> dict[str, Any]:
     return {
         "dp_rank": int(getattr(worker, "dp_rank", dist.get_rank())),
@@ -154,6 +169,7 @@ class RankServer:
             if not cls_name:
                 raise ValueError(f"worker path must be 'module:Class', got {self.worker_path!r}")
             self.cls = getattr(importlib.import_module(module_name), cls_name)
+            seed_process_rngs(self.rank)
             self.worker = self.cls(config)
             methods = {k: v.value for k, v in registered_methods(self.cls).items()}
             _send(self.conn, {"type": "ready", "ok": True, "methods": methods, **_layout(self.worker)})
