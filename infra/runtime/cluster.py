@@ -7,7 +7,7 @@ A flow run whose ``resources.launch`` is ``rendezvous`` opens one :class:`Cluste
   with the cluster key (``ppoflow.infra.runtime.cluster_key``) before a byte of JSON is read, then
   says what it is: an agent (``{type: agent, node, nnodes, host, pid}``) or a rank
   (``{type: hello, group, rank, ...}``, handed to that group's launcher);
-- the c10d rendezvous store (a ``TCPStore`` on ``rdzv_port``) that every group's torchrun agents
+- the c10d rendezvous store (a ``TCPStore`` on ``bind_host:rdzv_port``) that every group's torchrun agents
   meet at, each group with its own run id. The driver hosts it, not a node, so rebuilding one
   group (whose torchrun would otherwise host the store) never pulls it from under another;
 - the registry of connected agents (one per node number); a group's launcher waits here until
@@ -151,18 +151,31 @@ class ClusterHub:
         self._accepting = threading.Thread(target=self._accept_loop, name="ppoflow-hub-accept", daemon=True)
         self._accepting.start()
 
-    @staticmethod
-    def _open_store(bind_host: str, port: int) -> Any:
+    def _open_store(self, bind_host: str, port: int) -> Any:
+        """The rendezvous ``TCPStore``, listening on ``bind_host:port`` only (a socket of ours
+        handed to it: torch's own would listen on every interface)."""
         import torch.distributed as dist
 
-        local = "127.0.0.1" if bind_host in ("0.0.0.0", "::", "") else bind_host
+        sock = None
         try:
-            return dist.TCPStore(
-                local, port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60)
+            sock = socket.create_server((bind_host, port), backlog=512)
+            local = "127.0.0.1" if bind_host in ("0.0.0.0", "") else bind_host
+            store = dist.TCPStore(
+                local,
+                sock.getsockname()[1],
+                is_master=True,
+                wait_for_workers=False,
+                master_listen_fd=sock.fileno(),
+                timeout=datetime.timedelta(seconds=60),
             )
+            sock.detach()  # the store owns the listening socket now (and closes it)
+            return store
         except (RuntimeError, OSError) as err:
+            if sock is not None:
+                sock.close()
+            self._listener.close()
             raise ClusterError(
-                f"cannot host the c10d rendezvous store on port {port} ({err}); set "
+                f"cannot host the c10d rendezvous store on {bind_host}:{port} ({err}); set "
                 "resources.rendezvous.rdzv_port to a free port of this host"
             ) from None
 
@@ -338,4 +351,4 @@ class ClusterHub:
         self._listener.close()
         for link in agents:
             hang_up(link.conn)  # its reader thread sees EOF and closes it
-        self._store = None
+        self._store = None  # the store's server stops with its last reference
