@@ -92,6 +92,20 @@ def copy_rolled_back(src_url: str, dst_url: str, at: int) -> None:
     storage.write_bytes_atomic(storage.join(dst_url, "manifest.json"), manifest)
 
 
+def rng_diff(url_a: str, url_b: str, n: int) -> list[str]:
+    from tests.support.experiments import rng_states
+
+    out = []
+    for role in ("actor", "critic"):
+        a = rng_states(ExperimentPaths(url_a).checkpoint(role, n))
+        b = rng_states(ExperimentPaths(url_b).checkpoint(role, n))
+        for name in sorted(set(a) | set(b)):
+            for part in sorted(set(a.get(name, {})) | set(b.get(name, {}))):
+                if a.get(name, {}).get(part) != b.get(name, {}).get(part):
+                    out.append(f"{role}/{name}/{part}")
+    return out
+
+
 class TaskLog(logging.Handler):
     """Keeps Prefect's task-run log records (their text and when they were made)."""
 
@@ -107,6 +121,8 @@ def test_two_nodes_commit_what_a_local_two_rank_group_commits(two_node_run, base
     assert two_node_run["state"].is_completed(), two_node_run["state"]
     url = two_node_run["url"]
     assert read_manifest(ExperimentPaths(url)).iteration == 2
+    for n in (0, 1, 2):
+        print(f"\n[rng] iteration {n}: differing RNG parts: {rng_diff(base_run['url'], url, n)}")
     for n in (1, 2):
         assert_same_commit(base_run["url"], url, n)
     agents = nodes["agents"]

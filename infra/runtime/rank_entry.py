@@ -124,18 +124,19 @@ def parse_faults(spec: str) -> set[tuple[str, str, int]]:
 
 
 def seed_process_rngs(rank: int) -> None:
-    """Give python's and numpy's global RNGs a start that depends only on the rank. Python seeds
-    ``random`` (and numpy its global state) from the OS at start-up, so two runs of one config
-    would save different RNG states in their checkpoints: a run's commits could then not be
-    compared with another's (a local group against a multi-node one, a rerun against the
-    original), and anything a library draws from them would differ. torch's CPU RNG already
-    starts from a fixed seed; workers seed what their math uses themselves."""
+    """Give the global RNGs (torch, python, numpy) a start that depends only on the rank. Each
+    starts from OS entropy in a new process (torch's ``initial_seed()`` differs per process too),
+    so two runs of one config would otherwise save different RNG states in their checkpoints:
+    a run's commits could not be compared with another's (a local group against a multi-node
+    one, a rerun against the original), and whatever a library draws from them would differ.
+    Workers still seed what their math uses themselves (model init, sampling)."""
     import random
 
     import numpy as np
 
     random.seed(rank)
     np.random.seed(rank)
+    torch.manual_seed(rank)
 
 
 def _layout(worker: Any) -> dict[str, Any]:
