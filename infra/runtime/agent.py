@@ -57,6 +57,9 @@ from ppoflow.infra.runtime.control import (
 
 __all__ = ["Agent", "add_arguments", "run_agent", "node_rank_from_env"]
 
+#: How long an ended group's processes may take to be gone (a rank in an NCCL collective tears its
+#: CUDA context down before it exits) before the agent reports the group ended anyway.
+GONE_WAIT_S = 30.0
 #: Environment variables that say a node's number, in the order they are consulted.
 NODE_RANK_VARS = ("PPOFLOW_NODE_RANK", "SLURM_NODEID", "JOB_COMPLETION_INDEX")
 NNODES_VARS = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
@@ -248,6 +251,9 @@ class Agent:
         group.proc.stdout.close()
         status = group.proc.wait()
         self._kill_stragglers(group.gid)
+        deadline = time.monotonic() + GONE_WAIT_S  # "exited" promises the group's processes are gone:
+        while self._mine(group.gid) and time.monotonic() < deadline:  # a GPU is free only then
+            time.sleep(0.05)
         with self._lock:
             self._groups.pop(group.gid, None)
         shutil.rmtree(group.log_dir, ignore_errors=True)

@@ -36,8 +36,9 @@ from ppoflow.infra.runtime.launchers import Launcher
 
 __all__ = ["RendezvousLauncher"]
 
-#: How long ``release`` waits for the agents to confirm that a group's processes are gone.
-KILL_WAIT_S = 15.0
+#: How long ``release`` waits for the agents to confirm that a group's processes are gone (on GPUs
+#: the group that replaces it needs their device memory back).
+KILL_WAIT_S = 35.0
 
 
 class RendezvousLauncher(Launcher):
