@@ -107,30 +107,3 @@ def test_iteration_seed_depends_on_the_seeds_and_the_iteration_only():
     assert len({iteration_seed(7, 0, n) for n in range(1, 50)}) == 49
     assert iteration_seed(8, 0, 3) != iteration_seed(7, 0, 3) != iteration_seed(7, 1, 3)
     assert 0 <= iteration_seed(7, 0, 3) < 2**31
-
-
-def test_device_slots_are_a_strict_limit_created_on_first_use(prefect_harness, flow_config, tmp_path):
-    from prefect.client.orchestration import get_client
-    from prefect.concurrency.sync import concurrency
-
-    from ppoflow.infra.config import ConfigError
-    from ppoflow.tasks.slots import device_slots, limit_name
-
-    cfg = flow_config(str(tmp_path), "x", **{"resources.nprocs": 4})
-    logs: list[str] = []
-    with device_slots(cfg, logs.append) as held:
-        assert held["slots"] == min(4, held["size"])  # more CPU ranks than cores: all, no refusal
-        with get_client(sync_client=True) as client:
-            limit = client.read_global_concurrency_limit_by_name(limit_name("cpu"))
-        assert limit.active_slots == held["size"]
-        with pytest.raises(TimeoutError):  # a second run on this machine waits for the slots
-            with concurrency(
-                limit_name("cpu"), occupy=held["size"] - held["slots"] + 1, strict=True, timeout_seconds=1
-            ):
-                pass
-    with get_client(sync_client=True) as client:
-        assert client.read_global_concurrency_limit_by_name(limit_name("cpu")).active_slots == 0
-    gpu = flow_config(str(tmp_path), "x", **{"resources.device": "cuda", "resources.nprocs": 4})
-    with pytest.raises(ConfigError, match="prefect gcl update ppoflow-cuda-"):
-        with device_slots(gpu, logs.append):
-            pass
