@@ -99,7 +99,7 @@ def _check_rows(
             try:
                 get_reward_fn(source)
             except KeyError as exc:
-                bad.setdefault("reward", []).append((i, str(exc).strip("\"'"), "see above"))
+                bad.setdefault("reward", []).append((i, str(exc.args[0] if exc.args else exc), ""))
         if rule and _ground_truth(row) is None:
             bad.setdefault("ground_truth", []).append(
                 (i, "reward_model.ground_truth is missing", "the answer the rule compares with")
