@@ -177,7 +177,7 @@ def print_interrupted(
     """What a run stopped by Ctrl-C or SIGTERM says on its way out."""
     state = _state_line(cfg, committed(cfg), before)
     out("")
-    out(f"ppoflow: stopped by {how} after {wall_s:.0f} s; the run's worker groups were killed")
+    out(f"ppoflow: stopped by {how} after {wall_s:.0f} s")
     if state:
         out(f"  state  {state}")
     out(f"  next   to continue: {rerun}   (finished tasks of the interrupted iteration are reused)")

@@ -84,20 +84,51 @@ def test_rank_reduction_and_text():
     assert "| 2 | 0.4 |" in md and "reward: 0.1 (iteration 1) → 0.4 (iteration 2)" in md
 
 
-def test_retry_rule_skips_config_errors_only():
+def test_retry_rule_fails_deterministic_errors_at_once_and_retries_the_rest():
+    from botocore.exceptions import NoCredentialsError
     from prefect.states import Failed
 
+    from ppoflow.infra.checkpoint.sharded import CheckpointError, IncompleteCheckpointError
     from ppoflow.infra.config import ConfigError
+    from ppoflow.infra.data.prompts import DataError
     from ppoflow.infra.experiment.lock import ExperimentLocked
+    from ppoflow.infra.experiment.manifest import IdentityMismatch
+    from ppoflow.infra.preflight import PreflightError, Problem
+    from ppoflow.infra.rewards import RewardError
+    from ppoflow.infra.runtime.control import error_types
+    from ppoflow.infra.runtime.launch import RankFailure
     from ppoflow.tasks.step import retryable
 
     def failed(exc):
         return Failed(data=exc)
 
-    assert retryable(None, None, failed(RuntimeError("rank 1 died")))
-    assert retryable(None, None, failed(faults.FaultInjected("drill")))
-    assert not retryable(None, None, failed(ConfigError("bad field")))
-    assert not retryable(None, None, failed(ExperimentLocked("held")))
+    def in_rank(exc):
+        return RankFailure(f"rank 1 raised: {exc}", rank=1, method="m", error_types=tuple(error_types(exc)))
+
+    permanent = [
+        ConfigError("bad field"),
+        IdentityMismatch("model.path changed"),
+        DataError("no prompt column"),
+        PreflightError([Problem("data.train_files", "missing", "fix it")]),
+        RewardError("non-finite score"),
+        IncompleteCheckpointError("no marker"),
+        ExperimentLocked("held"),
+        PermissionError("AccessDenied"),
+        NoCredentialsError(),
+        in_rank(DataError("row 3")),
+        in_rank(IncompleteCheckpointError("no marker")),
+    ]
+    transient = [
+        RuntimeError("rank 1 died"),
+        RankFailure("rank 1 died during 'update_actor' (its link closed)", rank=1, method="update_actor"),
+        in_rank(ValueError("a bug that may be flaky")),
+        faults.FaultInjected("drill"),
+        OSError(121, "We encountered an internal error. Please try again."),  # S3 500 via s3fs
+        TimeoutError("call timed out"),
+        CheckpointError("saving checkpoint s3://b/x failed: ..."),  # a failed save may pass next time
+    ]
+    assert [exc for exc in permanent if retryable(None, None, failed(exc))] == []
+    assert [exc for exc in transient if not retryable(None, None, failed(exc))] == []
 
 
 def test_iteration_seed_depends_on_the_seeds_and_the_iteration_only():
