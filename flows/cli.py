@@ -304,7 +304,7 @@ def _err(line: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ppoflow.flows.console import print_summary, run_with_progress
-    from ppoflow.flows.failure import print_failure
+    from ppoflow.flows.failure import print_failure, terminal
     from ppoflow.infra.config import ConfigError, load_config
     from ppoflow.infra.data import storage
 
@@ -314,7 +314,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, _parse_overrides(args.overrides))
     except ConfigError as err:
         raise CLIError(str(err), code=2) from None
-    with _interrupts(args, cfg):
+    with terminal(args.verbose), _interrupts(args, cfg):
         result = run_with_progress(cfg, args.iterations)
     if not result["ok"]:
         print_failure(cfg, result, rerun=_rerun(args), verbose=args.verbose, out=_err)
@@ -326,8 +326,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ppoflow.demo.experiment import DEFAULT_SPEC, demo_config, local_dir
     from ppoflow.flows.demo import run_demo
+    from ppoflow.flows.failure import terminal
 
-    with _interrupts(args, demo_config(local_dir(args.storage), DEFAULT_SPEC)):
+    with terminal(args.verbose), _interrupts(args, demo_config(local_dir(args.storage), DEFAULT_SPEC)):
         result = run_demo(args.storage, args.iterations, verbose=args.verbose)
     return 0 if result["ok"] else 1
 
@@ -341,18 +342,13 @@ COMMANDS = {
 }
 
 
-def _prepare_run(verbose: bool) -> None:
+def _prepare_run() -> None:
     """Before a flow runs in this process: the temporary Prefect server (if one is needed) ends
-    with this process, no usage telemetry (offline machines log an error for it
-    each run), a generous start-up timeout for that server, and unless ``verbose`` Prefect's console keeps to warnings without its failure
-    reports and tracebacks (the UI still gets every log line)."""
+    with this process and starts with a generous timeout, and sends no usage telemetry (offline
+    machines log an error for it each run). Environment variables already set win."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # Prefect's 20 s is too short for the temporary server's first start on a busy 2-core machine
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    if not verbose:
-        from ppoflow.flows.failure import quiet_terminal
-
-        quiet_terminal()
     from ppoflow.flows.local_api import own_ephemeral_server
 
     own_ephemeral_server()
@@ -365,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ppoflow.flows.signals import install_sigterm_handler
 
         install_sigterm_handler()  # before the heavy imports: a SIGTERM while starting exits cleanly
-        _prepare_run(args.verbose)
+        _prepare_run()
     try:
         return COMMANDS[args.command](args)
     except CLIError as err:

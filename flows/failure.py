@@ -9,15 +9,16 @@ One block, no traceback (``--verbose`` adds it), then the command exits non-zero
       log    prefect flow-run logs 6c1f...   (every task's log, the ranks' output included)
       next   fix the file or field named above, then run: ppoflow run x.yaml --iterations 2
 
-:func:`quiet_terminal` keeps Prefect's own console output to warnings, without the engine's
-failure reports (this block replaces them) and the event and log workers' shutdown notes.
+:func:`terminal` keeps Prefect's own console output to warnings, without the engine's failure
+reports (this block replaces them) and the event and log workers' shutdown notes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ppoflow.infra.checkpoint.sharded import CheckpointError
@@ -34,7 +35,7 @@ __all__ = [
     "print_interrupted",
     "committed",
     "cause_text",
-    "quiet_terminal",
+    "terminal",
     "TerminalFilter",
 ]
 
@@ -197,20 +198,36 @@ class TerminalFilter(logging.Filter):
         return True
 
 
-def quiet_terminal() -> None:
-    """Prefect's console handlers at WARNING, through :class:`TerminalFilter`. Their level comes
-    from environment variables read when Prefect sets up logging (its import): call this first."""
-    import os
-
-    for name in ("", "_FLOW_RUNS", "_TASK_RUNS"):
-        os.environ.setdefault(f"PREFECT_LOGGING_HANDLERS_CONSOLE{name}_LEVEL", "WARNING")
+@contextlib.contextmanager
+def terminal(verbose: bool) -> Iterator[None]:
+    """The terminal of a run, inside the block: unless ``verbose``, Prefect's console handlers
+    show warnings only, through :class:`TerminalFilter`. At the end Prefect's log and event
+    workers are drained (while its API is still up: otherwise they report "Still processing
+    items" at exit) and the handlers restored."""
     import prefect.main  # noqa: F401 - sets up Prefect's logging (once per process)
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    for logger in (logging.getLogger(), *(logging.getLogger(n) for n in ("prefect", "uvicorn"))):
-        for handler in logger.handlers:
-            if isinstance(handler, PrefectConsoleHandler):
-                if not any(isinstance(f, TerminalFilter) for f in handler.filters):
-                    handler.addFilter(TerminalFilter())
-                if handler.level < logging.WARNING:
-                    handler.setLevel(logging.WARNING)
+    loggers = (logging.getLogger(), *(logging.getLogger(n) for n in ("prefect", "uvicorn")))
+    handlers = {h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)}
+    saved = {h: h.level for h in handlers}
+    quiet = TerminalFilter()
+    if not verbose:
+        for handler in handlers:
+            handler.addFilter(quiet)
+            handler.setLevel(max(handler.level, logging.WARNING))
+    try:
+        yield
+    finally:
+        _drain_prefect_workers()
+        for handler, level in saved.items():
+            handler.removeFilter(quiet)
+            handler.setLevel(level)
+
+
+def _drain_prefect_workers(timeout_s: float = 10.0) -> None:
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):  # best effort: Prefect drains again at exit
+            worker.drain_all(timeout=timeout_s)

@@ -56,13 +56,13 @@ from ppoflow.tasks import (
     commit,
     generate,
     init_experiment,
+    preflight,
     ref_log_prob,
     rm_score,
     update_actor,
     update_critic,
     values,
 )
-from ppoflow.tasks.preflight import preflight
 from ppoflow.tasks.receipts import IterationReceipts, R
 from ppoflow.tasks.runtime import RunContext, open_run, worker_groups
 
