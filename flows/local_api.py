@@ -18,8 +18,10 @@ three differences in how its process is started:
   the run's; a server that fails to start shows its last lines in the error. Usage telemetry is
   off.
 
-Prefect keeps doing the rest (port choice, health wait, the ``atexit`` stop). With
-``PREFECT_API_URL`` set, Prefect never asks for a temporary server and nothing changes.
+Prefect keeps doing the rest (port choice, health wait, the ``atexit`` stop). The CLI starts the
+server in the background as soon as it knows it will run a flow, so its start-up overlaps the
+CLI's own imports. With ``PREFECT_API_URL`` set, no temporary server is started and nothing
+changes.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def _server_class() -> type:
         """Prefect's temporary API server, in a process that dies with its parent (module docstring)."""
 
         log_path: str | None = None
+        _start_lock = threading.Lock()
 
         def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
             args = [
@@ -77,6 +80,12 @@ def _server_class() -> type:
                 os.close(fd)
 
         def start(self, timeout: int | None = None) -> None:
+            # Prefect marks the server running before it answers; a caller arriving meanwhile (the
+            # flow, while :func:`own_ephemeral_server` starts it early) waits here until it does.
+            with self._start_lock:
+                self._start(timeout)
+
+        def _start(self, timeout: int | None) -> None:
             try:
                 super().start(timeout)
             except Exception as exc:
@@ -100,12 +109,26 @@ def _server_class() -> type:
     return OwnedEphemeralServer
 
 
-def own_ephemeral_server() -> Any:
+def own_ephemeral_server(start_now: bool = True) -> Any:
     """Make the temporary API server this process may need one that ends with it (module
-    docstring). Returns the server object (not started: Prefect starts it on first use, if it
-    needs one). Call before the first flow run; later calls return the same server."""
-    cls = _server_class()
-    return cls()  # registered as Prefect's default temporary server (its per-port instance table)
+    docstring), and with ``start_now``, when Prefect will need one (no ``PREFECT_API_URL``),
+    start it in the background at once: its start-up (seconds) overlaps the imports and checks
+    before the first flow run, which waits for it. Call before the first flow run; later calls
+    return the same server."""
+    from prefect.settings import PREFECT_API_URL
+
+    server = _server_class()()  # registered as Prefect's default temporary server (its per-port table)
+    if start_now and not PREFECT_API_URL.value() and hasattr(server, "_start_lock"):
+        threading.Thread(
+            target=_start_quietly, args=(server,), name="ppoflow-prefect-server", daemon=True
+        ).start()
+    return server
+
+
+def _start_quietly(server: Any) -> None:
+    """Start ``server``; a failure is left to the flow's own start, which raises it."""
+    with contextlib.suppress(Exception):
+        server.start()
 
 
 def _exit_with_parent(parent: int, log_path: str) -> None:
