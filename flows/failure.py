@@ -112,20 +112,18 @@ def _state_line(cfg: ExperimentConfig, n: int | None, before: int | None) -> str
 
 
 def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: str) -> str:
-    paths = ExperimentPaths.of(cfg)
-    checkpoint = isinstance(exc, CheckpointError) or (
-        isinstance(exc, RankFailure) and exc.raised(CheckpointError) and is_permanent(exc)
-    )
+    """What to do about ``exc``: wait for the lock's owner, go back to a good checkpoint, fix
+    the input (a deterministic error), or just run again (anything a retry may fix)."""
     if isinstance(exc, ExperimentLocked):
         return f"wait for the run named above to end (or cancel it), then run: {rerun}"
-    if checkpoint and is_permanent(exc):
-        return rollback_hint(paths, n)
-    if exc is not None and is_permanent(exc):
-        return f"fix what the cause names (a retry cannot), then run: {rerun}"
-    return (
-        f"run the same command again: {rerun}\n         it resumes at the first unfinished task "
-        "(finished tasks' outputs are reused) and commits what an uninterrupted run would"
-    )
+    if exc is None or not is_permanent(exc):
+        return (
+            f"run the same command again: {rerun}\n         it resumes at the first unfinished task "
+            "(finished tasks' outputs are reused) and commits what an uninterrupted run would"
+        )
+    if isinstance(exc, CheckpointError) or (isinstance(exc, RankFailure) and exc.raised(CheckpointError)):
+        return rollback_hint(ExperimentPaths.of(cfg), n)
+    return f"fix what the cause names (a retry cannot), then run: {rerun}"
 
 
 def _log_hint(flow_run_id: str | None) -> str:

@@ -66,6 +66,9 @@ def _server_class() -> type:
                 **get_current_settings().to_environment_variables(exclude_unset=True),
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             }
+            if self.log_path is not None:  # a retry on another port (the first one was taken)
+                with contextlib.suppress(OSError):
+                    os.unlink(self.log_path)
             fd, self.log_path = tempfile.mkstemp(prefix="ppoflow-prefect-server-", suffix=".log")
             try:
                 return subprocess.Popen(
