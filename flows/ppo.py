@@ -48,7 +48,7 @@ from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, par
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.lock import ExperimentLock
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_identity, read_manifest
-from ppoflow.infra.experiment.metrics import metrics_table, summary_line, trend_markdown
+from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend_markdown
 from ppoflow.infra.experiment.plots import plot_metrics
 from ppoflow.infra.runtime.slots import device_slots
 from ppoflow.tasks import (
@@ -152,7 +152,7 @@ def _publish_iteration(ctx: RunContext, manifest: Manifest, metrics: dict[str, A
         key=f"{slug}-summary",
         description=f"trend after iteration {n}",
     )
-    get_run_logger().info(summary_line(n, metrics))
+    get_run_logger().info(headline_line(n, metrics))
 
 
 def _publish_plot(ctx: RunContext, manifest: Manifest) -> str | None:
