@@ -9,20 +9,26 @@
 
 ``EXPERIMENT`` is an experiment's URL (``<storage.root>/<storage.experiment>``, any fsspec URL or
 path) or the YAML config of one. ``run`` and ``demo`` run the flow in this process: against the
-Prefect server in ``PREFECT_API_URL`` if set, else an ephemeral local one (runs then show in the
-UI of ``prefect server start`` on this machine). Both print one line per committed iteration.
+Prefect server in ``PREFECT_API_URL`` if set, else a temporary local one that ends with this
+process however it ends (``ppoflow.flows.local_api``; runs then show in the UI of ``prefect server
+start`` on this machine). Both print one line per committed iteration, Prefect's warnings, and at
+the end a summary, or on failure one error block (``ppoflow.flows.failure``); ``--verbose`` adds
+Prefect's and the ranks' logs and the traceback.
 
 Exit status: 0 success, 1 a failed run or operation, 2 a bad command line or config, 130/143 on
-Ctrl-C / SIGTERM (after the flow's cleanup ran: worker groups stopped, experiment lock released).
+Ctrl-C / SIGTERM (after the flow's cleanup ran: worker groups killed, experiment lock and device
+slots released, the temporary Prefect server stopped).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 __all__ = ["main", "build_parser", "CLIError"]
@@ -78,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config field, e.g. --set rollout.n=4 (YAML value; repeatable)",
     )
-    p.add_argument("--quiet", action="store_true", help="only the per-iteration lines, no Prefect logs")
+    p.add_argument(
+        "--verbose", action="store_true", help="show Prefect's and the ranks' logs, and tracebacks"
+    )
+    p.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # the default since 0.3
 
     p = sub.add_parser("status", help="print an experiment's manifest and its last metrics")
     p.add_argument("experiment", help="experiment URL/path, or its YAML config")
@@ -275,8 +284,40 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rerun(args: argparse.Namespace) -> str:
+    """The command line that runs this command again (what the failure screen suggests)."""
+    import shlex
+
+    from ppoflow.flows.console import command
+
+    if args.command == "demo":
+        return f"{command('ppoflow')} demo --storage {shlex.quote(args.storage)}"
+    sets = "".join(f" --set {shlex.quote(item)}" for item in args.overrides)
+    return f"{command('ppoflow')} run {shlex.quote(args.config)} --iterations {args.iterations}{sets}"
+
+
+@contextlib.contextmanager
+def _interrupts(args: argparse.Namespace, cfg: Any) -> Iterator[None]:
+    """Say what a Ctrl-C or SIGTERM left behind (the flow's cleanup already ran), then go on exiting."""
+    from ppoflow.flows.failure import committed, print_interrupted
+    from ppoflow.flows.signals import Terminated
+
+    started, before = time.time(), committed(cfg)
+    try:
+        yield
+    except (KeyboardInterrupt, Terminated) as exc:
+        how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+        print_interrupted(cfg, how, time.time() - started, _rerun(args), before=before, out=_err)
+        raise
+
+
+def _err(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ppoflow.flows.console import print_summary, run_with_progress
+    from ppoflow.flows.failure import print_failure, terminal
     from ppoflow.infra.config import ConfigError, load_config
     from ppoflow.infra.data import storage
 
@@ -286,15 +327,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, _parse_overrides(args.overrides))
     except ConfigError as err:
         raise CLIError(str(err), code=2) from None
-    result = run_with_progress(cfg, args.iterations)
+    with terminal(args.verbose), _interrupts(args, cfg):
+        result = run_with_progress(cfg, args.iterations)
+    if not result["ok"]:
+        print_failure(cfg, result, rerun=_rerun(args), verbose=args.verbose, out=_err)
+        return 1
     print_summary(cfg, result, config_path=args.config)
-    return 0 if result["ok"] else 1
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from ppoflow.demo.experiment import DEFAULT_SPEC, demo_config, local_dir
     from ppoflow.flows.demo import run_demo
+    from ppoflow.flows.failure import terminal
 
-    result = run_demo(args.storage, args.iterations)
+    with terminal(args.verbose), _interrupts(args, demo_config(local_dir(args.storage), DEFAULT_SPEC)):
+        result = run_demo(args.storage, args.iterations, verbose=args.verbose)
     return 0 if result["ok"] else 1
 
 
@@ -314,33 +362,32 @@ COMMANDS = {
 }
 
 
-def _quiet_prefect_console() -> None:
-    """Prefect's console handler to WARNING (its API handler, what the UI shows, keeps INFO), and
-    no usage telemetry from the ephemeral server (offline machines log an error for it each run);
-    must happen before Prefect configures logging, i.e. before it is imported. Variables already
-    set win."""
+def _prepare_run() -> None:
+    """Before a flow runs in this process: the temporary Prefect server (if one is needed) ends
+    with this process and starts with a generous timeout, and sends no usage telemetry (offline
+    machines log an error for it each run). Environment variables already set win."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_TASK_RUNS_LEVEL", "WARNING")
+    # Prefect's 20 s is too short for the temporary server's first start on a busy 2-core machine
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    from ppoflow.flows.local_api import own_ephemeral_server
+
+    own_ephemeral_server()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ppoflow`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
-    if (args.command == "demo" and not args.verbose) or (args.command == "run" and args.quiet):
-        _quiet_prefect_console()
     if args.command in ("demo", "run"):
-        from ppoflow.flows.ppo import install_sigterm_handler
+        from ppoflow.flows.signals import install_sigterm_handler
 
-        install_sigterm_handler()
+        install_sigterm_handler()  # before the heavy imports: a SIGTERM while starting exits cleanly
+        _prepare_run()
     try:
         return COMMANDS[args.command](args)
     except CLIError as err:
         print(f"ppoflow: error: {err}", file=sys.stderr)
         return err.code
     except KeyboardInterrupt:
-        print("ppoflow: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `ppoflow status X | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -2,7 +2,8 @@
 
 ``ppoflow run`` and ``ppoflow demo`` run the ``ppo`` flow in this process through
 :func:`run_with_progress` (which polls the experiment's manifest and prints ``headline_line``
-for each new iteration) and then print :func:`print_summary`.
+for each new iteration) and then print :func:`print_summary`, or on failure
+``ppoflow.flows.failure.print_failure``'s error block.
 """
 
 from __future__ import annotations
@@ -28,10 +29,8 @@ class _Progress(threading.Thread):
     ):
         super().__init__(name="ppoflow-progress", daemon=True)
         from ppoflow.infra.experiment.manifest import ExperimentPaths
-        from ppoflow.tasks.slots import limit_name
 
         self.paths, self.out, self.poll_s, self.quiet_s = ExperimentPaths.of(cfg), out, poll_s, quiet_s
-        self.limit = limit_name(cfg.resources.device)
         self.stop_event = threading.Event()
         self.shown = 0
         self.shown = self._committed()  # iterations committed before this run are not shown
@@ -61,8 +60,7 @@ class _Progress(threading.Thread):
             if time.monotonic() - self.last_news > self.quiet_s:
                 self.out(
                     f"... no iteration committed for {self.quiet_s:.0f} s: still starting, or waiting for this "
-                    f"machine's device slots while another ppoflow run holds them (prefect gcl inspect "
-                    f"{self.limit})"
+                    "machine's device slots (a warning above names the run that holds them)"
                 )
                 self.last_news = time.monotonic()
 
@@ -77,11 +75,13 @@ def run_with_progress(
 ) -> dict[str, Any]:
     """Run the ``ppo`` flow in this process, printing a line per committed iteration.
 
-    Returns ``{ok, result, error, flow_run_id, wall_s}`` (``result``: what the flow returned).
+    Returns ``{ok, result, error, exception, committed_before, flow_run_id, wall_s}``
+    (``result``: what the flow returned; ``exception``: why it failed).
     """
     from ppoflow.flows.ppo import ppo
 
     progress = _Progress(cfg, out)
+    before = progress.shown
     progress.start()
     started = time.time()
     try:
@@ -94,6 +94,8 @@ def run_with_progress(
         "ok": ok,
         "result": result if ok else None,
         "error": None if ok else f"{state.name}: {result}",
+        "exception": result if isinstance(result, BaseException) else None,
+        "committed_before": before,
         "flow_run_id": str(state.state_details.flow_run_id),
         "wall_s": time.time() - started,
     }
@@ -132,15 +134,14 @@ def print_summary(
     wall_s: float | None = None,
     out: Callable[[str], None] = print,
 ) -> None:
-    """Where the experiment lives, its reward trend, the plot, and the commands to go on."""
+    """Where the experiment lives, its reward trend, the plot, and the commands to go on (after a
+    successful run; a failed one gets ``ppoflow.flows.failure.print_failure`` instead)."""
     from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 
     paths = ExperimentPaths.of(cfg)
     manifest = read_manifest(paths)
     wall = run["wall_s"] if wall_s is None else wall_s
     out("")
-    if not run["ok"]:
-        out(f"the flow run failed: {run['error']}")
     out(f"experiment:        {paths.root}   (iteration {manifest.iteration if manifest else 0} committed)")
     score = headline("score")
     trend = [r for r in (manifest.trend if manifest else []) if score.key_in(r)]

@@ -21,7 +21,8 @@ from ppoflow.demo.experiment import (
     local_dir,
     prepare,
 )
-from ppoflow.flows.console import print_summary, run_with_progress
+from ppoflow.flows.console import command, print_summary, run_with_progress
+from ppoflow.flows.failure import print_failure
 
 __all__ = ["run_demo"]
 
@@ -31,11 +32,13 @@ def run_demo(
     iterations: int | None = None,
     spec: DemoSpec = DEFAULT_SPEC,
     out: Callable[[str], None] = print,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """Prepare the demo under ``location`` and train it (see the module docstring).
 
     ``iterations`` None: :data:`DEFAULT_ITERATIONS` on a new experiment, :data:`CONTINUE_ITERATIONS`
-    more on one that has already run. Returns :func:`run_with_progress`'s dict.
+    more on one that has already run. Returns :func:`run_with_progress`'s dict. A failed run
+    prints the error block of ``ppoflow.flows.failure`` (with the traceback when ``verbose``).
     """
     from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 
@@ -59,6 +62,11 @@ def run_demo(
         f"(starting Prefect and the worker groups takes a little while)"
     )
     run = run_with_progress(cfg, iterations, out)
+    if not run["ok"]:
+        print_failure(
+            cfg, run, rerun=f"{command('ppoflow')} demo --storage {location}", verbose=verbose, out=out
+        )
+        return run
     print_summary(
         cfg,
         run,

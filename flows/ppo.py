@@ -16,8 +16,10 @@ reward model; the tasks of one row run concurrently on their own worker groups.)
 URLs and small JSON receipts; data lives under ``<root>/<experiment>/iterations/{n:06d}/``.
 
 Around the iterations: the experiment lock (no two runs of one experiment overlap), the
-machine's device slots (a strict global concurrency limit), and the run's worker groups, started
-when first needed, kept across the iterations, shut down in ``finally``.
+``preflight`` task (data, models, reward function, storage and checkpoints checked before anything
+starts), the machine's device slots (``ppoflow.infra.runtime.slots``: file locks that free themselves when
+their holder dies), and the run's worker groups, started when first needed, kept across the
+iterations, shut down at the end; on Ctrl-C or SIGTERM killed at once.
 
 Resume: every task returns its stored result when its outputs already exist, so retrying a failed
 flow run (``prefect flow-run retry``, the UI's button) or running the flow again resumes at the
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import re
-import signal
 import sys
 import time
 import uuid
@@ -42,17 +43,20 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.futures import PrefectFuture, wait
 
+from ppoflow.flows.signals import Terminated, install_sigterm_handler
 from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.lock import ExperimentLock
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_identity, read_manifest
 from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend_markdown
 from ppoflow.infra.experiment.plots import plot_metrics
+from ppoflow.infra.runtime.slots import device_slots
 from ppoflow.tasks import (
     advantage,
     commit,
     generate,
     init_experiment,
+    preflight,
     ref_log_prob,
     rm_score,
     update_actor,
@@ -60,10 +64,9 @@ from ppoflow.tasks import (
     values,
 )
 from ppoflow.tasks.receipts import IterationReceipts, R
-from ppoflow.tasks.runtime import RunContext, close_run, open_run
-from ppoflow.tasks.slots import device_slots
+from ppoflow.tasks.runtime import RunContext, open_run, worker_groups
 
-__all__ = ["ppo", "resolve_config", "install_sigterm_handler", "needs_reference"]
+__all__ = ["ppo", "resolve_config", "install_sigterm_handler", "Terminated", "needs_reference"]
 
 
 def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
@@ -77,16 +80,6 @@ def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
     raise ConfigError(
         f"config must be an ExperimentConfig, a YAML path/URL or a dict; got {type(config).__name__}"
     )
-
-
-def install_sigterm_handler() -> None:
-    """Make SIGTERM exit normally (SystemExit, so ``finally`` blocks and atexit run).
-
-    Prefect's own handler re-raises with the default action and skips atexit, which orphans its
-    ephemeral API server and leaves the worker groups to their watchdogs. Call this before
-    running the flow in a process you own (the CLI, the demo, tests); main thread only.
-    """
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def needs_reference(cfg: ExperimentConfig) -> bool:
@@ -208,7 +201,7 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
     paths = ExperimentPaths.of(cfg)
     ctx = open_run(key, cfg, log=logger)
     metrics: dict[str, Any] = {}
-    try:
+    with worker_groups(key):  # covers failures before the slots were taken
         with ExperimentLock(paths.lock, run_id=key, log=logger.warning) as lock:
             ctx.lock = lock
             manifest = read_manifest(paths)
@@ -218,8 +211,9 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
                     f"experiment {cfg.storage.experiment!r}: continuing after iteration "
                     f"{manifest.iteration} ({paths.manifest})"
                 )
-            with device_slots(cfg, logger.info):
-                try:
+            preflight(key)
+            with device_slots(cfg, logger.info, run_id=key, wait_log=logger.warning):
+                with worker_groups(key):  # the ranks free the devices before the slots are released
                     if manifest is None:
                         ctx.prestart(
                             pending_roles(ctx, 1)
@@ -230,12 +224,8 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
                     for _ in range(iterations):
                         manifest, metrics = run_iteration(ctx, manifest)
                         _publish_iteration(ctx, manifest, metrics)
-                finally:
-                    close_run(key)  # the ranks free the devices before the slots are released
             if iterations:
                 _publish_plot(ctx, manifest)
-    finally:
-        close_run(key)  # idempotent; covers failures before the slots were taken
     return {
         "experiment": cfg.storage.experiment,
         "iteration": manifest.iteration,

@@ -288,6 +288,16 @@ class DataConfig(_Section):
     shuffle: bool = True
     seed: int = 0
     apply_chat_template: bool = True
+    truncation: Literal["error", "left", "right"] = Field(
+        "left",
+        description="a prompt longer than rollout.prompt_length: drop its first tokens (left), its "
+        "last tokens (right), or fail naming the row (error)",
+    )
+    filter_overlong_prompts: bool = Field(
+        False,
+        description="drop prompts longer than rollout.prompt_length when the dataset is loaded "
+        "(tokenizes every prompt once per run)",
+    )
 
 
 class StorageConfig(_Section):

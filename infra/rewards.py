@@ -42,6 +42,7 @@ __all__ = [
     "gsm8k_score",
     "extract_gsm8k_answer",
     "RewardFn",
+    "RewardError",
 ]
 
 RewardFn = Callable[[str, str, Any, Any], "float | dict[str, Any]"]
@@ -49,6 +50,17 @@ RewardFn = Callable[[str, str, Any, Any], "float | dict[str, Any]"]
 _LOG = logging.getLogger("ppoflow.rewards")
 
 _REGISTRY: dict[str, RewardFn] = {}
+
+
+class RewardError(ValueError):
+    """A reward function returned something that is not a usable score (a non-finite number, a
+    dict without ``score``, a string): the same rows give the same result, so retrying the task
+    cannot help. Fix the reward function (named in the message)."""
+
+
+class RewardTypeError(RewardError, TypeError):
+    """A reward function returned a value of the wrong type."""
+
 
 _HOW_TO_REGISTER = (
     'register one with @ppoflow.infra.rewards.register_reward("<data_source>") in a module '
@@ -173,7 +185,7 @@ def _as_score(value: Any, where: str) -> tuple[float, dict[str, float]]:
     info: dict[str, float] = {}
     if isinstance(value, dict):
         if "score" not in value:
-            raise ValueError(f"{where} returned a dict without a 'score' key (keys: {sorted(value)})")
+            raise RewardError(f"{where} returned a dict without a 'score' key (keys: {sorted(value)})")
         info = {
             k: float(v)
             for k, v in value.items()
@@ -183,12 +195,12 @@ def _as_score(value: Any, where: str) -> tuple[float, dict[str, float]]:
     if isinstance(value, (bool, int, float, np.number)) or (hasattr(value, "item") and callable(value.item)):
         score = float(value.item() if hasattr(value, "item") else value)
     else:
-        raise TypeError(
+        raise RewardTypeError(
             f"{where} returned a {type(value).__name__}; a reward function returns a float or "
             "a dict with a 'score' float"
         )
     if not math.isfinite(score):
-        raise ValueError(f"{where} returned a non-finite score ({score}); rewards must be finite")
+        raise RewardError(f"{where} returned a non-finite score ({score}); rewards must be finite")
     return score, info
 
 

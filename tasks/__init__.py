@@ -1,5 +1,6 @@
 """ppoflow.tasks: one Prefect task per step of a PPO iteration (inputs and outputs are URLs).
 
+    preflight        checks data, models, reward, storage and checkpoints before anything starts
     init_experiment  iteration 0 of a new experiment (base-weight checkpoints, manifest 0)
     generate         prompts -> rollout.arrow (responses, rollout and old log-probs)
     ref_log_prob     rollout -> ref_log_prob.arrow
@@ -16,6 +17,7 @@
 from ppoflow.tasks.advantage import advantage
 from ppoflow.tasks.commit import commit, init_experiment
 from ppoflow.tasks.generate import generate
+from ppoflow.tasks.preflight import preflight
 from ppoflow.tasks.score import ref_log_prob, rm_score, values
 from ppoflow.tasks.update import update_actor, update_critic
 
@@ -24,6 +26,7 @@ __all__ = [
     "commit",
     "generate",
     "init_experiment",
+    "preflight",
     "ref_log_prob",
     "rm_score",
     "update_actor",

@@ -47,6 +47,7 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
         prompt_length=cfg.rollout.prompt_length,
         apply_chat_template=cfg.data.apply_chat_template,
         meta_info={"iteration": n, "seed": seed},
+        truncation=cfg.data.truncation,
     )
     prompts_url, rollout_url = step.file("prompts.arrow"), step.file("rollout.arrow")
     prompts.save(prompts_url)

@@ -48,7 +48,18 @@ from ppoflow.workers.base import Worker
 from ppoflow.workers.critic_worker import CriticWorker
 from ppoflow.workers.reward_model_worker import RewardModelWorker
 
-__all__ = ["RunContext", "WorkerHandle", "open_run", "get_run", "close_run", "WORKERS", "ROLE_NAMES"]
+__all__ = [
+    "RunContext",
+    "RunClosed",
+    "WorkerHandle",
+    "open_run",
+    "get_run",
+    "close_run",
+    "abort_run",
+    "worker_groups",
+    "WORKERS",
+    "ROLE_NAMES",
+]
 
 #: The worker class of each group, by the name tasks use for it.
 WORKERS: dict[str, type[Worker]] = {
@@ -60,6 +71,10 @@ WORKERS: dict[str, type[Worker]] = {
 ROLE_NAMES = {"actor": "actor_rollout_ref", "critic": "critic", "reward_model": "reward_model"}
 
 _LOG = logging.getLogger("ppoflow.flow")
+
+
+class RunClosed(WorkerGroupDead):
+    """The run's worker groups were shut down (the flow is ending): no group starts again."""
 
 
 class WorkerHandle:
@@ -124,13 +139,16 @@ class RunContext:
     def tokenizer(self) -> Any:
         """The policy's tokenizer (loaded once per run)."""
         with self._mutex:
-            if self._tokenizer is None:
-                from transformers import AutoTokenizer
+            return self._load_tokenizer()
 
-                self._tokenizer = AutoTokenizer.from_pretrained(
-                    self.cfg.model.tokenizer, trust_remote_code=self.cfg.model.trust_remote_code
-                )
-            return self._tokenizer
+    def _load_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                self.cfg.model.tokenizer, trust_remote_code=self.cfg.model.trust_remote_code
+            )
+        return self._tokenizer
 
     @property
     def dataset(self) -> Any:
@@ -139,12 +157,20 @@ class RunContext:
             if self._dataset is None:
                 from ppoflow.infra.data.prompts import PromptDataset
 
-                self._dataset = PromptDataset(
-                    self.cfg.data.train_files,
-                    prompt_key=self.cfg.data.prompt_key,
+                data = self.cfg.data
+                dataset = PromptDataset(
+                    data.train_files,
+                    prompt_key=data.prompt_key,
                     require_ground_truth=self.cfg.reward.rule,
                     storage_options=self.cfg.storage.storage_options or None,
                 )
+                if data.filter_overlong_prompts:
+                    dataset.filter_overlong(
+                        self._load_tokenizer(),
+                        prompt_length=self.cfg.rollout.prompt_length,
+                        apply_chat_template=data.apply_chat_template,
+                    )
+                self._dataset = dataset
             return self._dataset
 
     # ------------------------------------------------------------------ logs
@@ -173,7 +199,7 @@ class RunContext:
         ``state=None`` accepts any state (e.g. ref log-probs use the fixed reference weights).
         """
         if self.closed:
-            raise WorkerGroupDead(f"run {self.key} is closed; its worker groups were shut down")
+            raise RunClosed(f"run {self.key} is closed; its worker groups were shut down")
         slot = self._slots[role]
         with slot.lock:
             if slot.group is None or not slot.group.alive:
@@ -292,6 +318,8 @@ class RunContext:
         try:
             return slot.group.call(method, *args, **kwargs)
         except (RankFailure, WorkerGroupDead) as exc:
+            if self.closed:  # killed by an interrupt: not a failure a retry should see
+                raise RunClosed(f"run {self.key} was stopped while {role}.{method} ran") from exc
             faults.note_rank_failure(getattr(exc, "method", None) or method)
             slot.group, slot.state = None, None
             raise
@@ -306,6 +334,17 @@ class RunContext:
     def starts(self, role: str) -> int:
         """How many times ``role``'s group was started in this run (rebuilds included)."""
         return self._slots[role].starts
+
+    def kill(self) -> None:
+        """Kill every group now, without waiting for calls in flight (an interrupt); idempotent."""
+        self.closed = True
+        for role, slot in self._slots.items():
+            group = slot.group
+            if group is not None:
+                try:
+                    group.kill("the run was interrupted")
+                except Exception as exc:  # noqa: BLE001 - keep killing the others
+                    _LOG.warning("killing the %s group failed: %s", role, exc)
 
     def shutdown(self) -> None:
         """Shut every group down, in parallel (idempotent)."""
@@ -370,3 +409,26 @@ def close_run(key: str) -> None:
         ctx = _RUNS.pop(key, None)
     if ctx is not None:
         ctx.shutdown()
+
+
+def abort_run(key: str) -> None:
+    """Kill the run's groups at once (an interrupt); :func:`close_run` still forgets the run."""
+    with _RUNS_LOCK:
+        ctx = _RUNS.get(key)
+    if ctx is not None:
+        ctx.kill()
+
+
+@contextlib.contextmanager
+def worker_groups(key: str) -> Iterator[None]:
+    """The span in which run ``key``'s worker groups may live: at its end they are shut down
+    cleanly; on an interrupt (Ctrl-C, SIGTERM: a ``BaseException`` that is not an ``Exception``)
+    they are killed first, so a task blocked on a rank cannot delay the exit."""
+    try:
+        yield
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            abort_run(key)
+        raise
+    finally:
+        close_run(key)

@@ -16,8 +16,10 @@ becomes the Prefect task ``values(run: str, n: int, rollout, critic_checkpoint) 
 5. writes the receipt (with the body's wall time) once the outputs are complete.
 
 Every task retries :data:`TASK_RETRIES` times except on errors a retry cannot fix
-(:data:`PERMANENT_ERRORS`), never caches through Prefect (storage is the record: a deleted
-experiment is never "resumed" from a stale cache) and persists no Prefect result.
+(:func:`is_permanent`: bad data, config, reward function, experiment identity, an unusable
+checkpoint, missing credentials — raised in the flow process or inside a rank), never caches
+through Prefect (storage is the record: a deleted experiment is never "resumed" from a stale
+cache) and persists no Prefect result. A dead rank, an S3 5xx, a timeout are retried.
 """
 
 from __future__ import annotations
@@ -33,13 +35,17 @@ from typing import Any, Generic
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from ppoflow.infra.checkpoint.sharded import IncompleteCheckpointError
 from ppoflow.infra.config import ConfigError, ExperimentConfig
 from ppoflow.infra.data.prompts import DataError
 from ppoflow.infra.experiment.lock import ExperimentLocked
 from ppoflow.infra.experiment.manifest import ExperimentPaths, ManifestConflict, now_iso
+from ppoflow.infra.preflight import PreflightError
+from ppoflow.infra.rewards import RewardError
 from ppoflow.infra.runtime import faults
+from ppoflow.infra.runtime.launch import RankFailure
 from ppoflow.tasks.receipts import R, Receipt, find_receipt, write_receipt
-from ppoflow.tasks.runtime import RunContext, WorkerHandle, get_run
+from ppoflow.tasks.runtime import RunClosed, RunContext, WorkerHandle, get_run
 
 __all__ = [
     "ppo_task",
@@ -47,28 +53,54 @@ __all__ = [
     "TASK_OPTIONS",
     "TASK_RETRIES",
     "PERMANENT_ERRORS",
+    "is_permanent",
     "retryable",
     "Timer",
     "task_logs",
 ]
 
 TASK_RETRIES = 2
+
+
+def _credential_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from botocore.exceptions import NoCredentialsError
+    except ImportError:  # no S3 support installed
+        return ()
+    return (NoCredentialsError,)
+
+
+#: Errors a retry cannot fix: the same inputs fail the same way. ``PermissionError`` covers a
+#: read-only directory and S3's AccessDenied (s3fs raises it for HTTP 403).
 PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
-    ConfigError,
+    ConfigError,  # IdentityMismatch (a changed model or tokenizer) included
     DataError,
+    PreflightError,
+    RewardError,
+    IncompleteCheckpointError,  # (plug CorruptCheckpointError in here when checkpoints carry hashes)
     ExperimentLocked,
     ManifestConflict,
+    RunClosed,
+    PermissionError,
+    *_credential_errors(),
 )
 
 
+def is_permanent(exc: BaseException) -> bool:
+    """True when retrying cannot help: a :data:`PERMANENT_ERRORS` raised here, or inside a rank
+    (a :class:`RankFailure` carries the rank exception's class names). A dead rank, an S3 5xx or
+    a timeout are not permanent."""
+    if isinstance(exc, RankFailure):
+        return exc.raised(*PERMANENT_ERRORS)
+    return isinstance(exc, PERMANENT_ERRORS)
+
+
 def retryable(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect ``retry_condition_fn``: retry unless the failure is a :data:`PERMANENT_ERRORS`."""
+    """Prefect ``retry_condition_fn``: retry unless the failure :func:`is_permanent`."""
     try:
         state.result()
-    except PERMANENT_ERRORS:
-        return False
-    except BaseException:  # noqa: BLE001 - any other failure may pass on a retry
-        return True
+    except BaseException as exc:  # noqa: BLE001 - classified, not handled
+        return not is_permanent(exc)
     return True
 
 

@@ -5,6 +5,15 @@ from tests.s3_server import s3_server  # noqa
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_device_slots(tmp_path_factory):
+    """The session's runs (and the processes they start) share device slots among themselves, not
+    with other ppoflow runs on the machine (``ppoflow.infra.runtime.slots``)."""
+    import os
+
+    os.environ["PPOFLOW_SLOTS_DIR"] = str(tmp_path_factory.mktemp("device-slots"))
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """A temporary Prefect API (``prefect_test_harness``) for the whole session: ~10 s, once."""

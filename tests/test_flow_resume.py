@@ -69,6 +69,7 @@ def test_faults_retries_resume_and_a_refused_concurrent_run(base_run, flow_confi
     assert state.is_failed()
     assert "task 'update_critic' fails before" in str(state.result(raise_on_failure=False))
     assert attempts(state) == {
+        "preflight": 1,
         "generate": 2,
         "ref_log_prob": 2,
         "values": 2,

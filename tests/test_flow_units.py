@@ -103,20 +103,51 @@ def test_one_metrics_spec_feeds_the_trend_and_the_plot():
     ]
 
 
-def test_retry_rule_skips_config_errors_only():
+def test_retry_rule_fails_deterministic_errors_at_once_and_retries_the_rest():
+    from botocore.exceptions import NoCredentialsError
     from prefect.states import Failed
 
+    from ppoflow.infra.checkpoint.sharded import CheckpointError, IncompleteCheckpointError
     from ppoflow.infra.config import ConfigError
+    from ppoflow.infra.data.prompts import DataError
     from ppoflow.infra.experiment.lock import ExperimentLocked
+    from ppoflow.infra.experiment.manifest import IdentityMismatch
+    from ppoflow.infra.preflight import PreflightError, Problem
+    from ppoflow.infra.rewards import RewardError
+    from ppoflow.infra.runtime.control import error_types
+    from ppoflow.infra.runtime.launch import RankFailure
     from ppoflow.tasks.step import retryable
 
     def failed(exc):
         return Failed(data=exc)
 
-    assert retryable(None, None, failed(RuntimeError("rank 1 died")))
-    assert retryable(None, None, failed(faults.FaultInjected("drill")))
-    assert not retryable(None, None, failed(ConfigError("bad field")))
-    assert not retryable(None, None, failed(ExperimentLocked("held")))
+    def in_rank(exc):
+        return RankFailure(f"rank 1 raised: {exc}", rank=1, method="m", error_types=tuple(error_types(exc)))
+
+    permanent = [
+        ConfigError("bad field"),
+        IdentityMismatch("model.path changed"),
+        DataError("no prompt column"),
+        PreflightError([Problem("data.train_files", "missing", "fix it")]),
+        RewardError("non-finite score"),
+        IncompleteCheckpointError("no marker"),
+        ExperimentLocked("held"),
+        PermissionError("AccessDenied"),
+        NoCredentialsError(),
+        in_rank(DataError("row 3")),
+        in_rank(IncompleteCheckpointError("no marker")),
+    ]
+    transient = [
+        RuntimeError("rank 1 died"),
+        RankFailure("rank 1 died during 'update_actor' (its link closed)", rank=1, method="update_actor"),
+        in_rank(ValueError("a bug that may be flaky")),
+        faults.FaultInjected("drill"),
+        OSError(121, "We encountered an internal error. Please try again."),  # S3 500 via s3fs
+        TimeoutError("call timed out"),
+        CheckpointError("saving checkpoint s3://b/x failed: ..."),  # a failed save may pass next time
+    ]
+    assert [exc for exc in permanent if retryable(None, None, failed(exc))] == []
+    assert [exc for exc in transient if not retryable(None, None, failed(exc))] == []
 
 
 def test_iteration_seed_depends_on_the_seeds_and_the_iteration_only():
@@ -126,30 +157,3 @@ def test_iteration_seed_depends_on_the_seeds_and_the_iteration_only():
     assert len({iteration_seed(7, 0, n) for n in range(1, 50)}) == 49
     assert iteration_seed(8, 0, 3) != iteration_seed(7, 0, 3) != iteration_seed(7, 1, 3)
     assert 0 <= iteration_seed(7, 0, 3) < 2**31
-
-
-def test_device_slots_are_a_strict_limit_created_on_first_use(prefect_harness, flow_config, tmp_path):
-    from prefect.client.orchestration import get_client
-    from prefect.concurrency.sync import concurrency
-
-    from ppoflow.infra.config import ConfigError
-    from ppoflow.tasks.slots import device_slots, limit_name
-
-    cfg = flow_config(str(tmp_path), "x", **{"resources.nprocs": 4})
-    logs: list[str] = []
-    with device_slots(cfg, logs.append) as held:
-        assert held["slots"] == min(4, held["size"])  # more CPU ranks than cores: all, no refusal
-        with get_client(sync_client=True) as client:
-            limit = client.read_global_concurrency_limit_by_name(limit_name("cpu"))
-        assert limit.active_slots == held["size"]
-        with pytest.raises(TimeoutError):  # a second run on this machine waits for the slots
-            with concurrency(
-                limit_name("cpu"), occupy=held["size"] - held["slots"] + 1, strict=True, timeout_seconds=1
-            ):
-                pass
-    with get_client(sync_client=True) as client:
-        assert client.read_global_concurrency_limit_by_name(limit_name("cpu")).active_slots == 0
-    gpu = flow_config(str(tmp_path), "x", **{"resources.device": "cuda", "resources.nprocs": 4})
-    with pytest.raises(ConfigError, match="prefect gcl update ppoflow-cuda-"):
-        with device_slots(gpu, logs.append):
-            pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -72,6 +73,13 @@ class ToyWorker(Worker):
             time.sleep(busy_s)
         if in_collective:
             dist.all_reduce(torch.ones(1, device=self.device))
+
+    @register(Dispatch.ONE_TO_ALL)
+    def raise_error(self, rank: int, error: str, message: str) -> None:
+        """``rank`` raises the exception class ``error`` ("module:Class") with ``message``."""
+        if self.rank == rank:
+            module, _, name = error.partition(":")
+            raise getattr(importlib.import_module(module), name)(message)
 
     @register(Dispatch.ONE_TO_ALL)
     def sleep(self, seconds: float) -> None:

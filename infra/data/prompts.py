@@ -14,9 +14,19 @@ resumes exactly where it stopped: batch k of a run that was interrupted and resu
 of a run that never stopped.
 
 Tokenization: the tokenizer's chat template (``data.apply_chat_template``) with the generation
-prompt, then left padding to ``rollout.prompt_length``. Longer prompts are truncated on the
-left (their first tokens are dropped, so the end of the prompt and the generation prompt stay);
-each truncation is counted in the batch's stats and logged as a warning.
+prompt, then left padding to ``rollout.prompt_length``. A longer prompt is handled by
+``data.truncation`` (veRL's names):
+
+    left   (the default) drop its first tokens, so the end of the prompt and the generation
+           prompt stay; counted in the batch's stats and logged as a warning
+    right  keep its first ``prompt_length`` tokens (the generation prompt may be cut off)
+    error  raise :class:`DataError` naming the file, the row and its length
+
+``data.filter_overlong_prompts`` instead drops such rows from the dataset when it is loaded
+(:meth:`PromptDataset.filter_overlong`): every prompt is tokenized once per run, a cost that
+grows with the dataset (a few seconds per 10k rows on one core). Dropping rows renumbers the
+rest, so switching it on or off in the middle of an experiment changes which prompts later
+batches hold.
 
     ds = PromptDataset(cfg.data.train_files, prompt_key=cfg.data.prompt_key)
     rows, next_cursor = ds.take({"epoch": 0, "offset": 0}, 16, seed=0, shuffle=True)
@@ -37,7 +47,10 @@ from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 
 
 from ppoflow.infra.data import storage
 
-__all__ = ["PromptDataset", "DataError", "Row", "DataCursor"]
+__all__ = ["PromptDataset", "DataError", "Row", "DataCursor", "TRUNCATION", "prompt_token_ids"]
+
+#: The values of ``data.truncation``.
+TRUNCATION = ("error", "left", "right")
 
 
 class DataCursor(TypedDict):
@@ -99,6 +112,14 @@ class PromptDataset:
         if self.table.num_rows == 0:
             raise DataError(f"data.train_files {files} hold no rows")
         self.files, self.prompt_key = list(files), prompt_key
+        self._starts = np.cumsum([0] + [t.num_rows for t in tables])
+        self._origin = np.arange(self.table.num_rows)  # row -> row of the concatenated files
+
+    def where(self, index: int) -> str:
+        """``"<file> row <i>"``: where row ``index`` (of this dataset) comes from."""
+        origin = int(self._origin[index])
+        k = int(np.searchsorted(self._starts, origin, side="right")) - 1
+        return f"{self.files[k]} row {origin - int(self._starts[k])}"
 
     @staticmethod
     def _read(url: str, storage_options: dict | None) -> pa.Table:
@@ -146,24 +167,36 @@ class PromptDataset:
         """The selected rows as Python dicts (in ``rows`` order)."""
         return self.table.take(pa.array([r.index for r in rows], type=pa.int64())).to_pylist()
 
-    def _text(self, prompt: Any, tokenizer: Any, apply_chat_template: bool) -> str:
-        if isinstance(prompt, str):
-            messages = [{"role": "user", "content": prompt}]
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) for m in prompt):
-            messages = [{"role": m.get("role"), "content": m.get("content")} for m in prompt]
-        else:
+    def prompt_tokens(self, prompt: Any, tokenizer: Any, apply_chat_template: bool) -> list[int]:
+        """The token ids of one prompt as the rollout sees it (chat template, no padding)."""
+        return prompt_token_ids(
+            prompt, tokenizer, apply_chat_template=apply_chat_template, key=self.prompt_key
+        )
+
+    def filter_overlong(self, tokenizer: Any, *, prompt_length: int, apply_chat_template: bool) -> int:
+        """Drop the rows whose prompt is longer than ``prompt_length`` tokens (tokenizing every
+        row once); returns how many were dropped. :class:`DataError` if none is left."""
+        prompts = self.table.column(self.prompt_key).to_pylist()
+        keep = np.array(
+            [len(self.prompt_tokens(p, tokenizer, apply_chat_template)) <= prompt_length for p in prompts],
+            dtype=bool,
+        )
+        if not keep.any():
             raise DataError(
-                f"column '{self.prompt_key}' must hold chat messages "
-                f"([{{'role': ..., 'content': ...}}]) or a string; got {type(prompt).__name__}"
+                f"data.filter_overlong_prompts=true dropped every row of {self.files}: no prompt fits "
+                f"rollout.prompt_length={prompt_length} tokens; raise rollout.prompt_length"
             )
-        if not apply_chat_template:
-            return "\n".join(str(m["content"]) for m in messages)
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise DataError(
-                "data.apply_chat_template=true but the tokenizer has no chat template; "
-                "set data.apply_chat_template=false or use a tokenizer with one"
+        dropped = int((~keep).sum())
+        if dropped:
+            self.table = self.table.filter(pa.array(keep))
+            self._origin = self._origin[keep]
+            _LOG.warning(
+                "data.filter_overlong_prompts: dropped %d of %d prompts longer than rollout.prompt_length=%d",
+                dropped,
+                len(keep),
+                prompt_length,
             )
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return dropped
 
     def tokenize(
         self,
@@ -173,14 +206,19 @@ class PromptDataset:
         prompt_length: int,
         apply_chat_template: bool,
         meta_info: dict | None = None,
+        truncation: str = "left",
     ):
         """A left-padded prompt DataProto for ``rows`` and stats ``{truncated, max_prompt_tokens}``.
 
         Columns: ``input_ids``, ``attention_mask``, ``position_ids`` (B, prompt_length) and
         non-tensor ``data_source``, ``ground_truth``, ``extra_info``, ``uid``, ``raw_prompt``.
+        ``truncation``: what happens to a longer prompt (``left``, ``right``, ``error``; see the
+        module docstring).
         """
         from ppoflow.infra.data.dataproto import DataProto
 
+        if truncation not in TRUNCATION:
+            raise DataError(f"data.truncation={truncation!r}: expected one of {', '.join(TRUNCATION)}")
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad_id is None:
             raise DataError("the tokenizer has neither a pad nor an eos token; set one")
@@ -189,23 +227,31 @@ class PromptDataset:
         mask = torch.zeros((len(rows), prompt_length), dtype=torch.long)
         truncated, longest = 0, 0
         for i, rec in enumerate(recs):
-            text = self._text(rec[self.prompt_key], tokenizer, apply_chat_template)
-            toks = tokenizer(text, add_special_tokens=False)["input_ids"]
+            toks = self.prompt_tokens(rec[self.prompt_key], tokenizer, apply_chat_template)
             longest = max(longest, len(toks))
             if len(toks) > prompt_length:
+                if truncation == "error":
+                    raise DataError(
+                        f"{self.where(rows[i].index)}: the prompt has {len(toks)} tokens, more than "
+                        f"rollout.prompt_length={prompt_length} (data.truncation=error); raise "
+                        "rollout.prompt_length, set data.truncation=left or right, or set "
+                        "data.filter_overlong_prompts=true to drop such prompts"
+                    )
                 truncated += 1
-                toks = toks[-prompt_length:]
+                toks = toks[-prompt_length:] if truncation == "left" else toks[:prompt_length]
             if toks:
                 ids[i, -len(toks) :] = torch.tensor(toks, dtype=torch.long)
                 mask[i, -len(toks) :] = 1
         if truncated:
             _LOG.warning(
                 "%d of %d prompts were longer than rollout.prompt_length=%d tokens (longest "
-                "%d) and lost their first tokens; raise rollout.prompt_length to keep them",
+                "%d) and lost their %s tokens (data.truncation=%s); raise rollout.prompt_length to keep them",
                 truncated,
                 len(rows),
                 prompt_length,
                 longest,
+                "first" if truncation == "left" else "last",
+                truncation,
             )
         position_ids = torch.clamp(torch.cumsum(mask, dim=1) - 1, min=0)
         non_tensors = {
@@ -221,6 +267,33 @@ class PromptDataset:
             meta_info=dict(meta_info or {}),
         )
         return proto, {"truncated": truncated, "max_prompt_tokens": longest}
+
+
+def prompt_token_ids(
+    prompt: Any, tokenizer: Any, *, apply_chat_template: bool, key: str = "prompt"
+) -> list[int]:
+    """The token ids of one prompt (chat messages or a string) as the rollout sees it: the chat
+    template with the generation prompt, no special tokens added, no padding. ``key`` names the
+    column in errors."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) for m in prompt):
+        messages = [{"role": m.get("role"), "content": m.get("content")} for m in prompt]
+    else:
+        raise DataError(
+            f"column '{key}' must hold chat messages "
+            f"([{{'role': ..., 'content': ...}}]) or a string; got {type(prompt).__name__}"
+        )
+    if not apply_chat_template:
+        text = "\n".join(str(m["content"]) for m in messages)
+    elif getattr(tokenizer, "chat_template", None) is None:
+        raise DataError(
+            "data.apply_chat_template=true but the tokenizer has no chat template; "
+            "set data.apply_chat_template=false or use a tokenizer with one"
+        )
+    else:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def _objects(values: list[Any]) -> np.ndarray:

@@ -242,6 +242,14 @@ class WorkerGroup:
                 self._state, self._dead_reason = "closed", "it was shut down"
             self._finalizer()
 
+    def kill(self, reason: str = "it was killed") -> None:
+        """Kill the ranks now (SIGKILL, no clean exit), without waiting for a call in flight on
+        another thread: that call fails at once (its links close). For interrupts (Ctrl-C,
+        SIGTERM), where a clean :meth:`shutdown` would wait for the call to finish. Idempotent."""
+        if self._state in ("new", "running"):
+            self._state, self._dead_reason = "failed", reason
+        self._res.release()
+
     def _log_shutdown_errors(self) -> None:
         """Report (to ``log``) the ranks whose shutdown hook or process-group teardown failed."""
         for rank, conn in enumerate(self._res.conns):
@@ -430,6 +438,7 @@ class WorkerGroup:
                 rank,
                 method,
                 with_tail=False,
+                error_types=tuple(msg.get("error_types") or ()),
             )
         return replies
 
@@ -444,7 +453,15 @@ class WorkerGroup:
         self.layout = [{k: replies[r][k] for k in keys} for r in range(self.nprocs)]
 
     # ------------------------------------------------------------------ failure
-    def _fail(self, what: str, rank: int | None, method: str, with_tail: bool, settle: bool = False) -> None:
+    def _fail(
+        self,
+        what: str,
+        rank: int | None,
+        method: str,
+        with_tail: bool,
+        settle: bool = False,
+        error_types: tuple[str, ...] = (),
+    ) -> None:
         """Kill the group, mark it dead and raise RankFailure(what [+ the launcher's account of
         it, e.g. the node that was lost] [+ output tail])."""
         if settle:  # let the launcher notice the dead rank (torchrun's report, a lost node)
@@ -458,7 +475,7 @@ class WorkerGroup:
             message = f"{cause}\n{what}" if self.launcher.names_nodes else f"{what}\n{cause}"
         if with_tail:
             message += f"\n--- last output lines of the ranks/torchrun ---\n{self.output_tail()}"
-        raise RankFailure(message, rank=rank, method=method)
+        raise RankFailure(message, rank=rank, method=method, error_types=error_types)
 
     def _die(self, reason: str) -> None:
         """Mark the group dead and kill it (process group, links, scratch dir)."""

@@ -59,6 +59,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppoflow.infra.runtime.control import error_types
 from ppoflow.infra.runtime.dispatch import Dispatch, dispatch_mode_of, registered_methods
 
 FAULT_EXIT_CODE = 17
@@ -181,6 +182,7 @@ class RankServer:
                     "type": "ready",
                     "ok": False,
                     "error": f"{type(e).__name__}: {e}",
+                    "error_types": error_types(e),
                     "traceback": traceback.format_exc(),
                 },
             )
@@ -245,6 +247,7 @@ class RankServer:
             return {
                 "ok": False,
                 "error": f"{type(e).__name__}: {e}",
+                "error_types": error_types(e),
                 "traceback": tb,
                 **(_layout(self.worker) if self.worker is not None else {}),
             }

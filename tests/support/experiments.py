@@ -41,22 +41,22 @@ def rng_states(checkpoint_url: str) -> dict:
     return {name: storage.read_json(storage.join(rng, name)) for name in storage.listdir(rng)}
 
 
-def assert_same_commit(url_a: str, url_b: str, n: int) -> None:
-    """Iteration ``n`` of two experiments: equal checkpoints (every tensor bit for bit, and each
-    rank's RNG state, which decides what later iterations sample), metrics (timings excluded),
-    data cursor and KL coefficient."""
+def assert_same_commit(url_a: str, url_b: str, n: int, roles: tuple[str, ...] = ("actor", "critic")) -> None:
+    """Iteration ``n`` of two experiments: equal checkpoints of ``roles`` (every tensor bit for
+    bit, and each rank's RNG state, which decides what later iterations sample), metrics (timings
+    excluded), data cursor and KL coefficient."""
     pa_, pb = ExperimentPaths(url_a), ExperimentPaths(url_b)
     ma, mb = (storage.read_json(p.file(n, "manifest.json")) for p in (pa_, pb))
     assert ma["data_cursor"] == mb["data_cursor"] and ma["kl_coef"] == mb["kl_coef"]
     assert ma["actor_checkpoint"] == mb["actor_checkpoint"] == f"checkpoints/actor/{n:06d}"
-    for role in ("actor", "critic"):
+    for role in roles:
         a = load_full_state_dict(pa_.checkpoint(role, n))
         b = load_full_state_dict(pb.checkpoint(role, n))
         assert a.keys() == b.keys()
         diff = [k for k in a if not torch.equal(a[k], b[k])]
         assert not diff, f"{role} checkpoint {n} differs in {diff[:5]}"
     assert comparable_metrics(url_a, n) == comparable_metrics(url_b, n)
-    for role in ("actor", "critic"):
+    for role in roles:
         assert rng_states(pa_.checkpoint(role, n)) == rng_states(pb.checkpoint(role, n)), (
             f"the {role} checkpoint {n} holds other RNG states: later iterations would sample differently"
         )

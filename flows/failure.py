@@ -1,0 +1,231 @@
+"""What the terminal of a ``ppoflow run`` / ``ppoflow demo`` shows when the run fails or is stopped.
+
+One block, no traceback (``--verbose`` adds it), then the command exits non-zero::
+
+    ppoflow: the run failed in task generate-1 (1 attempt, not retried: a retry cannot fix this)
+      cause  DataError: runs/x/train.parquet: missing column(s) ['prompt'] ...
+      state  iteration 3 is the last committed (this run committed none); the experiment lock and
+             this run's device slots are free
+      log    prefect flow-run logs 6c1f...   (every task's log, the ranks' output included)
+      next   fix the file or field named above, then run: ppoflow run x.yaml --iterations 2
+
+:func:`terminal` keeps Prefect's own console output to warnings, without the engine's failure
+reports (this block replaces them) and the event and log workers' shutdown notes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ppoflow.infra.checkpoint.sharded import CheckpointError
+from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.lock import ExperimentLocked
+from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.preflight import rollback_hint
+from ppoflow.infra.runtime.launch import RankFailure
+from ppoflow.tasks.step import is_permanent
+
+__all__ = [
+    "print_failure",
+    "print_interrupted",
+    "committed",
+    "cause_text",
+    "terminal",
+    "TerminalFilter",
+]
+
+MAX_CAUSE_LINES = 24
+
+
+def cause_text(exc: BaseException | None) -> str:
+    """The exception's type and message, up to the first detail section (a rank's traceback or
+    output tail, marked ``--- ...``) and at most :data:`MAX_CAUSE_LINES` lines."""
+    if exc is None:
+        return "unknown (see the log)"
+    lines = []
+    for line in f"{type(exc).__name__}: {exc}".splitlines():
+        if line.startswith("--- "):
+            lines.append("(the ranks' traceback and output are in the log)")
+            break
+        lines.append(line)
+    if len(lines) > MAX_CAUSE_LINES:
+        lines = lines[:MAX_CAUSE_LINES] + ["... (the rest is in the log)"]
+    return "\n         ".join(lines)
+
+
+def _failed_task(flow_run_id: str | None) -> tuple[str | None, int]:
+    """(name, attempts) of the flow run's failed task, from the Prefect API; (None, 0) if none."""
+    if not flow_run_id:
+        return None, 0
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    try:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
+    except Exception:  # noqa: BLE001 - the block is printed without it
+        return None, 0
+    failed = [r for r in runs if r.state is not None and r.state.is_failed()]
+    if not failed:
+        return None, 0
+    last = max(failed, key=lambda r: r.end_time or r.start_time or r.expected_start_time)
+    return last.name, int(last.run_count or 1)
+
+
+def committed(cfg: ExperimentConfig) -> int | None:
+    """The experiment's last committed iteration; -1 when it has none yet; None if unreadable."""
+    try:
+        manifest = read_manifest(ExperimentPaths.of(cfg))
+    except Exception:  # noqa: BLE001 - an unreadable manifest is reported elsewhere
+        return None
+    return manifest.iteration if manifest is not None else -1
+
+
+def _state_line(cfg: ExperimentConfig, n: int | None, before: int | None) -> str | None:
+    """Where the experiment stands, and whether this run's lock is gone (checked, not assumed)."""
+    if n is None:
+        return None
+    paths = ExperimentPaths.of(cfg)
+    if n < 0:
+        state = "the experiment has no committed iteration yet"
+    else:
+        state = f"iteration {n} is the last committed"
+        if before is not None:
+            made = n - max(before, 0)
+            state += f" (this run committed {made if made > 0 else 'none'})"
+    try:
+        locked = storage.exists(paths.lock)
+    except Exception:  # noqa: BLE001 - say nothing rather than guess
+        return state
+    return state + (
+        f"; the experiment lock {paths.lock} is still there (another run's?)"
+        if locked
+        else "; the experiment lock and this run's device slots are free"
+    )
+
+
+def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: str) -> str:
+    """What to do about ``exc``: wait for the lock's owner, go back to a good checkpoint, fix
+    the input (a deterministic error), or just run again (anything a retry may fix)."""
+    if isinstance(exc, ExperimentLocked):
+        return f"wait for the run named above to end (or cancel it), then run: {rerun}"
+    if exc is None or not is_permanent(exc):
+        return (
+            f"run the same command again: {rerun}\n         it resumes at the first unfinished task "
+            "(finished tasks' outputs are reused) and commits what an uninterrupted run would"
+        )
+    if isinstance(exc, CheckpointError) or (isinstance(exc, RankFailure) and exc.raised(CheckpointError)):
+        return rollback_hint(ExperimentPaths.of(cfg), n)
+    return f"fix what the cause names (a retry cannot), then run: {rerun}"
+
+
+def _log_hint(flow_run_id: str | None) -> str:
+    from ppoflow.flows.console import command
+
+    if not flow_run_id:
+        return "the Prefect UI (prefect server start) lists the run's tasks and their logs"
+    return (
+        f"{command('prefect')} flow-run logs {flow_run_id}   "
+        "(every task's log, the ranks' output included; or the run's page in the Prefect UI)"
+    )
+
+
+def print_failure(
+    cfg: ExperimentConfig,
+    run: dict[str, Any],
+    *,
+    rerun: str,
+    verbose: bool = False,
+    out: Callable[[str], None] = print,
+) -> None:
+    """The error block of a failed run (module docstring); ``run`` is ``run_with_progress``'s dict."""
+    exc = run.get("exception")
+    task, attempts = _failed_task(run.get("flow_run_id"))
+    where = f" in task {task}" if task else ""
+    if task:
+        retried = "not retried: a retry cannot fix this" if attempts == 1 and is_permanent(exc) else None
+        where += f" ({attempts} attempt{'s' if attempts != 1 else ''}" + (f", {retried})" if retried else ")")
+    n = committed(cfg)
+    state = _state_line(cfg, n, run.get("committed_before"))
+    out("")
+    out(f"ppoflow: the run failed{where} after {run.get('wall_s', 0.0):.0f} s")
+    out(f"  cause  {cause_text(exc)}")
+    if state:
+        out(f"  state  {state}")
+    out(f"  log    {_log_hint(run.get('flow_run_id'))}")
+    out(f"  next   {_next_step(exc, cfg, max(n or 0, 0), rerun)}")
+    if verbose and exc is not None:
+        out("".join(traceback.format_exception(exc)).rstrip())
+
+
+def print_interrupted(
+    cfg: ExperimentConfig,
+    how: str,
+    wall_s: float,
+    rerun: str,
+    before: int | None = None,
+    out: Callable[[str], None] = print,
+) -> None:
+    """What a run stopped by Ctrl-C or SIGTERM says on its way out."""
+    state = _state_line(cfg, committed(cfg), before)
+    out("")
+    out(f"ppoflow: stopped by {how} after {wall_s:.0f} s")
+    if state:
+        out(f"  state  {state}")
+    out(f"  next   to continue: {rerun}   (finished tasks of the interrupted iteration are reused)")
+
+
+class TerminalFilter(logging.Filter):
+    """Prefect console records a run's terminal does not show (module docstring)."""
+
+    ENGINE = ("prefect.flow_runs", "prefect.task_runs")
+    WORKERS = ("EventsWorker", "APILogWorker")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name in self.ENGINE and record.levelno >= logging.ERROR:
+            return False  # "Task run failed ...", "Finished in state Failed", "Crash detected!"
+        if record.name in self.WORKERS and record.levelno < logging.ERROR:
+            return False  # "Still processing items: N items remaining..." at exit
+        return True
+
+
+@contextlib.contextmanager
+def terminal(verbose: bool) -> Iterator[None]:
+    """The terminal of a run, inside the block: unless ``verbose``, Prefect's console handlers
+    show warnings only, through :class:`TerminalFilter`. At the end Prefect's log and event
+    workers are drained (while its API is still up: otherwise they report "Still processing
+    items" at exit) and the handlers restored."""
+    import prefect.main  # noqa: F401 - sets up Prefect's logging (once per process)
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = (logging.getLogger(), *(logging.getLogger(n) for n in ("prefect", "uvicorn")))
+    handlers = {h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)}
+    saved = {h: h.level for h in handlers}
+    quiet = TerminalFilter()
+    if not verbose:
+        for handler in handlers:
+            handler.addFilter(quiet)
+            handler.setLevel(max(handler.level, logging.WARNING))
+    try:
+        yield
+    finally:
+        _drain_prefect_workers()
+        for handler, level in saved.items():
+            handler.removeFilter(quiet)
+            handler.setLevel(level)
+
+
+def _drain_prefect_workers(timeout_s: float = 10.0) -> None:
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):  # best effort: Prefect drains again at exit
+            worker.drain_all(timeout=timeout_s)

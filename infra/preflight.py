@@ -1,0 +1,232 @@
+"""Preflight: check an experiment before any worker group starts, and report every problem at once.
+
+    report = preflight(cfg, load_tokenizer)     # PreflightError listing each problem, else a report
+
+A config can be valid and still unable to run: a parquet without the prompt column, a model
+directory without weights, a reward function that returns NaN, credentials that cannot write the
+storage root, a committed checkpoint that lost its files. Found by the first task, they cost the
+start of every worker group and vLLM (tens of seconds on a CPU, minutes on a GPU); found here
+they cost about a second. Each problem names the file or field, what was found, and the fix.
+
+What is checked, and what it costs (independent of the dataset's size):
+
+- storage: the experiment directory is writable (one small file written, read back, removed);
+- models: ``model.path`` and the critic's and reward model's paths are model directories (a
+  ``config.json`` and weight files) or hub ids transformers can resolve; the tokenizer loads;
+- data: each of ``data.train_files`` is a readable parquet whose schema has ``data.prompt_key``,
+  ``data_source`` and, with rule rewards, ``reward_model.ground_truth`` (the footer only); the
+  first :data:`~ppoflow.infra.preflight_data.SAMPLE_ROWS` rows of each file hold prompts of the right shape, a data source
+  with a registered reward, a ground truth, and prompts that fit ``rollout.prompt_length`` under
+  ``data.truncation`` (those rows are read and tokenized);
+- reward: ``reward.custom_function`` imports, and the reward function returns a finite score on
+  :data:`~ppoflow.infra.preflight_data.REWARD_ROWS` sample rows (for an empty response and for the ground truth as response);
+- checkpoints: the checkpoints the manifest points at are complete (:func:`checkpoint_problem`).
+
+Rows past the sample are checked where they are used: ``generate`` raises :class:`DataError` on a
+bad row, the ``advantage`` task :class:`~ppoflow.infra.rewards.RewardError` on a bad score; both
+fail the task at once (no retries).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ppoflow.infra.checkpoint.sharded import CheckpointError, read_marker
+from ppoflow.infra.config import ExperimentConfig, ModelConfig
+from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.preflight_data import check_data, check_reward
+
+__all__ = [
+    "preflight",
+    "Problem",
+    "PreflightError",
+    "PreflightReport",
+    "checkpoint_problem",
+    "rollback_hint",
+    "Checks",
+]
+
+_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.safetensors.index.json")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing that keeps the experiment from running: where, what was found, the fix."""
+
+    where: str
+    found: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.found}" + (f". Fix: {self.fix}" if self.fix else "")
+
+
+class PreflightError(ValueError):
+    """The experiment cannot run as configured; ``problems`` lists every problem found."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        lines = [f"  {i}. {p}" for i, p in enumerate(self.problems, 1)]
+        super().__init__(
+            f"preflight found {len(self.problems)} problem(s); nothing was started:\n" + "\n".join(lines)
+        )
+
+
+@dataclass
+class PreflightReport:
+    """What passed (one line per check), notes that are not errors, and the seconds it took."""
+
+    passed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def rollback_hint(paths: ExperimentPaths, n: int) -> str:
+    """How to move the experiment back to its last good iteration before ``n``."""
+    if n <= 0:
+        return f"start the experiment again: remove {paths.root} (or pick another storage.experiment)"
+    return (
+        f"move the experiment back to iteration {n - 1}: copy {paths.file(n - 1, 'manifest.json')} over "
+        f"{paths.manifest} (iteration {n - 1}'s checkpoints must be intact), then run again"
+    )
+
+
+def checkpoint_problem(url: str) -> str | None:
+    """Why the checkpoint at ``url`` cannot be loaded, or None when it is complete.
+
+    The one place that judges a committed checkpoint before a run uses it: today the publish
+    marker (an interrupted save has none).
+    """
+    try:
+        read_marker(url)
+    except (CheckpointError, FileNotFoundError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+class Checks:
+    """Collects problems, passed checks and notes while the checks run."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        self.report = PreflightReport()
+
+    def problem(self, where: str, found: str, fix: str) -> None:
+        self.problems.append(Problem(where, found, fix))
+
+    def ok(self, line: str) -> None:
+        self.report.passed.append(line)
+
+
+def _check_storage(cfg: ExperimentConfig, c: Checks) -> None:
+    url = cfg.storage.experiment_url
+    probe = storage.join(url, f".preflight{storage.TEMP_MARKER}{uuid.uuid4().hex[:12]}")
+    data = b"ppoflow preflight\n"
+    try:
+        storage.write_bytes_atomic(probe, data)
+        back = storage.read_bytes(probe)
+        storage.rm(probe)
+    except Exception as exc:  # noqa: BLE001 - any storage failure is reported the same way
+        c.problem(
+            f"storage.root={cfg.storage.root}",
+            f"cannot write {url} ({type(exc).__name__}: {exc})",
+            "make the directory writable, or for s3:// check the bucket and the credentials "
+            "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL or storage.storage_options)",
+        )
+        return
+    if back != data:
+        c.problem(f"storage.root={cfg.storage.root}", f"{probe} read back different bytes", "check the store")
+        return
+    c.ok(f"storage: {url} is writable")
+
+
+def _model_paths(cfg: ExperimentConfig) -> list[tuple[str, ModelConfig]]:
+    out = [("model.path", cfg.model)]
+    if cfg.critic.enable and cfg.critic.model is not None:
+        out.append(("critic.model.path", cfg.critic.model))
+    if cfg.reward.reward_model.enable and cfg.reward.reward_model.model is not None:
+        out.append(("reward.reward_model.model.path", cfg.reward.reward_model.model))
+    return out
+
+
+def _check_models(cfg: ExperimentConfig, c: Checks) -> None:
+    fix = "point it at a Hugging Face model directory (config.json and weight files) or a hub id"
+    for name, model in _model_paths(cfg):
+        path = model.path
+        if os.path.isdir(path):
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                c.problem(f"{name}={path}", "the directory has no config.json", fix)
+            elif not any(glob.glob(os.path.join(path, pattern)) for pattern in _WEIGHTS):
+                c.problem(f"{name}={path}", "the directory has no weight files (*.safetensors, *.bin)", fix)
+            else:
+                c.ok(f"{name}: {path}")
+            continue
+        if os.path.exists(path) or path.startswith((".", "/", "~")) or path.count("/") != 1:
+            c.problem(f"{name}={path}", "no such directory", fix)
+            continue
+        try:
+            from transformers import AutoConfig
+
+            AutoConfig.from_pretrained(path, trust_remote_code=model.trust_remote_code)
+            c.ok(f"{name}: hub id {path}")
+        except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, ...
+            c.problem(f"{name}={path}", f"not a local directory and not resolvable as a hub id ({exc})", fix)
+
+
+def _check_checkpoints(cfg: ExperimentConfig, c: Checks) -> None:
+    paths = ExperimentPaths.of(cfg)
+    try:
+        manifest = read_manifest(paths)
+    except Exception as exc:  # noqa: BLE001 - a manifest that cannot be read is the problem itself
+        c.problem(
+            paths.manifest, f"cannot be read ({type(exc).__name__}: {exc})", "restore it from iterations/"
+        )
+        return
+    if manifest is None:
+        c.ok("checkpoints: a new experiment (no manifest yet)")
+        return
+    n = manifest.iteration
+    for role, ref in (("actor", manifest.actor_checkpoint), ("critic", manifest.critic_checkpoint)):
+        url = paths.url(ref)
+        if url is None:
+            continue
+        why = checkpoint_problem(url)
+        if why is not None:
+            c.problem(f"{paths.manifest} ({role} checkpoint of iteration {n})", why, rollback_hint(paths, n))
+    if not any(p.where.startswith(paths.manifest) for p in c.problems):
+        c.ok(f"checkpoints: iteration {n}'s are complete")
+
+
+def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> PreflightReport:
+    """Run every check (module docstring); raise :class:`PreflightError` listing all problems.
+
+    ``load_tokenizer``: returns the policy's tokenizer (the caller may cache it for the run).
+    """
+    t0 = time.perf_counter()
+    c = Checks()
+    _check_storage(cfg, c)
+    _check_models(cfg, c)
+    tokenizer = None
+    try:
+        tokenizer = load_tokenizer()
+        c.ok(f"tokenizer: {cfg.model.tokenizer}")
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
+        c.problem(
+            f"model.tokenizer_path={cfg.model.tokenizer}",
+            f"the tokenizer does not load ({type(exc).__name__}: {exc})",
+            "point model.tokenizer_path (or model.path) at a directory with the tokenizer's files",
+        )
+    rows = check_data(cfg, tokenizer, c)
+    check_reward(cfg, rows, c)
+    _check_checkpoints(cfg, c)
+    c.report.seconds = time.perf_counter() - t0
+    if c.problems:
+        raise PreflightError(c.problems)
+    return c.report

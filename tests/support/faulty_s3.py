@@ -1,0 +1,137 @@
+"""A real S3 endpoint that fails chosen requests on purpose: moto's server behind a WSGI layer.
+
+    with faulty_s3() as s3:                      # AWS_* variables point at it inside the block
+        s3.fail("PUT", r"/exp/manifest\\.json$", times=1000)
+        ... run something ...
+        s3.failed                                # [(method, path), ...] of the requests it failed
+
+A failed request gets what S3 answers under trouble: HTTP 500 with an ``InternalError`` XML body
+(the request body is read first, as a server that broke mid-upload would have). Everything else
+goes to moto unchanged. ``AWS_MAX_ATTEMPTS=2`` and ``AWS_RETRY_MODE=standard`` are set, so each
+storage call makes exactly two HTTP attempts before it raises: ``times=1`` is a hiccup the client
+rides over, ``times=2`` fails one storage call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+BUCKET = "ppoflow-faults"
+_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")
+_ENV += ("AWS_ENDPOINT_URL", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")
+_ERROR = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code><Message>We encountered '
+    b"an internal error. Please try again.</Message><RequestId>ppoflow-fault</RequestId></Error>"
+)
+
+
+@dataclass
+class Rule:
+    method: str
+    pattern: re.Pattern
+    times: int
+    skip: int = 0
+
+
+class FaultyS3:
+    """WSGI middleware in front of moto (see the module docstring)."""
+
+    def __init__(self, app):
+        self.app = app
+        self.rules: list[Rule] = []
+        self.failed: list[tuple[str, str]] = []
+        self.passed: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        self.endpoint = ""
+
+    def fail(self, method: str, pattern: str, times: int, skip: int = 0) -> None:
+        """Fail the next ``times`` ``method`` requests whose path matches ``pattern``, after letting
+        ``skip`` of them through."""
+        with self._lock:
+            self.rules.append(Rule(method, re.compile(pattern), times, skip))
+
+    def clear(self) -> None:
+        with self._lock:
+            self.rules = []
+
+    def _should_fail(self, method: str, path: str) -> bool:
+        with self._lock:
+            for rule in self.rules:
+                if rule.method == method and rule.pattern.search(path) and rule.times > 0:
+                    if rule.skip > 0:
+                        rule.skip -= 1
+                        return False
+                    rule.times -= 1
+                    self.failed.append((method, path))
+                    return True
+            return False
+
+    def __call__(self, environ, start_response):
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+        if self._should_fail(method, path):
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            if length:
+                environ["wsgi.input"].read(length)
+            start_response(
+                "500 Internal Server Error",
+                [("Content-Type", "application/xml"), ("Content-Length", str(len(_ERROR)))],
+            )
+            return [_ERROR]
+        if method == "PUT":
+            with self._lock:
+                self.passed.append((method, path))
+        return self.app(environ, start_response)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def faulty_s3() -> Iterator[FaultyS3]:
+    """A moto server behind :class:`FaultyS3` with bucket :data:`BUCKET`; AWS_* point at it."""
+    import s3fs
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    port = _free_port()
+    faults = FaultyS3(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", port, faults, threaded=True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, name="faulty-s3", daemon=True)
+    thread.start()
+    faults.endpoint = f"http://127.0.0.1:{port}"
+    saved = {name: os.environ.get(name) for name in _ENV}
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=faults.endpoint,
+        AWS_MAX_ATTEMPTS="2",
+        AWS_RETRY_MODE="standard",
+    )
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        s3fs.S3FileSystem().mkdir(BUCKET)
+        yield faults
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        server.shutdown()
+        thread.join(10)

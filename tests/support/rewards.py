@@ -1,0 +1,19 @@
+"""Reward functions that misbehave on purpose, for the failure tests (named by import path in
+``reward.custom_function``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def always_nan(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """NaN for every response: the preflight's sample catches it."""
+    return float("nan")
+
+
+def nan_past_preflight(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+) -> float:
+    """0.0 for the responses the preflight tries (empty, the ground truth); NaN for any other, so
+    the error surfaces in the ``advantage`` task of a real iteration."""
+    return 0.0 if solution_str in ("", str(ground_truth)) else float("nan")
