@@ -16,7 +16,9 @@ Driver-callable methods (see ``ppoflow.infra.runtime.launch.WorkerGroup.call``):
     compute_log_prob(data, calculate_entropy) DP_COMPUTE_PROTO -> "old_log_probs" (+ "entropys")
     compute_ref_log_prob(data)                DP_COMPUTE_PROTO -> "ref_log_prob"
     update_actor(data)                        DP_COMPUTE_PROTO -> metrics dict (same on every rank)
-    save_checkpoint(url, extra=None)          ONE_TO_ALL   -> url
+    save_checkpoint(url, extra=None, background=False, weights_only=False)
+                                              ONE_TO_ALL   -> per-rank timings (background: once staged)
+    wait_checkpoint()                         ONE_TO_ALL   -> the background write's result (or None)
     load_checkpoint(url, with_optimizer=True) ONE_TO_ALL   -> the saved ``extra`` dict
 """
 
@@ -27,6 +29,7 @@ import gc
 import time
 from typing import Any
 
+from ppoflow.infra.checkpoint.writer import CheckpointWriter
 from ppoflow.infra.config import ExperimentConfig, FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor import DataParallelPPOActor
@@ -78,6 +81,7 @@ class ActorRolloutRefWorker(Worker):
         self.sharding_manager: Any = None
         self.tokenizer: Any = None
         self._meshes: dict[int, Any] = {}
+        self.checkpoints = CheckpointWriter(attempts=self.cfg.checkpoint.write_attempts)
 
     # ------------------------------------------------------------------ building
     def _mesh(self, fsdp_cfg: FSDPConfig):
@@ -235,28 +239,45 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ checkpoints
     @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, url: str, extra: dict[str, Any] | None = None) -> str:
-        """Sharded DCP checkpoint of the actor (model, optimizer, LR schedule) at ``url``."""
-        from ppoflow.infra.checkpoint.sharded import save_checkpoint
-
+    def save_checkpoint(
+        self,
+        url: str,
+        extra: dict[str, Any] | None = None,
+        background: bool = False,
+        weights_only: bool = False,
+    ) -> dict[str, Any]:
+        """Sharded DCP checkpoint of the actor (model, optimizer, LR schedule; ``weights_only``:
+        the model alone) at ``url``; ``background``: return once staged in host memory, the write
+        goes on (see ``ppoflow.infra.checkpoint.writer``)."""
         actor = self._need("actor")
-        return save_checkpoint(url, actor.module, actor.optimizer, actor.lr_scheduler, extra=extra)
+        optimizer = None if weights_only else actor.optimizer
+        scheduler = None if weights_only else actor.lr_scheduler
+        return self.checkpoints.save(url, actor.module, optimizer, scheduler, extra, background=background)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def wait_checkpoint(self) -> dict[str, Any] | None:
+        """Wait for the background checkpoint write; its result, ``{url, error}`` if it failed."""
+        return self.checkpoints.wait(raise_errors=False)
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, url: str, with_optimizer: bool = True) -> dict[str, Any]:
-        """Load the actor from ``url`` (any world size / mesh); returns the checkpoint's ``extra``."""
+        """Load the actor from ``url`` (any world size / mesh); returns the checkpoint's ``extra``.
+        The files read are verified first (``checkpoint.verify``)."""
         from ppoflow.infra.checkpoint.sharded import load_checkpoint
 
         actor = self._need("actor")
+        self.checkpoints.wait(raise_errors=False)  # never read what this rank is still writing
         optimizer = actor.optimizer if with_optimizer else None
         scheduler = actor.lr_scheduler if with_optimizer else None
-        extra = load_checkpoint(url, actor.module, optimizer, scheduler)
+        extra = load_checkpoint(url, actor.module, optimizer, scheduler, verify=self.cfg.checkpoint.verify)
         if self.sharding_manager is not None:
             self.sharding_manager.set_source_checkpoint(url)  # the next rollout loads these weights
         return extra
 
     def shutdown(self) -> None:
-        """Drop the engines, modules and optimizer state before the process group goes away."""
+        """Finish a checkpoint write in flight, then drop the engines, modules and optimizer state
+        before the process group goes away."""
+        self.checkpoints.close()
         if self.rollout is not None and hasattr(self.rollout, "shutdown"):
             self.rollout.shutdown()
         self.rollout = self.sharding_manager = self.actor = self.ref = None

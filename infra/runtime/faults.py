@@ -8,6 +8,13 @@ comma-separated list of entries:
     rank_exit:<method>:<rank>  rank <rank> of a worker group calls os._exit(17) when <method> starts
     rank_raise:<method>:<rank> rank <rank> raises RuntimeError when <method> starts
 
+Rank entries may also name a *point* inside a method instead of a method (:func:`rank_point`):
+
+    rank_exit:checkpoint_write:<rank>   the rank exits while it writes a checkpoint: after its
+                                        shards, before the marker (in the background writer)
+    rank_raise:checkpoint_write:<rank>  the rank's storage write fails inside DCP (every rank sees
+                                        it; the writer retries, see checkpoint.write_attempts)
+
 Each entry fires once per process, so the task's retry (or the rebuilt group) passes. Append
 ``:always`` to an entry to make it fire every time (e.g. to exhaust a task's retries and fail the
 flow run, then resume it with ``prefect flow-run retry`` or by running the flow again).
@@ -31,16 +38,20 @@ from dataclasses import dataclass
 
 __all__ = [
     "ENV_VAR",
+    "CHECKPOINT_WRITE",
     "FaultInjected",
     "Fault",
     "parse",
     "maybe_fail",
     "rank_fault_env",
     "note_rank_failure",
+    "rank_point",
     "reset",
 ]
 
 ENV_VAR = "PPOFLOW_FAULT"
+#: The rank point fired when a rank opens a checkpoint file for writing (see ``rank_point``).
+CHECKPOINT_WRITE = "checkpoint_write"
 TASK_POINTS = ("before", "after")
 RANK_KINDS = ("rank_exit", "rank_raise")
 
@@ -65,8 +76,8 @@ class Fault:
 
     @property
     def rank_spec(self) -> str:
-        """The entry in the form the rank side understands (without ``:always``)."""
-        return f"{self.kind}:{self.target}:{self.where}"
+        """The entry in the form the rank side understands."""
+        return f"{self.kind}:{self.target}:{self.where}" + (":always" if self.always else "")
 
 
 def parse(spec: str | None) -> list[Fault]:
@@ -125,6 +136,27 @@ def note_rank_failure(method: str | None) -> None:
         for f in _current():
             if f.kind in RANK_KINDS and f.target == method:
                 _fired.add(f.text)
+
+
+def rank_point(point: str) -> None:
+    """Rank side: fire a ``rank_exit`` / ``rank_raise`` entry aimed at ``point`` on this rank
+    (``RANK`` from torch's launcher). Method starts are fired by the rank entry itself; this is for
+    points inside a method, such as ``checkpoint_write``. Once per process unless ``:always``."""
+    rank = os.environ.get("RANK", "0")
+    for fault in _current():
+        if fault.kind not in RANK_KINDS or fault.target != point or fault.where != rank:
+            continue
+        with _lock:
+            if fault.text in _fired and not fault.always:
+                continue
+            _fired.add(fault.text)
+        if fault.kind == "rank_exit":
+            import sys
+
+            print(f"[ppoflow] injected fault: rank {rank} exits at {point}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(17)
+        raise FaultInjected(f"injected fault ({ENV_VAR}={fault.text}) at {point} on rank {rank}")
 
 
 def reset() -> None:
