@@ -14,6 +14,15 @@ update's MFU (on GPU) and the share of the iteration spent outside model compute
 On a GPU machine without Prefect, carry Prefect as wheels (README, "Benchmarks"): the benchmark
 always drives the real flow and tasks, so its overhead figures are the product's.
 
+Checkpoints: the update tasks stage the state to host memory and return; the groups write it in
+the background while the next iteration runs, and commit n waits for it. The table shows the
+checkpoint seconds on the critical path (staging, plus waiting for the previous write when it was
+still running), the background write seconds, and how long each commit waited after the updates.
+Iterations overlap (commit n lands during iteration n+1), so the steady-state seconds per
+iteration are the interval between consecutive commits; "iteration (latency)" is one iteration's
+start to its commit. ``--sync-checkpoints`` writes inside the update tasks instead (the old way),
+``--overlap one_step`` generates iteration n+1 from the weights before update n.
+
 "Outside model compute" = the iteration's wall time minus the model compute on its critical path:
 generation, old log-probs (rank-side times), the longer of the reference and value tasks (task
 times, so their dispatch I/O counts as compute here), advantage, and the longer of the two
@@ -65,6 +74,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-prob-micro-batch", type=int, default=8)
     p.add_argument("--recompute", action="store_true", help="activation checkpointing in the updates")
     p.add_argument("--iters", type=int, default=2, help="warm iterations timed (after one warm-up)")
+    p.add_argument(
+        "--sync-checkpoints", action="store_true", help="write checkpoints inside the update tasks"
+    )
+    p.add_argument("--overlap", choices=["none", "one_step"], default="none", help="algorithm.overlap")
     p.add_argument("--storage", default=None, help="where the experiment goes (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     return p.parse_args(argv)
@@ -154,9 +167,10 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "optim": {"lr": 1e-5},
             "fsdp": fsdp,
         },
-        "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True},
+        "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True, "overlap": args.overlap},
         "storage": {"root": root, "experiment": "bench"},
         "resources": {"nprocs": args.ranks, "device": args.device},
+        "checkpoint": {"async_save": not args.sync_checkpoints, "keep_last": 2},
     }
 
 
@@ -165,15 +179,28 @@ def mean(rows: list[dict], key: str) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def report(args, rows: list[dict], n_params: int) -> str:
-    """The table: per task seconds, tokens/s per stage, MFU, share outside compute."""
+def commit_interval(rows: list[dict], before: dict | None) -> float:
+    """Mean seconds between consecutive commits (the steady-state time per iteration)."""
+    stamps = [
+        r["time/committed_unix_s"]
+        for r in ([before] if before else []) + rows
+        if "time/committed_unix_s" in r
+    ]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return sum(gaps) / len(gaps) if gaps else float("nan")
+
+
+def report(args, rows: list[dict], n_params: int, before: dict | None = None) -> str:
+    """The table: per task seconds, tokens/s per stage, MFU, share outside compute, checkpoints."""
     resp_tokens = mean(rows, "response_length/mean") * args.prompts * args.n
     all_tokens = mean(rows, "perf/total_num_tokens")
-    it = mean(rows, "timing_s/iteration")
+    interval = commit_interval(rows, before)
+    it = interval if interval == interval else mean(rows, "timing_s/iteration")
     lines = [
         f"ppoflow iteration benchmark: {args.preset} (N={n_params / 1e6:.1f}M), {args.ranks} rank(s) on "
         f"{args.device}, engine {args.engine}, {args.prompts} prompts x {args.n}, prompt {args.prompt_len}, "
-        f"response {args.response_len}; mean of {len(rows)} warm iteration(s)",
+        f"response {args.response_len}; checkpoints {'sync' if args.sync_checkpoints else 'async'}, overlap "
+        f"{args.overlap}; mean of {len(rows)} warm iteration(s)",
         "",
         f"{'stage':<22}{'seconds':>10}{'tokens/s':>12}",
     ]
@@ -188,14 +215,18 @@ def report(args, rows: list[dict], n_params: int) -> str:
         ("update_actor", "timing_s/update_actor", all_tokens),
         ("  of which compute", "perf/update_actor_s", all_tokens),
         ("  of which checkpoint", "timing_s/save_checkpoint_actor", None),
+        ("  background write", "timing_s/checkpoint_write_actor", None),
         ("update_critic", "timing_s/update_critic", all_tokens),
         ("  of which compute", "perf/update_critic_s", all_tokens),
         ("  of which checkpoint", "timing_s/save_checkpoint_critic", None),
+        ("  background write", "timing_s/checkpoint_write_critic", None),
         ("commit", "timing_s/commit", None),
-        ("iteration (wall)", "timing_s/iteration", all_tokens),
+        ("  waiting for checkpoints", "timing_s/commit_wait_checkpoints", None),
+        ("iteration (latency)", "timing_s/iteration", None),
+        ("iteration (between commits)", None, all_tokens),
     ]
     for name, key, tokens in stages:
-        s = mean(rows, key)
+        s = mean(rows, key) if key else interval
         tps = f"{tokens / s:12.0f}" if tokens and s == s and s > 0 else f"{'':>12}"
         lines.append(f"{name:<22}{s:10.3f}{tps}")
 
@@ -224,6 +255,13 @@ def report(args, rows: list[dict], n_params: int) -> str:
         f"{mean(rows, 'timing_s/overhead'):.3f} s"
     )
     outside = max(0.0, it - compute)
+    critical = max(m("timing_s/save_checkpoint_actor"), m("timing_s/save_checkpoint_critic"))
+    sizes = m("perf/checkpoint_bytes_actor") + m("perf/checkpoint_bytes_critic")
+    lines.append(
+        f"checkpoint on the critical path: {critical:.3f} s (staging to host memory + waiting for the "
+        f"previous write); written in the background: actor {m('timing_s/checkpoint_write_actor'):.3f} s, "
+        f"critic {m('timing_s/checkpoint_write_critic'):.3f} s, {sizes / 1e9:.2f} GB per iteration"
+    )
     lines.append(
         f"outside model compute (Prefect, Arrow I/O, dispatch, weight sync, checkpoints): "
         f"{outside:.3f} s = {outside / it:.1%} of the iteration "
@@ -261,10 +299,10 @@ def main(argv=None) -> None:
     )
     exp = cfg.storage.experiment_url
     rows = []
-    for n in range(2, args.iters + 2):
+    for n in range(1, args.iters + 2):
         with open(os.path.join(exp, "iterations", f"{n:06d}", "metrics.json")) as f:
             rows.append(json.load(f))
-    text = report(args, rows, n_params)
+    text = report(args, rows[1:], n_params, before=rows[0])
     print(text)
     out = os.environ.get("OUT")
     if out:

@@ -227,6 +227,11 @@ class CheckpointConfig(_Section):
     )
     verify: bool = Field(True, description="check every file's size and content hash before loading")
     write_attempts: int = Field(3, ge=1, description="DCP write attempts per checkpoint (storage hiccups)")
+    write_threads: int = Field(
+        1,
+        ge=1,
+        description="files each rank writes in parallel (DCP thread_count; try 4 on fast local disks)",
+    )
     wait_timeout_s: float = Field(
         3600.0, gt=0, description="how long commit waits for a background write before failing"
     )

@@ -16,6 +16,7 @@ retried commit). The manifest never names a checkpoint that is not complete.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from prefect import task
 
@@ -97,14 +98,16 @@ def iteration_metrics(receipts: list[Receipt], wall_s: float, nprocs: int) -> di
 
 
 def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, float]:
-    """Wait for (or recover) the iteration's checkpoints; their write metrics."""
+    """Wait for (or recover, concurrently per role) the iteration's checkpoints; their write metrics."""
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
-    for role in ("actor", "critic"):
-        url = receipts.checkpoint(role)
-        if url is None:
-            continue
-        ctx.materialize(role, url, progress=logger.info)
+    wanted = {role: receipts.checkpoint(role) for role in ("actor", "critic")}
+    wanted = {role: url for role, url in wanted.items() if url is not None}
+    with ThreadPoolExecutor(max_workers=len(wanted) or 1, thread_name_prefix="ppoflow-commit") as pool:
+        jobs = [pool.submit(ctx.materialize, role, url, logger.info) for role, url in wanted.items()]
+        for job in jobs:
+            job.result()
+    for role, url in wanted.items():
         marker = read_marker(url)
         if "write_s" in marker:
             metrics[f"timing_s/checkpoint_write_{role}"] = float(marker["write_s"])
@@ -134,7 +137,7 @@ def commit(
     current = read_manifest(paths)
     if current is not None and current.iteration == n:
         return current
-    maybe_fail("commit", "before")
+    maybe_fail("commit", "before", n)
     with task_logs(ctx) as logger:
         written = _settle_checkpoints(ctx, receipts, logger)
         t0 = time.time()
@@ -160,7 +163,7 @@ def commit(
         )
         ctx.lock.check()
         publish(paths, manifest)
-        maybe_fail("commit", "after")
+        maybe_fail("commit", "after", n)
         removed = apply_retention(paths, cfg.checkpoint, manifest)
         if removed:
             logger.info(f"retention: removed {', '.join(paths.ref(u) for u in removed)}")

@@ -162,7 +162,7 @@ def ppo_task(
             done = find_receipt(ctx.paths, n, name, kind, inputs=inputs, settle=ctx.writes.wait_quietly)
             if done is not None:
                 return done
-            faults.maybe_fail(name, "before")
+            faults.maybe_fail(name, "before", n)
             with task_logs(ctx, *roles) as logger, Timer() as timer:
                 step = Step(ctx, n, name, kind, logger)
                 try:
@@ -173,7 +173,7 @@ def ppo_task(
                 update={"timing_s": timer.seconds, "finished_at": now_iso(), "inputs": inputs}
             )
             receipt = write_receipt(ctx.paths, receipt)
-            faults.maybe_fail(name, "after")
+            faults.maybe_fail(name, "after", n)
             return receipt
 
         # Prefect binds the call's arguments with the signature: (run, n, <the body's after step>).

@@ -293,9 +293,13 @@ def test_background_save_is_the_state_at_staging_while_training_goes_on(run):
     assert res["step_a"] == 0.0, "resuming from it is bit-exact"
     work = run["work"]
     assert ck.verify_checkpoint(os.path.join(work, "ca"))["verified"]
-    for name in ("cb", "cc"):
-        assert ck.read_marker(os.path.join(work, name))["extra"] == {"k": name[1]}
-        assert ck.verify_checkpoint(os.path.join(work, name))["verified"]
+    for name in ("cb", "cc"):  # written by two threads per rank: two files each
+        marker = ck.verify_checkpoint(os.path.join(work, name))
+        assert marker["verified"] and marker["extra"] == {"k": name[1]}
+        assert {"optim/__0_0.distcp", "optim/__0_1.distcp", "optim/__1_1.distcp"} <= set(marker["files"])
+    fresh = plain_model(work)
+    ck.load_checkpoint(os.path.join(work, "cc"), fresh)
+    assert max_diff(full_params(fresh), load_file(os.path.join(work, "ref2.safetensors"))) == 0.0
 
 
 def test_failed_background_writes_are_retried_then_reported_never_published(run):

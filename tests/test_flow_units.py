@@ -22,11 +22,26 @@ def _fresh_faults():
     faults.reset()
 
 
+def test_task_entries_can_name_an_iteration(monkeypatch):
+    monkeypatch.setenv(faults.ENV_VAR, "task:commit@2:before:always")
+    faults.maybe_fail("commit", "before", 1)
+    faults.maybe_fail("commit", "before")
+    for _ in range(2):
+        with pytest.raises(faults.FaultInjected, match="commit@2"):
+            faults.maybe_fail("commit", "before", 2)
+    for bad in ("task:commit@:before", "task:commit@x:before", "task:@2:before"):
+        with pytest.raises(ValueError, match="bad entry"):
+            faults.parse(bad)
+
+
 def test_rank_points_fire_on_their_rank_once_or_always(monkeypatch):
     from ppoflow.infra.runtime.rank_entry import parse_faults
 
     spec = "rank_raise:checkpoint_write:1,rank_raise:checkpoint_write:0:always"
-    assert parse_faults(spec) == {("rank_raise", "checkpoint_write", 1), ("rank_raise", "checkpoint_write", 0)}
+    assert parse_faults(spec) == {
+        ("rank_raise", "checkpoint_write", 1),
+        ("rank_raise", "checkpoint_write", 0),
+    }
     monkeypatch.setenv(faults.ENV_VAR, spec)
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(faults.FaultInjected, match="checkpoint_write on rank 1"):

@@ -81,7 +81,9 @@ class ActorRolloutRefWorker(Worker):
         self.sharding_manager: Any = None
         self.tokenizer: Any = None
         self._meshes: dict[int, Any] = {}
-        self.checkpoints = CheckpointWriter(attempts=self.cfg.checkpoint.write_attempts)
+        self.checkpoints = CheckpointWriter(
+            attempts=self.cfg.checkpoint.write_attempts, threads=self.cfg.checkpoint.write_threads
+        )
 
     # ------------------------------------------------------------------ building
     def _mesh(self, fsdp_cfg: FSDPConfig):

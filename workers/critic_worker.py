@@ -43,7 +43,9 @@ class CriticWorker(Worker):
         super().__init__(config)
         self.cfg, self.role = parse_worker_config(config, ("critic",), "critic")
         self.critic: DataParallelPPOCritic | None = None
-        self.checkpoints = CheckpointWriter(attempts=self.cfg.checkpoint.write_attempts)
+        self.checkpoints = CheckpointWriter(
+            attempts=self.cfg.checkpoint.write_attempts, threads=self.cfg.checkpoint.write_threads
+        )
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:

@@ -11,8 +11,8 @@ Every ``save`` is collective (every rank of the group calls it). A background sa
 1. waits for the previous background write of this writer (one in flight: its host buffers are
    reused), removes an old marker at ``url`` (rank 0), and captures the non-tensor state (optimizer
    param groups, LR scheduler, ``extra``, this rank's RNG) now;
-2. stages the tensors into host memory with DCP's ``DefaultStager`` (pinned on CUDA; the buffers
-   are cached and reused by the next save), so training may change the live tensors at once;
+2. stages the tensors into host memory (:class:`HostStager`: pinned on CUDA; the buffers are
+   allocated once and reused by the next saves), so training may change the live tensors at once;
 3. writes in a thread of its own: ``dcp.save`` over a gloo process group of its own (DCP's collectives
    must not interleave with the training's on the default group: that deadlocks), model and
    optimizer as two DCP directories, each file hashed as it is written
@@ -77,15 +77,16 @@ def _local_path(url: str) -> str | None:
     return url if "://" not in url else url[len("file://") :] if url.startswith("file://") else None
 
 
-def make_writer(url: str, opts: dict) -> Any:
-    """DCP's writer for ``url``: its local one for paths, the fsspec one (with ``opts``) otherwise."""
+def make_writer(url: str, opts: dict, threads: int = 1) -> Any:
+    """DCP's writer for ``url``: its local one for paths, the fsspec one (with ``opts``) otherwise;
+    ``threads`` > 1 writes that many files per rank in parallel."""
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
     local = _local_path(url)
     if local is not None:
-        return FileSystemWriter(local, single_file_per_rank=True, overwrite=True)
+        return FileSystemWriter(local, single_file_per_rank=True, overwrite=True, thread_count=threads)
     # Never pass checkpoint_id= together with this writer: DCP would rebuild it without ``opts``.
-    return FsspecWriter(url, single_file_per_rank=True, overwrite=True, **opts)
+    return FsspecWriter(url, single_file_per_rank=True, overwrite=True, thread_count=threads, **opts)
 
 
 def make_reader(url: str, opts: dict) -> Any:
@@ -112,20 +113,42 @@ def dcp_call(what: str, url: str, fn: Any, *args: Any, **kwargs: Any) -> None:
         raise CheckpointError(f"{what} checkpoint {url} failed ({causes})") from exc
 
 
-def _make_stager() -> Any:
-    """DCP's host-memory stager: a copy of every tensor in (pinned, on CUDA) CPU buffers that are
-    cached by source storage, so later saves of the same model reuse them."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+def _layout(tree: Any, prefix: str = "") -> tuple:
+    """The shape of a state tree: every leaf's path, type, shape and dtype (buffers are reused
+    while it stays the same)."""
+    if isinstance(tree, dict):
+        return tuple(item for key in sorted(tree) for item in _layout(tree[key], f"{prefix}{key}."))
+    if isinstance(tree, torch.Tensor):
+        return ((prefix, type(tree).__name__, tuple(tree.shape), str(tree.dtype), tree.device.type),)
+    return ((prefix, type(tree).__name__),)
 
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    return DefaultStager(
-        StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=False,
-        )
-    )
+
+class HostStager:
+    """Copies state trees into host memory (pinned when the tensors live on CUDA), into buffers
+    allocated on first use and reused while the tree's layout stays the same. torch's own
+    ``_create_cpu_state_dict`` / ``_copy_state_dict`` do the work (they keep DTensor structure;
+    DCP's ``BlockingAsyncStager`` is built on them, in torch 2.11 through 2.13; the newer
+    ``DefaultStager`` fails on these trees in torch 2.11)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, tuple[tuple, dict]] = {}
+
+    def stage(self, name: str, tree: dict) -> dict:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        layout = _layout(tree)
+        cached = self._buffers.get(name)
+        cuda = any(leaf[-1] == "cuda" for leaf in layout if len(leaf) == 5)
+        if cached is None or cached[0] != layout:
+            cached = (layout, _create_cpu_state_dict(tree, pin_memory=cuda))
+            self._buffers[name] = cached
+        staged = _copy_state_dict(tree, cached[1], non_blocking=cuda)
+        if cuda:
+            torch.cuda.synchronize()
+        return staged
+
+    def close(self) -> None:
+        self._buffers.clear()
 
 
 class CheckpointWriter:
@@ -134,10 +157,12 @@ class CheckpointWriter:
     Args:
         attempts: DCP writes tried per directory before the save fails (storage hiccups).
         backoff_s: seconds before the second attempt (doubled for each next one).
+        threads: files each rank writes in parallel (DCP's ``thread_count``).
     """
 
-    def __init__(self, attempts: int = 3, backoff_s: float = 1.0):
+    def __init__(self, attempts: int = 3, backoff_s: float = 1.0, threads: int = 1):
         self.attempts, self.backoff_s = max(1, int(attempts)), float(backoff_s)
+        self.threads = max(1, int(threads))
         self._pg: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._stager: Any = None
@@ -197,8 +222,8 @@ class CheckpointWriter:
             return {"waited_s": waited, **result}
         t1 = time.perf_counter()
         if self._stager is None:
-            self._stager = _make_stager()
-        staged = {sub: self._stager.stage(tree) for sub, tree in trees.items()}
+            self._stager = HostStager()
+        staged = {sub: self._stager.stage(sub, tree) for sub, tree in trees.items()}
         staged_s = time.perf_counter() - t1
         group = self._group()
         if self._pool is None:
@@ -264,7 +289,7 @@ class CheckpointWriter:
         """``dcp.save`` of ``tree`` into ``url/sub`` (retried); this rank's files -> {name: record}."""
         target = storage.join(url, sub)
         for attempt in range(1, self.attempts + 1):
-            writer = make_writer(target, opts)
+            writer = make_writer(target, opts, self.threads)
             hashing = HashingFileSystem(writer.fs, on_open=lambda path: faults.rank_point(FAULT_POINT))
             writer.fs = hashing
             try:

@@ -5,7 +5,7 @@ After commit n the *kept iterations* are the last K committed ones (n-K+1 .. n) 
 (k % M == 0, iteration 0 included). A checkpoint directory of iteration k <= n is removed when no
 kept iteration's manifest (``iterations/k/manifest.json``; the root manifest for n) references it
 (a manifest references its actor and critic checkpoints and, with one-step overlap, the ones the
-next rollout uses). Directories of iterations after n are never touched here: one may be being
+next rollout uses; an every-M-th manifest kept weights-only only its own). Directories of iterations after n are never touched here: one may be being
 written right now, or belong to the iterations a rollback left behind (they are replaced when
 those iterations run again).
 
@@ -47,11 +47,18 @@ def _manifest_refs(paths: ExperimentPaths, k: int, current: Manifest) -> list[st
     return [paths.ref(paths.checkpoint(role, k)) for role in ROLES]
 
 
-def referenced(paths: ExperimentPaths, current: Manifest, kept: set[int]) -> set[str]:
-    """Relative references of every checkpoint a kept manifest names."""
+def referenced(
+    paths: ExperimentPaths, current: Manifest, kept: set[int], own_only: set[int] = frozenset()
+) -> set[str]:
+    """Relative references of every checkpoint a kept manifest names; for iterations in
+    ``own_only`` only their own iteration's checkpoints (weights-only kept: nothing resumes there)."""
     refs: set[str] = set()
     for k in sorted(kept):
-        refs.update(_manifest_refs(paths, k, current))
+        names = _manifest_refs(paths, k, current)
+        if k in own_only:
+            own = {paths.ref(paths.checkpoint(role, k)) for role in ROLES}
+            names = [r for r in names if r in own]
+        refs.update(names)
     return refs
 
 
@@ -97,7 +104,8 @@ def apply_retention(paths: ExperimentPaths, policy: Any, current: Manifest) -> l
     ``CheckpointConfig``). Returns the URLs removed."""
     n = current.iteration
     last, every = kept_iterations(n, policy.keep_last, policy.keep_every)
-    refs = referenced(paths, current, last | every)
+    slim = (every - last) if policy.keep_every_weights_only else set()
+    refs = referenced(paths, current, last | every, own_only=slim)
     needed_whole = referenced(paths, current, last)
     removed = []
     for ref, k in sorted(_checkpoint_dirs(paths, n).items(), key=lambda item: item[1]):

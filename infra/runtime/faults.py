@@ -5,6 +5,7 @@ comma-separated list of entries:
 
     task:<task>:before         the Prefect task <task> raises FaultInjected before doing any work
     task:<task>:after          ... after its output is written (the retry must find and reuse it)
+    task:<task>@<n>:<point>    ... only in iteration <n>
     rank_exit:<method>:<rank>  rank <rank> of a worker group calls os._exit(17) when <method> starts
     rank_raise:<method>:<rank> rank <rank> raises RuntimeError when <method> starts
 
@@ -79,6 +80,11 @@ class Fault:
         """The entry in the form the rank side understands."""
         return f"{self.kind}:{self.target}:{self.where}" + (":always" if self.always else "")
 
+    def names(self, task: str, iteration: int | None) -> bool:
+        """True when this (task) entry is aimed at ``task`` (in ``iteration``, if it names one)."""
+        name, _, n = self.target.partition("@")
+        return name == task and (not n or (iteration is not None and n == str(iteration)))
+
 
 def parse(spec: str | None) -> list[Fault]:
     """Parse a ``PPOFLOW_FAULT`` value; ValueError naming the bad entry and the allowed forms."""
@@ -88,13 +94,14 @@ def parse(spec: str | None) -> list[Fault]:
         always = len(parts) == 4 and parts[3] == "always"
         if always:
             parts = parts[:3]
+        name, at, n = parts[1].partition("@") if len(parts) > 1 else ("", "", "")
         ok = len(parts) == 3 and (
-            (parts[0] == "task" and parts[2] in TASK_POINTS)
+            (parts[0] == "task" and parts[2] in TASK_POINTS and bool(name) and (not at or n.isdigit()))
             or (parts[0] in RANK_KINDS and parts[2].isdigit())
         )
         if not ok:
             raise ValueError(
-                f"{ENV_VAR}: bad entry {item!r}; allowed: task:<task>:before|after, "
+                f"{ENV_VAR}: bad entry {item!r}; allowed: task:<task>[@<iteration>]:before|after, "
                 f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank> (each optionally + ':always')"
             )
         faults.append(Fault(parts[0], parts[1], parts[2], always, item))
@@ -105,11 +112,12 @@ def _current() -> list[Fault]:
     return parse(os.environ.get(ENV_VAR))
 
 
-def maybe_fail(task: str, point: str) -> None:
-    """Raise :class:`FaultInjected` if ``PPOFLOW_FAULT`` names ``task`` at ``point`` (and the entry
-    has not fired yet in this process, unless it says ``:always``)."""
+def maybe_fail(task: str, point: str, iteration: int | None = None) -> None:
+    """Raise :class:`FaultInjected` if ``PPOFLOW_FAULT`` names ``task`` at ``point`` (in
+    ``iteration``, for entries that name one) and the entry has not fired yet in this process,
+    unless it says ``:always``."""
     for fault in _current():
-        if fault.kind == "task" and fault.target == task and fault.where == point:
+        if fault.kind == "task" and fault.names(task, iteration) and fault.where == point:
             with _lock:
                 if fault.text in _fired and not fault.always:
                     continue

@@ -11,7 +11,8 @@ step 1). Mode ``save`` writes ``c2/`` (2 ranks, after step 1), the reference ten
 step 1, then checks 2->2 (RNG restored, bit-exact continuation), 1->2, and S3 when CKPT_S3_URL is
 set. Mode ``hsdp`` loads ``c2/`` into a 2x2 mesh (2->4), continues one step and saves ``c4/``.
 Mode ``async`` saves in the background (``CheckpointWriter``) while training goes on: ``ca/``
-after step 1 (the live weights change during the write), ``cb/`` + ``cc/`` back to back, ``cd/``
+after step 1 (the live weights change during the write), ``cb/`` + ``cc/`` back to back with two
+writer threads per rank, ``cd/``
 with one injected storage failure (retried), ``ce/`` failing on every attempt; it checks the
 loads against the uninterrupted run. Mode ``killed`` (run with a ``rank_exit`` fault) dies
 while writing ``ck/``.
@@ -134,10 +135,11 @@ def mode_async(work: str, rank: int, world: int, res: dict) -> None:
     train_step(fresh, fopt, fsched, 2, rank, world)
     res["step_a"] = max_diff(full_params(fresh), ref2)
 
-    writer.save(os.path.join(work, "cb"), model, opt, sched, extra={"k": "b"}, background=True)
-    out = writer.save(os.path.join(work, "cc"), model, opt, sched, extra={"k": "c"}, background=True)
+    threaded = CheckpointWriter(threads=2)  # two files per rank, written in parallel
+    threaded.save(os.path.join(work, "cb"), model, opt, sched, extra={"k": "b"}, background=True)
+    out = threaded.save(os.path.join(work, "cc"), model, opt, sched, extra={"k": "c"}, background=True)
     res["waited_for_b"] = out["waited_s"] >= 0.0
-    writer.wait()
+    threaded.close()
 
     os.environ["PPOFLOW_FAULT"] = "rank_raise:checkpoint_write:1"
     writer.save(os.path.join(work, "cd"), model, opt, sched, extra={"k": "d"}, background=True)
