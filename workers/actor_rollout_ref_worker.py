@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import functools
 import gc
+import random
 import time
 from typing import Any
+
+import numpy as np
+import torch
 
 from ppoflow.infra.checkpoint.writer import CheckpointWriter
 from ppoflow.infra.config import ExperimentConfig, FSDPConfig
@@ -150,9 +154,13 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
         """Build what the role needs: the actor (FSDP module, AdamW, LR schedule), the rollout
-        engine, the frozen reference. Returns a JSON summary of this rank's layout."""
+        engine, the frozen reference. Returns a JSON summary of this rank's layout. Every rank's
+        torch, Python and numpy RNGs are seeded first (they go into checkpoints)."""
         t0 = time.perf_counter()
         cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
         info: dict[str, Any] = {"rank": self.rank, "role": self.role}
         common = dict(
             rollout_n=cfg.rollout.n,

@@ -16,8 +16,12 @@ base model (a causal LM checkpoint: the ``score`` head then starts from ``cfg.se
 from __future__ import annotations
 
 import gc
+import random
 import time
 from typing import Any
+
+import numpy as np
+import torch
 
 from ppoflow.infra.checkpoint.writer import CheckpointWriter
 from ppoflow.infra.data.dataproto import DataProto
@@ -49,9 +53,14 @@ class CriticWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
-        """Load the value model on every rank (same seed), shard it, build AdamW + LR schedule."""
+        """Load the value model on every rank (same seed), shard it, build AdamW + LR schedule.
+        Every rank's torch, Python and numpy RNGs are seeded first (they go into checkpoints: two
+        experiments of one config must commit the same bits)."""
         t0 = time.perf_counter()
         cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
         model_cfg = cfg.critic_model
         mesh = build_mesh(cfg.critic.fsdp, self.world_size, self.device.type)
         module = build_fsdp_model(
