@@ -179,9 +179,13 @@ def run_iterations(
     last: tuple[Manifest, dict[str, Any]] = (manifest, {})
     data: _Data | None = None
 
+    def finished(future: PrefectFuture[Manifest]) -> bool:
+        future.wait(timeout=0)  # records the final state once the task returned
+        return future.state.is_final()
+
     def report(block: bool) -> None:
         nonlocal last
-        while commits and (block or commits[0].state.is_final()):
+        while commits and (block or finished(commits[0])):
             done = commits.pop(0).result()  # raises if the commit failed: the run stops here
             last = (done, storage.read_json(ctx.paths.file(done.iteration, "metrics.json")))
             on_commit(*last)

@@ -66,17 +66,6 @@ class Writes:
         with self._lock:
             return self._lineage.get(url)
 
-    def in_flight(self, url: str) -> bool:
-        """True while this run's group is writing ``url`` (alive, not finished)."""
-        with self._lock:
-            write = self._writes.get(url)
-        return write is not None and write.group.alive and not is_complete(url) and not read_failure(url)
-
-    def pending(self) -> list[str]:
-        """URLs of the writes not yet seen complete."""
-        with self._lock:
-            return sorted(self._writes)
-
     def wait_quietly(self, url: str) -> None:
         """If this run is writing ``url``, wait until that write is over (however it ends)."""
         with self._lock:

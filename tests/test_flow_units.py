@@ -1,4 +1,5 @@
-"""Fast checks of the flow's helpers: fault injection, metrics math, the retry rule, seeds."""
+"""Fast checks of the flow's helpers: fault injection, metrics math, the retry rule, seeds, where
+iterations start (one-step overlap) and when receipts are reused."""
 
 from __future__ import annotations
 
@@ -168,3 +169,90 @@ def test_device_slots_are_a_strict_limit_created_on_first_use(prefect_harness, f
     with pytest.raises(ConfigError, match="prefect gcl update ppoflow-cuda-"):
         with device_slots(gpu, logs.append):
             pass
+
+
+def _receipts(n: int, paths, critic: bool = True):
+    from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, IterationReceipts, Receipt
+
+    gen = GenerateReceipt(task="generate", iteration=n, next_cursor={"epoch": 0, "offset": 4 * n}, seed=1)
+    adv = AdvantageReceipt(task="advantage", iteration=n, kl_coef=0.1 * n)
+    updates = [Receipt(task="update_actor", iteration=n, checkpoints={"actor": paths.checkpoint("actor", n)})]
+    if critic:
+        updates.append(
+            Receipt(task="update_critic", iteration=n, checkpoints={"critic": paths.checkpoint("critic", n)})
+        )
+    return IterationReceipts(generate=gen, advantage=adv, updates=updates)
+
+
+def test_where_iterations_start_with_and_without_one_step_overlap():
+    from ppoflow.flows.schedule import Start
+    from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest
+
+    paths = ExperimentPaths("/x/exp")
+    ck = paths.checkpoint
+    manifest = Manifest(
+        experiment="exp",
+        iteration=4,
+        actor_checkpoint="checkpoints/actor/000004",
+        critic_checkpoint="checkpoints/critic/000004",
+        config_hash="h",
+        identity={},
+        data_cursor={"epoch": 0, "offset": 16},
+        kl_coef=0.4,
+        created_at="t",
+        committed_at="t",
+        rollout_checkpoints={"actor": "checkpoints/actor/000003", "critic": "checkpoints/critic/000003"},
+    )
+    plain, overlap = Start.of(paths, manifest, one_step=False), Start.of(paths, manifest, one_step=True)
+    assert (plain.rollout_actor, plain.rollout_critic) == (ck("actor", 4), ck("critic", 4))
+    assert (overlap.rollout_actor, overlap.rollout_critic) == (ck("actor", 3), ck("critic", 3))
+    assert plain.actor == overlap.actor == ck("actor", 4) and plain.rollout_record() is None
+    nxt = overlap.after(_receipts(5, paths), one_step=True)
+    assert (nxt.iteration, nxt.actor, nxt.rollout_actor, nxt.rollout_critic) == (
+        5,
+        ck("actor", 5),
+        ck("actor", 4),
+        ck("critic", 4),
+    )
+    assert nxt.cursor == {"epoch": 0, "offset": 20} and nxt.kl_coef == 0.5
+    assert nxt.rollout_record() == {"actor": ck("actor", 4), "critic": ck("critic", 4)}
+    nxt = plain.after(_receipts(5, paths, critic=False), one_step=False)
+    assert nxt.rollout_actor == nxt.actor == ck("actor", 5) and nxt.critic == nxt.rollout_critic == ck(
+        "critic", 4
+    )
+    # a manifest written without overlap (no record) makes the first one-step iteration on-policy
+    switched = Start.of(paths, Manifest(**{**manifest.to_json(), "rollout_checkpoints": None}), one_step=True)
+    assert switched.rollout_actor == ck("actor", 4)
+
+
+def test_receipts_are_reused_only_with_the_same_inputs(tmp_path):
+    from ppoflow.infra.data import storage
+    from ppoflow.infra.experiment.manifest import ExperimentPaths
+    from ppoflow.tasks.receipts import GenerateReceipt, Receipt, find_receipt, input_stamps, write_receipt
+
+    paths = ExperimentPaths(str(tmp_path / "exp"))
+    out = paths.file(2, "rollout.arrow")
+    storage.write_bytes_atomic(out, b"x")
+    gen = write_receipt(
+        paths,
+        GenerateReceipt(
+            task="generate",
+            iteration=2,
+            outputs={"rollout": out},
+            next_cursor={"epoch": 0, "offset": 8},
+            seed=3,
+        ),
+    )
+    assert gen.stamp and storage.read_json(paths.receipt(2, "generate"))["stamp"] == gen.stamp
+    inputs = input_stamps(paths, (paths.checkpoint("actor", 1), {"epoch": 0, "offset": 4}), {})
+    assert inputs == {"0": "checkpoints/actor/000001", "1": '{"epoch": 0, "offset": 4}'}
+    stored = write_receipt(paths, gen.model_copy(update={"inputs": inputs}))
+    assert find_receipt(paths, 2, "generate", GenerateReceipt, inputs=inputs).stamp == stored.stamp
+    other = input_stamps(paths, (paths.checkpoint("actor", 0), {"epoch": 0, "offset": 4}), {})
+    assert find_receipt(paths, 2, "generate", GenerateReceipt, inputs=other) is None
+    # downstream tasks name the receipts they consume by stamp: a recomputed rollout changes them
+    down = input_stamps(paths, (stored,), {})
+    assert down == {"0": f"generate:{stored.stamp}"}
+    again = write_receipt(paths, stored.model_copy(update={"stamp": ""}))
+    assert input_stamps(paths, (again,), {}) != down
+    assert isinstance(Receipt(task="t", iteration=1).inputs, dict)
