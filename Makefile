@@ -12,6 +12,15 @@ $(STAMP): pyproject.toml scripts/setup_venv.sh
 .PHONY: setup demo test test-fast lint format
 setup: $(STAMP)
 
+# A CUDA machine instead: vLLM 0.25.1 (CUDA 13, torch 2.11.0) + Prefect 3.9.1 + ppoflow in the same .venv
+# (requirements/vllm-gpu.txt). Offline: `make setup-gpu WHEELS=/path/to/wheels`; another python: GPU_PY=.
+# Then `make demo` and .venv/bin/ppoflow use it (no test extras there: `make test` stays a CPU thing).
+.PHONY: setup-gpu
+GPU_PY ?= python3
+setup-gpu:
+	bash scripts/setup_venv.sh --gpu $(if $(WHEELS),--wheels $(WHEELS)) $(GPU_PY) $(VENV)
+	touch $(STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/ppoflow demo $(ARGS)
 

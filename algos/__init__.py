@@ -16,10 +16,12 @@ from ppoflow.algos.advantages import (
     compute_reinforce_plus_plus_advantage,
     compute_reinforce_plus_plus_baseline_advantage,
     compute_rloo_outcome_advantage,
+    estimator_inputs,
     get_adv_estimator,
     register_adv_estimator,
 )
 from ppoflow.algos.kl import (
+    KL_CONTROLLERS,
     KL_PENALTY_KINDS,
     AdaptiveKLController,
     FixedKLController,
@@ -39,6 +41,8 @@ from ppoflow.algos.masked import masked_mean, masked_sum, masked_var, masked_whi
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "estimator_inputs",
+    "KL_CONTROLLERS",
     "KL_PENALTY_KINDS",
     "LOSS_AGG_MODES",
     "AdaptiveKLController",

@@ -30,6 +30,7 @@ from ppoflow.algos.masked import masked_sum, masked_whiten
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "estimator_inputs",
     "register_adv_estimator",
     "get_adv_estimator",
     "compute_advantage",
@@ -69,6 +70,13 @@ def get_adv_estimator(name: str) -> AdvEstimator:
         raise ValueError(
             f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADV_ESTIMATORS))}"
         ) from None
+
+
+def estimator_inputs(name: str) -> set[str]:
+    """What estimator ``name`` cannot run without, of ``values`` (a critic) and ``index`` (groups
+    of responses to one prompt): the parameters its signature requires."""
+    params = inspect.signature(get_adv_estimator(name)).parameters
+    return {k for k in ("values", "index") if k in params and params[k].default is inspect.Parameter.empty}
 
 
 def compute_advantage(

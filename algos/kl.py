@@ -19,6 +19,7 @@ from ppoflow.algos.masked import masked_mean
 
 __all__ = [
     "KL_PENALTY_KINDS",
+    "KL_CONTROLLERS",
     "kl_penalty",
     "FixedKLController",
     "AdaptiveKLController",
@@ -93,6 +94,10 @@ class AdaptiveKLController:
 KLController = FixedKLController | AdaptiveKLController
 
 
+#: The KL controllers by the name a config gives (``algorithm.kl_ctrl.type``).
+KL_CONTROLLERS: dict[str, type[KLController]] = {"fixed": FixedKLController, "adaptive": AdaptiveKLController}
+
+
 def get_kl_controller(kind: str, **kw: Any) -> KLController:
     """Build a KL controller.
 
@@ -104,17 +109,16 @@ def get_kl_controller(kind: str, **kw: Any) -> KLController:
     ``get_kl_controller(c.type, kl_coef=c.kl_coef, target_kl=c.target_kl, horizon=c.horizon)``
     works for either ``c.type``. Any other unknown keyword raises TypeError.
     """
+    if kind not in KL_CONTROLLERS:
+        raise ValueError(f"unknown KL controller {kind!r}; allowed: {', '.join(sorted(KL_CONTROLLERS))}")
     if kind == "fixed":
         kw.pop("target_kl", None)
         kw.pop("horizon", None)
-        return FixedKLController(**kw)
-    if kind == "adaptive":
-        if "kl_coef" in kw:
-            if "init_kl_coef" in kw:
-                raise TypeError("give one of kl_coef and init_kl_coef, not both")
-            kw["init_kl_coef"] = kw.pop("kl_coef")
-        return AdaptiveKLController(**kw)
-    raise ValueError(f"unknown KL controller {kind!r}; allowed: adaptive, fixed")
+    elif "kl_coef" in kw:
+        if "init_kl_coef" in kw:
+            raise TypeError("give one of kl_coef and init_kl_coef, not both")
+        kw["init_kl_coef"] = kw.pop("kl_coef")
+    return KL_CONTROLLERS[kind](**kw)
 
 
 def apply_kl_penalty(

@@ -8,11 +8,30 @@ groups, engine warm-up), the next ``K`` are warm. It then reads the warm iterati
 update's MFU (on GPU) and the share of the iteration spent outside model compute.
 
     python benchmarks/iteration.py --preset tiny --device cpu --ranks 2 --engine vllm       # CPU
-    python benchmarks/iteration.py --preset qwen2.5-0.5b --device cuda --ranks 1 --engine hf \\
-        --prompts 256 --n 1 --prompt-len 512 --response-len 256                          # H200
+    python benchmarks/iteration.py --preset qwen2.5-0.5b --device cuda --ranks 1 --engine vllm \\
+        --prompts 256 --prompt-len 512 --response-len 256 --micro-batch 32 \\
+        --log-prob-micro-batch 32 --reference-tokens-per-s 36819                       # one H200
+    ... --mean-response-len 128 [--dynamic-bsz]          # uneven responses, padded or packed
 
-On a GPU machine without Prefect, carry Prefect as wheels (README, "Benchmarks"): the benchmark
-always drives the real flow and tasks, so its overhead figures are the product's.
+Uneven responses: a random-weight model samples close to uniformly over its vocabulary, so it
+almost never stops. ``--mean-response-len L`` gives the model ``V / L`` extra stop tokens (in its
+``generation_config.json``, which both engines honour): each sampled token then ends the response
+with probability about ``1 / L``, and lengths spread from 1 to ``--response-len`` as they do with
+a real stop token. ``--dynamic-bsz`` runs the actor, reference and critic with packed micro-batches
+of ``--max-token-len`` real tokens (default: micro-batch x (prompt + response)); tokens/s count
+real tokens, so the two runs side by side show the packing gain.
+
+The engine flags (``--eager``, ``--gpu-memory-utilization``, ``--kv-cache-gib``, ``--max-num-seqs``,
+``--max-num-batched-tokens``, ``--tp``, ``--sleep-level``, ``--loader``) set the ``rollout``
+section; unset, the config's defaults apply (CUDA graphs on GPU, sleep level 2 next to the actor).
+``--reference-tokens-per-s`` (plain vLLM's rate on the same GPU, model, batch and sampling:
+``benchmarks/vllm_reference.py``) adds a line comparing the rollout with it; ``--baseline`` (the
+summary JSON another run printed, or its file) adds the scaling against that run.
+
+On GPU the table also gives each worker group's memory per rank, from the ranks' own metrics
+(``perf/mem/*``: torch's caching allocator; the engine's sleep-mode pool counted only while awake)
+and the device-wide peak over the run (``nvidia-smi``, every process), and the summary JSON is
+written to ``$OUT/iteration_bench.json`` when ``OUT`` is set.
 
 Checkpoints: the update tasks stage the state to host memory and return; the groups write it in
 the background while the next iteration runs, and commit n waits for it. The table shows the
@@ -57,6 +76,11 @@ PRESETS = {
 PEAK_TFLOPS = {"cuda": 791.0}  # H200 bf16 dense, measured on the device machine (FIELD-NOTES)
 
 
+def kv_budget(text: str) -> float | str | None:
+    """``--kv-cache-gib``: a number of GiB, ``auto`` or ``profile`` (rollout.kv_cache_gib None)."""
+    return text if text in ("auto", "profile") else float(text)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
@@ -73,6 +97,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward per rank")
     p.add_argument("--log-prob-micro-batch", type=int, default=8)
     p.add_argument("--recompute", action="store_true", help="activation checkpointing in the updates")
+    p.add_argument(
+        "--mean-response-len", type=int, default=0, help="add stop tokens for about this mean (0: none)"
+    )
+    p.add_argument("--dynamic-bsz", action="store_true", help="packed token-budget micro-batches")
+    p.add_argument("--max-token-len", type=int, default=None, help="tokens per update micro-batch per rank")
+    p.add_argument("--compile", action="store_true", help="model.use_torch_compile")
     p.add_argument("--iters", type=int, default=2, help="warm iterations timed (after one warm-up)")
     p.add_argument(
         "--sync-checkpoints", action="store_true", help="write checkpoints inside the update tasks"
@@ -80,11 +110,39 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--overlap", choices=["none", "one_step"], default="none", help="algorithm.overlap")
     p.add_argument("--storage", default=None, help="where the experiment goes (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
+    e = p.add_argument_group("rollout engine (vllm)")
+    e.add_argument("--tp", type=int, default=1, help="rollout.tensor_model_parallel_size")
+    e.add_argument(
+        "--eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--eager: no CUDA graphs; --no-eager: CUDA graphs (default: the config's, graphs on GPU)",
+    )
+    e.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    e.add_argument(
+        "--kv-cache-gib",
+        type=kv_budget,
+        default=None,
+        help="GiB, 'auto' (GPU default: sized to the batch) or 'profile' (vLLM sizes it from the utilization)",
+    )
+    e.add_argument("--max-num-seqs", type=int, default=None)
+    e.add_argument("--max-num-batched-tokens", type=int, default=None)
+    e.add_argument("--sleep-level", type=int, choices=(1, 2), default=None)
+    e.add_argument("--loader", choices=("hf", "dtensor"), default="hf", help="push with TP > 1")
+    c = p.add_argument_group("comparisons")
+    c.add_argument(
+        "--reference-tokens-per-s",
+        type=float,
+        default=None,
+        help="plain vLLM's sampled tokens/s on one GPU at the same shape (benchmarks/vllm_reference.py)",
+    )
+    c.add_argument("--baseline", default=None, help="summary JSON (or its file) of a run to scale against")
     return p.parse_args(argv)
 
 
-def build_model(out_dir: str, preset: str, max_len: int) -> int:
-    """Random-weight Qwen2-shaped model + the byte tokenizer; returns the parameter count."""
+def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int = 0) -> int:
+    """Random-weight Qwen2-shaped model + the byte tokenizer; returns the parameter count. With
+    ``mean_response_len`` the generation config lists ``V / mean_response_len`` stop tokens."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -102,6 +160,11 @@ def build_model(out_dir: str, preset: str, max_len: int) -> int:
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    if mean_response_len > 0:
+        rng = random.Random(1)
+        ordinary = range(len(tok), vocab) if vocab > 4 * len(tok) else range(5, vocab)  # not specials
+        stops = rng.sample(list(ordinary), max(1, round(vocab / mean_response_len)))
+        model.generation_config.eos_token_id = [tok.eos_token_id, *stops]
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return sum(p.numel() for p in model.parameters())
@@ -137,8 +200,20 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
     cuda = args.device == "cuda"
     mini = args.mini_batch or max(1, args.prompts // 4)
     fsdp = {"param_dtype": "bfloat16", "reduce_dtype": "float32"} if cuda else {}
+    row = args.prompt_len + args.response_len
+    budget = args.max_token_len or args.micro_batch * row
+    packing = {
+        "use_dynamic_bsz": args.dynamic_bsz,
+        "ppo_max_token_len_per_gpu": max(budget, row),
+    }
+    log_prob_budget = max(args.log_prob_micro_batch * row, row)
     return {
-        "model": {"path": model_dir, "dtype": "float32", "enable_gradient_checkpointing": args.recompute},
+        "model": {
+            "path": model_dir,
+            "dtype": "float32",
+            "enable_gradient_checkpointing": args.recompute,
+            "use_torch_compile": args.compile,
+        },
         "data": {"train_files": [data_url], "train_batch_size": args.prompts, "apply_chat_template": True},
         "rollout": {
             "engine": args.engine,
@@ -148,8 +223,16 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "response_length": args.response_len,
             "dtype": "bfloat16" if cuda else None,
             "log_prob_micro_batch_size_per_gpu": args.log_prob_micro_batch,
-            "kv_cache_gib": 0.5,
-            "gpu_memory_utilization": 0.3,
+            "tensor_model_parallel_size": args.tp,
+            "kv_cache_gib": {None: "auto" if cuda else 0.5, "profile": None}.get(
+                args.kv_cache_gib, args.kv_cache_gib
+            ),
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "enforce_eager": args.eager,
+            "max_num_seqs": args.max_num_seqs or max(256, args.prompts * args.n * args.tp // args.ranks),
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "sleep_level": args.sleep_level,
+            "weight_loader": args.loader,
         },
         "actor": {
             "ppo_mini_batch_size": mini,
@@ -158,6 +241,8 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "logprob_head": "fused",
             "optim": {"lr": 1e-6},
             "fsdp": fsdp,
+            **packing,
+            "log_prob_max_token_len_per_gpu": log_prob_budget,
         },
         "ref": {"log_prob_micro_batch_size_per_gpu": args.log_prob_micro_batch, "fsdp": fsdp},
         "critic": {
@@ -166,6 +251,8 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "forward_micro_batch_size_per_gpu": args.log_prob_micro_batch,
             "optim": {"lr": 1e-5},
             "fsdp": fsdp,
+            **packing,
+            "forward_max_token_len_per_gpu": log_prob_budget,
         },
         "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True, "overlap": args.overlap},
         "storage": {"root": root, "experiment": "bench"},
@@ -190,17 +277,29 @@ def commit_interval(rows: list[dict], before: dict | None) -> float:
     return sum(gaps) / len(gaps) if gaps else float("nan")
 
 
-def report(args, rows: list[dict], n_params: int, before: dict | None = None) -> str:
-    """The table: per task seconds, tokens/s per stage, MFU, share outside compute, checkpoints."""
+def report(
+    args, rows: list[dict], n_params: int, extra: list[str] = (), before: dict | None = None
+) -> tuple[str, dict]:
+    """The table (per task seconds, tokens/s per stage, MFU, share outside compute, checkpoints,
+    GPU memory, comparisons) and the run's summary dict. ``before``: the metrics of the iteration
+    before ``rows`` (for the interval between commits)."""
+    from gpu_report import comparison_lines, load_baseline, memory_lines, summary
+
     resp_tokens = mean(rows, "response_length/mean") * args.prompts * args.n
     all_tokens = mean(rows, "perf/total_num_tokens")
     interval = commit_interval(rows, before)
     it = interval if interval == interval else mean(rows, "timing_s/iteration")
+    engine = args.engine
+    if args.engine == "vllm":
+        graphs = args.device == "cuda" if args.eager is None else not args.eager
+        engine += f" (TP {args.tp}, {'CUDA graphs' if graphs else 'eager'})"
     lines = [
         f"ppoflow iteration benchmark: {args.preset} (N={n_params / 1e6:.1f}M), {args.ranks} rank(s) on "
-        f"{args.device}, engine {args.engine}, {args.prompts} prompts x {args.n}, prompt {args.prompt_len}, "
-        f"response {args.response_len}; checkpoints {'sync' if args.sync_checkpoints else 'async'}, overlap "
-        f"{args.overlap}; mean of {len(rows)} warm iteration(s)",
+        f"{args.device}, engine {engine}, {args.prompts} prompts x {args.n}, prompt {args.prompt_len}, "
+        f"response {args.response_len} (mean {mean(rows, 'response_length/mean'):.1f}), "
+        f"{'packed micro-batches (dynamic bsz)' if args.dynamic_bsz else 'padded micro-batches'}; "
+        f"checkpoints {'sync' if args.sync_checkpoints else 'async'}, overlap {args.overlap}; "
+        f"mean of {len(rows)} warm iteration(s)",
         "",
         f"{'stage':<22}{'seconds':>10}{'tokens/s':>12}",
     ]
@@ -209,6 +308,9 @@ def report(args, rows: list[dict], n_params: int, before: dict | None = None) ->
         ("  of which generation", "rollout/generate_s", resp_tokens),
         ("  of which old log-prob", "perf/old_log_prob_s", all_tokens),
         ("  of which weight sync", "weight_sync_s", None),
+        ("    wake (both tags)", "rollout/wake_s", None),
+        ("    push", "rollout/push_s", None),
+        ("  of which sleep", "rollout/sleep_s", None),
         ("ref_log_prob", "timing_s/ref_log_prob", all_tokens),
         ("values", "timing_s/values", all_tokens),
         ("advantage", "timing_s/advantage", None),
@@ -227,6 +329,8 @@ def report(args, rows: list[dict], n_params: int, before: dict | None = None) ->
     ]
     for name, key, tokens in stages:
         s = mean(rows, key) if key else interval
+        if s != s and key and key.startswith("rollout/") and key != "rollout/generate_s":
+            continue  # wake/push/sleep exist on GPU only
         tps = f"{tokens / s:12.0f}" if tokens and s == s and s > 0 else f"{'':>12}"
         lines.append(f"{name:<22}{s:10.3f}{tps}")
 
@@ -268,7 +372,12 @@ def report(args, rows: list[dict], n_params: int, before: dict | None = None) ->
         f"(weight sync {m('weight_sync_s'):.3f} s, checkpoints "
         f"{max(m('timing_s/save_checkpoint_actor'), m('timing_s/save_checkpoint_critic')):.3f} s on the critical path)"
     )
-    return "\n".join(lines)
+    run = summary(args, rows, mean, resp_tokens, all_tokens)
+    run.update(iteration_between_commits_s=interval, checkpoint_critical_path_s=critical)
+    more = [*comparison_lines(args, run, load_baseline(args.baseline)), *memory_lines(rows, mean), *extra]
+    if more:
+        lines += ["", *more]
+    return "\n".join(lines), run
 
 
 def main(argv=None) -> None:
@@ -277,13 +386,17 @@ def main(argv=None) -> None:
     work = args.storage or tempfile.mkdtemp(prefix="ppoflow-bench-")
     os.makedirs(work, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect-home"))
+    # a fresh PREFECT_HOME migrates its database first: on a busy machine that outlasts the 20 s default
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     from ppoflow.flows.ppo import install_sigterm_handler, ppo
     from ppoflow.infra.config import parse_config
 
     model_dir = os.path.join(work, "model")
     data_url = os.path.join(work, "prompts.parquet")
     t0 = time.perf_counter()
-    n_params = build_model(model_dir, args.preset, args.prompt_len + args.response_len + 8)
+    n_params = build_model(
+        model_dir, args.preset, args.prompt_len + args.response_len + 8, args.mean_response_len
+    )
     build_prompts(data_url, max(args.prompts * (args.iters + 1), args.prompts), args.prompt_len)
     cfg = parse_config(experiment_config(args, model_dir, data_url, os.path.join(work, "runs")))
     print(
@@ -291,8 +404,15 @@ def main(argv=None) -> None:
         flush=True,
     )
     install_sigterm_handler()
+    from gpu_report import DeviceMemorySampler
+
+    sampler = DeviceMemorySampler().start() if args.device == "cuda" else None
     t0 = time.perf_counter()
-    ppo(cfg, iterations=1 + args.iters)
+    try:
+        ppo(cfg, iterations=1 + args.iters)
+    finally:
+        if sampler is not None:
+            sampler.stop()
     print(
         f"flow run: {time.perf_counter() - t0:.1f} s for {1 + args.iters} iterations (first one cold)",
         flush=True,
@@ -302,12 +422,15 @@ def main(argv=None) -> None:
     for n in range(1, args.iters + 2):
         with open(os.path.join(exp, "iterations", f"{n:06d}", "metrics.json")) as f:
             rows.append(json.load(f))
-    text = report(args, rows[1:], n_params, before=rows[0])
+    text, run = report(args, rows[1:], n_params, sampler.lines() if sampler else [], before=rows[0])
     print(text)
+    print("summary: " + json.dumps(run))
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "iteration_bench.txt"), "w") as f:
             f.write(text + "\n\n" + json.dumps(rows, indent=1))
+        with open(os.path.join(out, "iteration_bench.json"), "w") as f:
+            json.dump({"summary": run, "args": vars(args), "iterations": rows}, f, indent=1)
     if not args.storage and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
 

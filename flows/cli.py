@@ -170,6 +170,7 @@ def _read_state(text: str):
 
 def cmd_status(args: argparse.Namespace) -> int:
     from ppoflow.infra.data import storage
+    from ppoflow.infra.experiment.metrics import headline
 
     paths, manifest = _read_state(args.experiment)
     n = manifest.iteration
@@ -209,11 +210,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{key:<{width}}  {value}")
     if manifest.trend and len(manifest.trend) > 1:
         first, last = manifest.trend[0], manifest.trend[-1]
-        key = "critic/score/mean"
-        if key in first and key in last:
+        score = headline("score")
+        if score.key_in(first) and score.key_in(last):
             print(
-                f"{'reward':<{width}}  {first[key]:.3f} (iteration {first['iteration']}) -> "
-                f"{last[key]:.3f} (iteration {last['iteration']})"
+                f"{'score':<{width}}  {score.value(first):.3f} (iteration {first['iteration']}) -> "
+                f"{score.value(last):.3f} (iteration {last['iteration']})"
             )
     _print_checkpoints(paths, n)
     if metrics:

@@ -1,7 +1,7 @@
 """What a terminal shows of a flow run: a line per committed iteration, and a summary at the end.
 
 ``ppoflow run`` and ``ppoflow demo`` run the ``ppo`` flow in this process through
-:func:`run_with_progress` (which polls the experiment's manifest and prints :func:`iteration_line`
+:func:`run_with_progress` (which polls the experiment's manifest and prints ``headline_line``
 for each new iteration) and then print :func:`print_summary`.
 """
 
@@ -15,30 +15,13 @@ from typing import Any
 
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.metrics import headline, headline_line
 
-__all__ = ["run_with_progress", "print_summary", "iteration_line", "command"]
-
-KL_KEYS = ("actor/reward_kl_penalty", "actor/kl_loss", "actor/ppo_kl")
-
-
-def _fmt(metrics: dict[str, Any], key: str, spec: str) -> str:
-    value = metrics.get(key)
-    return format(value, spec) if isinstance(value, (int, float)) else "-"
-
-
-def iteration_line(n: int, metrics: dict[str, Any]) -> str:
-    """One terminal line per committed iteration: reward (the mean rule score), KL to the
-    reference policy, mean response length, entropy, wall seconds."""
-    kl_key = next((k for k in KL_KEYS if k in metrics), KL_KEYS[0])
-    return (
-        f"iteration {n:4d} | reward {_fmt(metrics, 'critic/score/mean', '.3f')} | "
-        f"kl {_fmt(metrics, kl_key, '.4f')} | response length {_fmt(metrics, 'response_length/mean', '.2f')} | "
-        f"entropy {_fmt(metrics, 'actor/entropy', '.3f')} | {_fmt(metrics, 'timing_s/iteration', '.1f')} s"
-    )
+__all__ = ["run_with_progress", "print_summary", "command"]
 
 
 class _Progress(threading.Thread):
-    """Prints :func:`iteration_line` for each iteration the flow commits (polls the manifest)."""
+    """Prints ``headline_line`` for each iteration the flow commits (polls the manifest)."""
 
     def __init__(
         self, cfg: ExperimentConfig, out: Callable[[str], None], poll_s: float = 0.5, quiet_s: float = 90.0
@@ -68,7 +51,7 @@ class _Progress(threading.Thread):
                 metrics = storage.read_json(self.paths.file(n, "metrics.json"))
             except (OSError, ValueError):  # a transient read error: next poll
                 return
-            self.out(iteration_line(n, metrics))
+            self.out(headline_line(n, metrics))
             self.shown = n
             self.last_news = time.monotonic()
 
@@ -159,13 +142,14 @@ def print_summary(
     if not run["ok"]:
         out(f"the flow run failed: {run['error']}")
     out(f"experiment:        {paths.root}   (iteration {manifest.iteration if manifest else 0} committed)")
-    trend = [r for r in (manifest.trend if manifest else []) if "critic/score/mean" in r]
+    score = headline("score")
+    trend = [r for r in (manifest.trend if manifest else []) if score.key_in(r)]
     if trend:
         first, last = trend[0], trend[-1]
-        delta = last["critic/score/mean"] - first["critic/score/mean"]
+        a, b = score.value(first), score.value(last)
         out(
-            f"reward:            iteration {first['iteration']}: {first['critic/score/mean']:.3f} -> iteration "
-            f"{last['iteration']}: {last['critic/score/mean']:.3f}   (difference {delta:+.3f})"
+            f"score:             iteration {first['iteration']}: {a:.3f} -> iteration {last['iteration']}: "
+            f"{b:.3f}   (difference {b - a:+.3f}; mean score of the reward function)"
         )
     out(f"wall time:         {wall:.0f} s ({wall / 60:.1f} min)")
     plot = storage.join(paths.root, "plots", "metrics.png")

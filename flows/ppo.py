@@ -47,7 +47,7 @@ from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, par
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.lock import ExperimentLock
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_identity, read_manifest
-from ppoflow.infra.experiment.metrics import metrics_table, summary_line, trend_markdown
+from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend_markdown
 from ppoflow.infra.experiment.plots import plot_metrics
 from ppoflow.tasks import init_experiment
 from ppoflow.tasks.runtime import RunContext, close_run, open_run
@@ -96,7 +96,7 @@ def _publish_iteration(ctx: RunContext, manifest: Manifest, metrics: dict[str, A
         key=f"{slug}-summary",
         description=f"trend after iteration {n}",
     )
-    get_run_logger().info(summary_line(n, metrics))
+    get_run_logger().info(headline_line(n, metrics))
 
 
 def _publish_plot(ctx: RunContext, manifest: Manifest) -> str | None:

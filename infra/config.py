@@ -12,12 +12,48 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+def _registry(name: str) -> Callable[[], Iterable[str]]:
+    """The names in ``ppoflow.algos.<name>`` (imported when a config is validated)."""
+
+    def names() -> Iterable[str]:
+        import ppoflow.algos
+
+        return getattr(ppoflow.algos, name)
+
+    return names
+
+
+def _one_of(what: str, names: Callable[[], Iterable[str]]) -> Any:
+    """A ``str`` field whose allowed values are a registry's names. The registry is the only list:
+    an estimator registered with ``@register_adv_estimator`` is valid at once, and the JSON schema
+    (the Prefect UI's form) offers the names registered when it is generated."""
+
+    def check(value: str) -> str:
+        allowed = sorted(names())
+        if value not in allowed:
+            raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+        return value
+
+    return Annotated[
+        str,
+        AfterValidator(check),
+        Field(json_schema_extra=lambda schema: schema.update(enum=sorted(names()))),
+    ]
+
+
+AdvEstimatorName = _one_of("advantage estimator", _registry("ADV_ESTIMATORS"))
+LossAggMode = _one_of("loss aggregation mode", _registry("LOSS_AGG_MODES"))
+KLPenaltyKind = _one_of("KL penalty kind", _registry("KL_PENALTY_KINDS"))
+KLControllerKind = _one_of("KL controller", _registry("KL_CONTROLLERS"))
 
 
 class _Section(BaseModel):
@@ -32,6 +68,11 @@ class ModelConfig(_Section):
     trust_remote_code: bool = False
     dtype: Dtype = Field("float32", description="parameter dtype of the trained copy")
     enable_gradient_checkpointing: bool = False
+    use_torch_compile: bool = Field(
+        False,
+        description="torch.compile each decoder layer and the policy's LM-head math (fuses the "
+        "elementwise work around the matmuls; meant for GPUs, compiles once per run)",
+    )
     override_config: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -64,6 +105,11 @@ class OptimConfig(_Section):
     warmup_steps_ratio: float = Field(0.0, ge=0.0, le=1.0)
     total_training_steps: int | None = Field(None, description="needed only for warmup_steps_ratio")
     grad_clip: float = 1.0
+    fused: bool | None = Field(
+        None,
+        description="AdamW's fused kernel (True), its foreach/for-loop kernels (False), or None = fused "
+        "on CUDA, torch's default elsewhere",
+    )
 
 
 class ActorConfig(_Section):
@@ -74,13 +120,11 @@ class ActorConfig(_Section):
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = Field(3.0, gt=1.0)
-    loss_agg_mode: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = "token-mean"
+    loss_agg_mode: LossAggMode = "token-mean"
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
-    kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"
+    kl_loss_type: KLPenaltyKind = "low_var_kl"
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
     logprob_head: Literal["checkpoint", "fused"] = Field(
         "checkpoint",
@@ -90,12 +134,29 @@ class ActorConfig(_Section):
     logprob_chunk_size: int = Field(
         1024, ge=1, description="tokens per LM-head chunk (never the full logits)"
     )
+    use_dynamic_bsz: bool = Field(
+        False,
+        description="pack each micro-batch's real tokens into one row (no compute on padding) and form micro-batches "
+        "by a token budget instead of a row count",
+    )
+    ppo_max_token_len_per_gpu: int = Field(
+        16384, ge=1, description="with use_dynamic_bsz: real tokens per update micro-batch per GPU"
+    )
+    log_prob_max_token_len_per_gpu: int | None = Field(
+        None,
+        ge=1,
+        description="with use_dynamic_bsz: tokens per log-prob micro-batch; None = ppo_max_token_len_per_gpu",
+    )
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
 class RefConfig(_Section):
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
+    log_prob_use_dynamic_bsz: bool | None = Field(None, description="None = actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int | None = Field(
+        None, ge=1, description="None = the actor's log-prob token budget"
+    )
     fsdp: FSDPConfig = Field(default_factory=lambda: FSDPConfig(param_offload=False))
 
 
@@ -109,14 +170,45 @@ class RolloutConfig(_Section):
     top_k: int = Field(-1, description="-1 = off")
     prompt_length: int = Field(64, ge=1, description="prompts are left-padded/truncated to this many tokens")
     response_length: int = Field(32, ge=1)
-    tensor_model_parallel_size: int = Field(1, ge=1)
-    dtype: Dtype | None = Field(None, description="engine dtype; None = the model dtype")
-    kv_cache_gib: float = Field(
-        0.25, gt=0.0, description="KV-cache budget per engine, GiB (VLLM_CPU_KVCACHE_SPACE on CPU)"
+    tensor_model_parallel_size: int = Field(
+        1, ge=1, description="vLLM tensor parallelism; training always uses every rank whatever it is"
     )
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
-    max_num_seqs: int = 256
-    enforce_eager: bool = True
+    dtype: Dtype | None = Field(None, description="engine dtype; None = the model dtype")
+    kv_cache_gib: Annotated[float, Field(gt=0.0)] | Literal["auto"] | None = Field(
+        "auto",
+        description="KV-cache budget per engine, GiB. GPU: 'auto' = what the batch needs (each "
+        "engine's sequences at once, at prompt_length + response_length tokens, +25%, >= 1 GiB); "
+        "None = vLLM sizes it from gpu_memory_utilization, profiling the device's memory at "
+        "start-up (which assumes no other process changes its memory meanwhile: not so with "
+        "colocated worker groups). CPU: 'auto' and None = 0.25 (VLLM_CPU_KVCACHE_SPACE, whole "
+        "GiB, overrides it)",
+    )
+    gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0.0,
+        le=1.0,
+        description="GPU: vLLM starts only if this share of the device is free; with kv_cache_gib None "
+        "it is also the engine's whole budget (weights, activations, CUDA graphs, KV cache)",
+    )
+    max_num_seqs: int = Field(256, ge=1, description="most sequences one engine decodes at once")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="tokens per engine step (chunked prefill budget); None = vLLM's default"
+    )
+    enforce_eager: bool | None = Field(
+        None, description="None: eager on CPU, CUDA graphs on GPU (2-2.5x faster decoding); or force it"
+    )
+    sleep_level: Literal[1, 2] | None = Field(
+        None,
+        description="GPU: how the engine sleeps after each rollout to give its memory to training. "
+        "2 discards weights and KV cache (nothing copied; the next rollout pushes the weights); 1 also "
+        "frees the GPU but keeps the weights in host memory. None: 2 when the engine shares its ranks "
+        "with the trained actor (which pushes new weights before every rollout anyway), else 1",
+    )
+    weight_loader: Literal["hf", "dtensor"] = Field(
+        "hf",
+        description="FSDP -> engine push with TP > 1: hf (every rank gets full tensors, vLLM slices) or "
+        "dtensor (each TP rank receives only its slices of the linear layers)",
+    )
     seed: int = 0
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
 
@@ -131,10 +223,21 @@ class CriticConfig(_Section):
     ppo_epochs: int = Field(1, ge=1)
     shuffle: bool = False
     cliprange_value: float = 0.5
-    loss_agg_mode: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-    ] = "token-mean"
+    loss_agg_mode: LossAggMode = "token-mean"
     forward_micro_batch_size_per_gpu: int = Field(8, ge=1)
+    use_dynamic_bsz: bool = Field(
+        False,
+        description="pack each micro-batch's real tokens into one row (no compute on padding) and form micro-batches "
+        "by a token budget instead of a row count",
+    )
+    ppo_max_token_len_per_gpu: int = Field(
+        32768, ge=1, description="with use_dynamic_bsz: real tokens per update micro-batch per GPU"
+    )
+    forward_max_token_len_per_gpu: int | None = Field(
+        None,
+        ge=1,
+        description="with use_dynamic_bsz: tokens per values micro-batch; None = ppo_max_token_len_per_gpu",
+    )
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
@@ -143,6 +246,10 @@ class RewardModelConfig(_Section):
     enable: bool = False
     model: ModelConfig | None = None
     micro_batch_size_per_gpu: int = Field(8, ge=1)
+    use_dynamic_bsz: bool = Field(
+        False, description="score packed micro-batches of forward_max_token_len_per_gpu real tokens"
+    )
+    forward_max_token_len_per_gpu: int = Field(32768, ge=1)
     max_length: int | None = None
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
@@ -158,7 +265,7 @@ class RewardConfig(_Section):
 
 
 class KLControlConfig(_Section):
-    type: Literal["fixed", "adaptive"] = "fixed"
+    type: KLControllerKind = "fixed"
     kl_coef: float = 0.001
     target_kl: float = 0.1
     horizon: int = 10000
@@ -171,14 +278,12 @@ class AlgorithmConfig(_Section):
     after update n-2, so generating iteration n+1 overlaps update n; the PPO ratio's denominator is
     the policy that sampled (n-2), clipped as usual. Deterministic for a given config."""
 
-    adv_estimator: Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"] = (
-        "gae"
-    )
+    adv_estimator: AdvEstimatorName = "gae"
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
     use_kl_in_reward: bool = False
-    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
+    kl_penalty: KLPenaltyKind = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
     overlap: Literal["none", "one_step"] = Field(
         "none",
@@ -268,15 +373,19 @@ class ExperimentConfig(_Section):
         tp = self.rollout.tensor_model_parallel_size
         if n % tp:
             raise ValueError(f"rollout.tensor_model_parallel_size={tp} must divide resources.nprocs={n}")
-        if self.algorithm.adv_estimator == "gae" and not self.critic.enable:
+        from ppoflow.algos import ADV_ESTIMATORS, estimator_inputs
+
+        est = self.algorithm.adv_estimator
+        needs = estimator_inputs(est)
+        if "values" in needs and not self.critic.enable:
+            others = sorted(n for n in ADV_ESTIMATORS if "values" not in estimator_inputs(n))
             raise ValueError(
-                "algorithm.adv_estimator='gae' needs a critic: set critic.enable=true or pick "
-                "an outcome estimator (grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline)"
+                f"algorithm.adv_estimator='{est}' needs a critic: set critic.enable=true or pick "
+                f"an estimator that runs without one ({', '.join(others)})"
             )
-        if self.algorithm.adv_estimator in ("grpo", "rloo") and self.rollout.n < 2:
+        if "index" in needs and self.rollout.n < 2:
             raise ValueError(
-                f"algorithm.adv_estimator='{self.algorithm.adv_estimator}' compares responses to the "
-                "same prompt: set rollout.n >= 2"
+                f"algorithm.adv_estimator='{est}' compares responses to the same prompt: set rollout.n >= 2"
             )
         for name, size in (
             ("data.train_batch_size", self.data.train_batch_size),
@@ -304,6 +413,31 @@ class ExperimentConfig(_Section):
             )
         if self.reward.reward_model.enable and self.reward.reward_model.model is None:
             raise ValueError("reward.reward_model.enable=true needs reward.reward_model.model.path")
+        return self
+
+    @model_validator(mode="after")
+    def _check_token_budgets(self) -> ExperimentConfig:
+        """With use_dynamic_bsz every token budget must hold the longest rollout row."""
+        longest = self.rollout.prompt_length + self.rollout.response_length
+        budgets = []
+        if self.actor.use_dynamic_bsz:
+            budgets.append(("actor.ppo_max_token_len_per_gpu", self.actor.ppo_max_token_len_per_gpu))
+        if self.actor.use_dynamic_bsz or self.ref.log_prob_use_dynamic_bsz:
+            budgets.append(
+                ("actor.log_prob_max_token_len_per_gpu", self.actor.log_prob_max_token_len_per_gpu)
+            )
+            budgets.append(("ref.log_prob_max_token_len_per_gpu", self.ref.log_prob_max_token_len_per_gpu))
+        if self.critic.enable and self.critic.use_dynamic_bsz:
+            budgets.append(("critic.ppo_max_token_len_per_gpu", self.critic.ppo_max_token_len_per_gpu))
+            budgets.append(
+                ("critic.forward_max_token_len_per_gpu", self.critic.forward_max_token_len_per_gpu)
+            )
+        for name, budget in budgets:
+            if budget is not None and budget < longest:
+                raise ValueError(
+                    f"{name}={budget} is smaller than the longest row: rollout.prompt_length + "
+                    f"rollout.response_length = {longest} tokens; raise it to at least {longest}"
+                )
         return self
 
     @property

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -290,7 +291,10 @@ class RunContext:
         )
         try:
             group.start()
-            group.call("init_model")
+            infos = group.call("init_model")
+            engine = infos[0].get("rollout") if infos and isinstance(infos[0], dict) else None
+            if engine:  # how the engine settled (CUDA graphs, KV budget, sleep level) in the run's log
+                self.log.info(f"{role} group: rollout engine {json.dumps(engine, sort_keys=True)}")
         except RankFailure as exc:
             faults.note_rank_failure(exc.method)
             slot.group = None

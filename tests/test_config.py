@@ -78,3 +78,33 @@ def test_non_mapping_yaml(tmp_path):
     path.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_config(str(path))
+
+
+def test_algorithm_names_come_from_the_registries():
+    """The config has no list of its own: the allowed names are the algos registries' keys, a newly
+    registered estimator is valid at once, and the UI's JSON schema offers the registered names."""
+    import torch
+
+    from ppoflow.algos import ADV_ESTIMATORS, KL_PENALTY_KINDS, LOSS_AGG_MODES, register_adv_estimator
+
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            _with(algorithm={"adv_estimator": "ppo2", "kl_penalty": "k9"}, actor={"loss_agg_mode": "sum"})
+        )
+    text = str(err.value)
+    assert f"unknown advantage estimator 'ppo2'; allowed: {', '.join(sorted(ADV_ESTIMATORS))}" in text
+    assert f"allowed: {', '.join(sorted(KL_PENALTY_KINDS))}" in text and "algorithm.kl_penalty" in text
+    assert f"allowed: {', '.join(sorted(LOSS_AGG_MODES))}" in text and "actor.loss_agg_mode" in text
+
+    @register_adv_estimator("test_only_zero")
+    def zero(token_level_rewards: torch.Tensor, response_mask: torch.Tensor):
+        return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)
+
+    try:
+        cfg = parse_config(_with(algorithm={"adv_estimator": "test_only_zero"}, critic={"enable": False}))
+        assert cfg.algorithm.adv_estimator == "test_only_zero"  # needs no critic: its signature says so
+        schema = ExperimentConfig.model_json_schema()["$defs"]["AlgorithmConfig"]["properties"]
+        assert schema["adv_estimator"]["enum"] == sorted(ADV_ESTIMATORS)
+        assert "test_only_zero" in schema["adv_estimator"]["enum"]
+    finally:
+        del ADV_ESTIMATORS["test_only_zero"]

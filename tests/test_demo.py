@@ -18,8 +18,8 @@ import pytest
 from ppoflow.demo import task as demo_task
 from ppoflow.demo.experiment import prepare
 from ppoflow.demo.sft import SFTConfig
-from ppoflow.flows.console import iteration_line
 from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.metrics import headline_line
 from tests.support.small_demo import SMALL
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -71,8 +71,12 @@ def test_warm_start_examples_have_random_answers():
 
 
 def test_iteration_line_tolerates_missing_metrics():
-    line = iteration_line(3, {"critic/score/mean": 0.5, "timing_s/iteration": 2.0})
-    assert line.startswith("iteration    3 | reward 0.500") and "kl -" in line and line.endswith("2.0 s")
+    line = headline_line(3, {"critic/score/mean": 0.5, "timing_s/iteration": 2.0})
+    assert (
+        line.startswith("iteration    3 | score 0.500 | reward -")
+        and "kl -" in line
+        and line.endswith("2.0 s")
+    )
 
 
 # ------------------------------------------------------------------------------ the demo run
@@ -89,7 +93,7 @@ def test_demo_run_succeeds_and_prints_progress(demo):
     ]
     text = "\n".join(lines)
     for needle in (
-        "reward:            iteration 1:",
+        "score:             iteration 1:",
         "difference",
         "wall time:",
         "plot:",

@@ -8,9 +8,9 @@ import torch
 
 from ppoflow.infra.experiment.metrics import (
     compute_data_metrics,
+    headline_line,
     is_timing_key,
     reduce_rank_metrics,
-    summary_line,
     trend_markdown,
 )
 from ppoflow.infra.runtime import faults
@@ -111,12 +111,31 @@ def test_rank_reduction_and_text():
     assert reduce_rank_metrics([{"a": 1.0, "b": [1, 3], "s": "x"}, {"a": 3.0}, None]) == {"a": 2.0, "b": 2.0}
     assert is_timing_key("timing_s/generate") and is_timing_key("weight_sync_s")
     assert is_timing_key("rollout/tokens_per_s") and not is_timing_key("actor/pg_loss")
-    line = summary_line(3, {"critic/rewards/mean": 0.25, "actor/ppo_kl": 0.001, "timing_s/iteration": 1.5})
-    assert line.startswith("iteration 3: reward 0.25") and "kl 0.001" in line and "in 1.5 s" in line
+    line = headline_line(3, {"critic/rewards/mean": 0.25, "actor/ppo_kl": 0.001, "timing_s/iteration": 1.5})
+    assert line == (
+        "iteration    3 | score - | reward 0.250 | kl 0.0010 | entropy - | response length - | 1.5 s"
+    )
+    # the KL shown is the one the run optimises against: in the reward before the loss before PPO's
+    line = headline_line(4, {"actor/ppo_kl": 0.5, "actor/reward_kl_penalty": 0.25})
+    assert "kl 0.2500" in line
     md = trend_markdown(
         "exp", [{"iteration": 1, "critic/rewards/mean": 0.1}, {"iteration": 2, "critic/rewards/mean": 0.4}]
     )
-    assert "| 2 | 0.4 |" in md and "reward: 0.1 (iteration 1) → 0.4 (iteration 2)" in md
+    assert "| iteration | reward |" in md and "| 2 | 0.4 |" in md
+    assert "reward: 0.1 (iteration 1) → 0.4 (iteration 2)" in md
+
+
+def test_one_metrics_spec_feeds_the_trend_and_the_plot():
+    from ppoflow.infra.experiment.metrics import HEADLINES, TREND_KEYS
+    from ppoflow.infra.experiment.plots import panels
+
+    plotted = {key for _, _, series in panels() for key, _ in series}
+    assert plotted <= set(TREND_KEYS)  # everything plotted is kept in the manifest's trend
+    assert {h.name for h in HEADLINES} >= {"score", "reward", "kl", "entropy", "response length"}
+    assert panels()[0][0] == "Reward" and [k for k, _ in panels()[0][2]] == [
+        "critic/score/mean",
+        "critic/rewards/mean",
+    ]
 
 
 def test_retry_rule_skips_config_errors_only():

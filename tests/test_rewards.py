@@ -226,25 +226,28 @@ def test_reward_model_worker_on_two_ranks_matches_hf(tmp_path):
     _rollout(policy_tok, True).save(os.path.join(work, "data_raw.arrow"))
     _rollout(policy_tok, False).save(os.path.join(work, "data_ids.arrow"))
 
-    def config(rm_dir, max_length=None):
+    def config(rm_dir, max_length=None, max_tokens=None):
+        rm = {
+            "enable": True,
+            "model": {"path": rm_dir},
+            "micro_batch_size_per_gpu": 2,
+            "max_length": max_length,
+        }
+        if max_tokens:  # packed micro-batches of at most max_tokens real tokens (no compute on padding)
+            rm.update(use_dynamic_bsz=True, forward_max_token_len_per_gpu=max_tokens)
         return {
             "model": {"path": policy},
             "data": {"train_files": ["unused.parquet"]},
             "resources": {"nprocs": 2},
-            "reward": {
-                "reward_model": {
-                    "enable": True,
-                    "model": {"path": rm_dir},
-                    "micro_batch_size_per_gpu": 2,
-                    "max_length": max_length,
-                }
-            },
+            "reward": {"reward_model": rm},
         }
 
     cases = [
         {"name": "same", "config": config(rm_same), "data": "data_raw.arrow"},
         {"name": "other", "config": config(rm_other), "data": "data_raw.arrow"},
         {"name": "other_trim", "config": config(rm_other, 30), "data": "data_ids.arrow"},
+        {"name": "same_packed", "config": config(rm_same, max_tokens=64), "data": "data_raw.arrow"},
+        {"name": "other_packed", "config": config(rm_other, max_tokens=64), "data": "data_raw.arrow"},
     ]
     with open(os.path.join(work, "cases.json"), "w") as f:
         json.dump(cases, f)
@@ -270,6 +273,8 @@ def test_reward_model_worker_on_two_ranks_matches_hf(tmp_path):
         ("same", rm_same, False, None),
         ("other", rm_other, True, None),
         ("other_trim", rm_other, True, 30),
+        ("same_packed", rm_same, False, None),
+        ("other_packed", rm_other, True, None),
     ):
         init = json.load(open(os.path.join(work, f"init_{case}.json")))
         assert init["same_tokenizer"] is (not reencode)

@@ -11,6 +11,11 @@ Gradient accumulation is exact: each micro-batch's loss is weighted by its share
 mini-batch *across all data-parallel ranks* (tokens for ``token-mean``, sequences with at least one
 response token for the ``seq-mean-*`` modes), so one optimizer step equals one step on the whole
 mini-batch in a single process, whatever the micro-batch size, rank count or padding lengths.
+
+With ``use_dynamic_bsz`` a micro-batch is not a fixed number of rows but as many rows as fit
+``ppo_max_token_len_per_gpu`` real tokens (``log_prob_max_token_len_per_gpu`` for log-probs), and it
+runs packed: the padding is dropped before the model (``ppoflow.workers.packing``). The weighting
+above does not depend on how rows are split, so the update is the same step.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from torch import nn
 
 from ppoflow.algos import agg_loss, compute_policy_loss, kl_penalty
 from ppoflow.workers.fsdp_utils import finish_mini_batch, global_sum, reshard_all
+from ppoflow.workers.packing import token_budget_micro_batches
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
     from ppoflow.infra.config import ActorConfig
@@ -39,6 +45,7 @@ __all__ = [
     "summarize_steps",
     "world_size",
     "mini_batch_rows_per_rank",
+    "micro_batches",
 ]
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -99,6 +106,24 @@ def mini_batch_rows(n: int, size: int, epochs: int, shuffle: bool, seed: int) ->
             yield order[sl]
 
 
+def micro_batches(
+    rows: torch.Tensor,
+    attention_mask: torch.Tensor,
+    size: int,
+    max_tokens: int | None,
+    device: torch.device,
+    field: str,
+) -> list[torch.Tensor]:
+    """Split ``rows`` (indices into the batch) into micro-batches: consecutive runs of ``size`` rows,
+    or with ``max_tokens`` groups of at most that many real tokens (``attention_mask`` counts),
+    the same number of groups on every rank (a collective then). ``field`` names the budget's
+    config field in errors."""
+    if max_tokens is None:
+        return [rows[sl] for sl in row_slices(len(rows), size)]
+    lengths = attention_mask[rows].sum(-1)
+    return [rows[idx] for idx in token_budget_micro_batches(lengths, max_tokens, device, field)]
+
+
 class DataParallelPPOActor:
     """PPO log-probs and updates for one rank of an FSDP policy.
 
@@ -113,6 +138,9 @@ class DataParallelPPOActor:
         device: where micro-batches are computed.
         default_temperature: used when ``data.meta_info`` has no ``temperature``.
         log_prob_micro_batch_size: override of ``config.log_prob_micro_batch_size_per_gpu`` (ref).
+        log_prob_use_dynamic_bsz, log_prob_max_token_len: overrides of ``config.use_dynamic_bsz``
+            and of the log-prob token budget for ``compute_log_prob`` (ref); ``log_prob_section``
+            names their config section in errors.
     """
 
     def __init__(
@@ -127,6 +155,9 @@ class DataParallelPPOActor:
         device: torch.device | str = "cpu",
         default_temperature: float = 1.0,
         log_prob_micro_batch_size: int | None = None,
+        log_prob_use_dynamic_bsz: bool | None = None,
+        log_prob_max_token_len: int | None = None,
+        log_prob_section: str = "actor",
         seed: int = 0,
     ):
         self.config, self.module = config, module
@@ -137,6 +168,14 @@ class DataParallelPPOActor:
         self.log_prob_micro_batch_size = log_prob_micro_batch_size or config.log_prob_micro_batch_size_per_gpu
         self.rollout_n = rollout_n
         self.grad_scale = world_size()
+        self.packed = bool(config.use_dynamic_bsz)
+        self.log_prob_packed = self.packed if log_prob_use_dynamic_bsz is None else log_prob_use_dynamic_bsz
+        self.log_prob_max_tokens = (
+            log_prob_max_token_len
+            or config.log_prob_max_token_len_per_gpu
+            or config.ppo_max_token_len_per_gpu
+        )
+        self.log_prob_section = log_prob_section
 
     @property
     def mini_batch_size(self) -> int:
@@ -150,7 +189,12 @@ class DataParallelPPOActor:
         return float(data.meta_info.get("temperature", self.default_temperature))
 
     def _forward(
-        self, mb: dict[str, torch.Tensor], temperature: float, with_entropy: bool, entropy_grad: bool = False
+        self,
+        mb: dict[str, torch.Tensor],
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool = False,
+        packed: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Module forward on one micro-batch: (b, R) log-probs (+ entropy), zero off the response mask."""
         return self.module(
@@ -162,6 +206,7 @@ class DataParallelPPOActor:
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
+            packed=packed,
         )
 
     @torch.no_grad()
@@ -182,14 +227,25 @@ class DataParallelPPOActor:
         temperature = self._temperature(data)
         keys = [k for k in (*MODEL_INPUTS, "response_mask") if k in data.batch]
         batch = {k: data.batch[k] for k in keys}
-        log_probs, entropies = [], []
-        for sl in row_slices(len(data), self.log_prob_micro_batch_size):
-            out = self._forward(to_device(batch, sl, self.device), temperature, calculate_entropy)
-            log_probs.append(out["log_probs"].cpu())
-            if calculate_entropy:
-                entropies.append(out["entropy"].cpu())
+        shape = batch["responses"].shape
+        log_probs = torch.zeros(shape, dtype=torch.float32)
+        entropy = torch.zeros(shape, dtype=torch.float32) if calculate_entropy else None
+        groups = micro_batches(
+            torch.arange(len(data)),
+            batch["attention_mask"],
+            self.log_prob_micro_batch_size,
+            self.log_prob_max_tokens if self.log_prob_packed else None,
+            self.device,
+            f"{self.log_prob_section}.log_prob_max_token_len_per_gpu",
+        )
+        for rows in groups:
+            mb = to_device(batch, rows, self.device)
+            out = self._forward(mb, temperature, calculate_entropy, packed=self.log_prob_packed)
+            log_probs[rows] = out["log_probs"].float().cpu()
+            if entropy is not None:
+                entropy[rows] = out["entropy"].float().cpu()
         reshard_all(self.module)
-        return torch.cat(log_probs), (torch.cat(entropies) if calculate_entropy else None)
+        return log_probs, entropy
 
     def _micro_losses(
         self, mb: dict[str, torch.Tensor], temperature: float
@@ -197,7 +253,9 @@ class DataParallelPPOActor:
         """PPO loss of one micro-batch (as ``agg_loss`` over this micro-batch) and its metrics."""
         cfg = self.config
         mask = response_mask_of(mb)
-        out = self._forward(mb, temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0)
+        out = self._forward(
+            mb, temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0, packed=self.packed
+        )
         log_prob = out["log_probs"]
         pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
             mb["old_log_probs"],
@@ -233,16 +291,25 @@ class DataParallelPPOActor:
         local_count = agg_count(response_mask_of(batch)[rows], cfg.loss_agg_mode)
         (total,) = global_sum([local_count], self.device)
         sums: dict[str, float] = {}
-        for sl in row_slices(len(rows), cfg.ppo_micro_batch_size_per_gpu):
-            mb = to_device(batch, rows[sl], self.device)
+        groups = micro_batches(
+            rows,
+            batch["attention_mask"],
+            cfg.ppo_micro_batch_size_per_gpu,
+            cfg.ppo_max_token_len_per_gpu if self.packed else None,
+            self.device,
+            "actor.ppo_max_token_len_per_gpu",
+        )
+        for mb_rows in groups:
+            mb = to_device(batch, mb_rows, self.device)
             loss, metrics = self._micro_losses(mb, temperature)
             weight = agg_count(response_mask_of(mb), cfg.loss_agg_mode) / total if total > 0 else 0.0
             (loss * (weight * self.grad_scale)).backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + weight * value
-        return finish_mini_batch(
+        out = finish_mini_batch(
             self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums, self.device, "actor"
         )
+        return {**out, "actor/micro_batches": float(len(groups))}
 
     def update_policy(self, data) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches (gradient accumulation), one optimizer step per
@@ -256,7 +323,8 @@ class DataParallelPPOActor:
             metrics averaged over the optimizer steps (identical on every rank): ``actor/pg_loss``,
             ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, ``actor/entropy``,
             ``actor/kl_loss`` (with ``use_kl_loss``), ``actor/grad_norm``, ``actor/lr`` (the LR of
-            the last step), ``actor/skipped_steps`` (a sum) and ``actor/optimizer_steps``.
+            the last step), ``actor/skipped_steps`` (a sum), ``actor/optimizer_steps`` and
+            ``actor/micro_batches`` (per optimizer step, the same on every rank).
         """
         if self.optimizer is None:
             raise RuntimeError("this actor has no optimizer (a reference policy cannot be updated)")

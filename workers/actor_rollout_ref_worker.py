@@ -20,6 +20,16 @@ Driver-callable methods (see ``ppoflow.infra.runtime.launch.WorkerGroup.call``):
                                               ONE_TO_ALL   -> per-rank timings (background: once staged)
     wait_checkpoint()                         ONE_TO_ALL   -> the background write's result (or None)
     load_checkpoint(url, with_optimizer=True) ONE_TO_ALL   -> the saved ``extra`` dict
+
+Data parallelism: every DP_COMPUTE_PROTO method is dispatched over all ranks (``dp_rank = rank``,
+``dp_size = world_size``), whatever the rollout engine's tensor parallelism. With vLLM TP = t the
+engine's replicas span t consecutive ranks; ``generate_sequences`` still gets one chunk per rank
+and the rollout gathers its TP group's chunks into one engine batch (see
+``ppoflow.workers.rollout.vllm_rollout``), so the old log-probs, the reference log-probs and the
+PPO update all run data-parallel over every rank.
+
+On CUDA the methods report the rank's peak memory per phase (``perf/mem/*_gib``,
+``ppoflow.workers.device_memory``) and the engine's wake/push/sleep seconds.
 """
 
 from __future__ import annotations
@@ -38,12 +48,14 @@ from ppoflow.infra.config import ExperimentConfig, FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.workers.device_memory import GIB, PeakMemory, engine_pool_bytes, resident_gib
 from ppoflow.workers.fsdp_utils import (
     build_fsdp_model,
     build_mesh,
     build_optimizer,
     mesh_info,
     move_optimizer_state,
+    optimizer_kernel,
 )
 from ppoflow.workers.modeling import PolicyLM
 
@@ -97,12 +109,20 @@ class ActorRolloutRefWorker(Worker):
             self._meshes[size] = build_mesh(fsdp_cfg, self.world_size, self.device.type)
         return self._meshes[size]
 
-    def _build_policy(self, fsdp_cfg: FSDPConfig, trainable: bool) -> tuple[PolicyLM, dict[str, Any]]:
-        """The base model as a sharded ``PolicyLM`` (rank 0 reads the weights, the others get shards)."""
+    def _build_policy(
+        self, fsdp_cfg: FSDPConfig, trainable: bool, packed: bool
+    ) -> tuple[PolicyLM, dict[str, Any]]:
+        """The base model as a sharded ``PolicyLM`` (rank 0 reads the weights, the others get shards);
+        ``packed``: with the attention packed forwards need."""
         mesh = self._mesh(fsdp_cfg)
         ckpt = trainable and self.cfg.model.enable_gradient_checkpointing
         actor = self.cfg.actor
-        wrap = functools.partial(PolicyLM, chunk_size=actor.logprob_chunk_size, head_impl=actor.logprob_head)
+        wrap = functools.partial(
+            PolicyLM,
+            chunk_size=actor.logprob_chunk_size,
+            head_impl=actor.logprob_head,
+            compiled_head=self.cfg.model.use_torch_compile,
+        )
         module = build_fsdp_model(
             self.cfg.model,
             "causal_lm",
@@ -113,18 +133,19 @@ class ActorRolloutRefWorker(Worker):
             trainable=trainable,
             gradient_checkpointing=ckpt,
             seed=self.cfg.seed,
+            varlen_attention=packed,
         )
         info = {
             **mesh_info(mesh, module),
             "gradient_checkpointing": bool(module.hf_model.is_gradient_checkpointing),
             "param_offload": fsdp_cfg.param_offload,
+            "attn_implementation": module.hf_model.config._attn_implementation,
         }
         return module, info
 
     def _build_rollout(self) -> dict[str, Any]:
-        """The engine of ``rollout.engine`` and its sharding manager; adopts the engine's data-parallel
-        layout (with vLLM tensor parallelism the TP ranks of a replica share one data shard and
-        only its TP rank 0 returns results)."""
+        """The engine of ``rollout.engine`` and its sharding manager, the engine put to sleep (GPU)
+        until the first rollout. The worker keeps one data shard per rank (see the module docstring)."""
         from transformers import AutoTokenizer
 
         from ppoflow.workers.rollout import build_rollout, build_sharding_manager
@@ -142,14 +163,22 @@ class ActorRolloutRefWorker(Worker):
             rank=self.rank,
             world_size=self.world_size,
         )
-        self.sharding_manager = build_sharding_manager(self.rollout, self.actor.module)
-        self.dp_rank = int(getattr(self.rollout, "dp_rank", self.rank))
-        self.dp_size = int(getattr(self.rollout, "dp_size", self.world_size))
-        self.is_output_rank = int(getattr(self.rollout, "tp_rank", 0)) == 0
-        for part in (self.actor, self.ref):
-            if part is not None:
-                part.dp_size = self.dp_size
-        return {"engine": type(self.rollout).__name__, "dp_rank": self.dp_rank, "dp_size": self.dp_size}
+        rcfg = self.cfg.rollout
+        sleep_level = rcfg.sleep_level or (2 if self.is_actor else 1)
+        self.sharding_manager = build_sharding_manager(
+            self.rollout, self.actor.module, loader=rcfg.weight_loader, sleep_level=sleep_level
+        )
+        info: dict[str, Any] = {"engine": type(self.rollout).__name__}
+        describe = getattr(self.rollout, "describe", None)
+        if describe is not None:
+            info.update(describe(), sleep_level=sleep_level)
+            pool = engine_pool_bytes()
+            info.update(
+                {f"engine_{tag}_gib": round(n / GIB, 3) for tag, n in pool.items() if tag != "asleep"}
+            )
+        if hasattr(self.sharding_manager, "sleep"):
+            self.sharding_manager.sleep()
+        return info
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
@@ -169,19 +198,28 @@ class ActorRolloutRefWorker(Worker):
             default_temperature=cfg.rollout.temperature,
             seed=cfg.seed,
         )
+        ref_packed = cfg.actor.use_dynamic_bsz
+        if cfg.ref.log_prob_use_dynamic_bsz is not None:
+            ref_packed = cfg.ref.log_prob_use_dynamic_bsz
         if self.is_actor or self.is_rollout:
-            module, info["actor"] = self._build_policy(cfg.actor.fsdp, trainable=self.is_actor)
+            module, info["actor"] = self._build_policy(
+                cfg.actor.fsdp, trainable=self.is_actor, packed=cfg.actor.use_dynamic_bsz
+            )
             optimizer = scheduler = None
             if self.is_actor:
                 optimizer, scheduler = build_optimizer(module, cfg.actor.optim)
+                info["actor"]["optimizer"] = optimizer_kernel(optimizer)
             self.actor = DataParallelPPOActor(cfg.actor, module, optimizer, scheduler, **common)
         if self.is_ref:
-            module, info["ref"] = self._build_policy(cfg.ref.fsdp, trainable=False)
+            module, info["ref"] = self._build_policy(cfg.ref.fsdp, trainable=False, packed=ref_packed)
             self.ref = DataParallelPPOActor(
                 cfg.actor,
                 module,
                 **common,
                 log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
+                log_prob_use_dynamic_bsz=ref_packed,
+                log_prob_max_token_len=cfg.ref.log_prob_max_token_len_per_gpu,
+                log_prob_section="ref",
             )
         if self.is_rollout:
             info["rollout"] = self._build_rollout()
@@ -203,14 +241,26 @@ class ActorRolloutRefWorker(Worker):
         """Sample ``rollout.n`` responses per prompt, then recompute ``old_log_probs`` (B*n, R) with
         the FSDP actor (seed 2.1.3): the PPO ratio's denominator comes from the trained model."""
         rollout = self._need("rollout")
-        with self.sharding_manager:  # pushes the actor's weights into the engine if they changed
-            out = rollout.generate_sequences(prompts)
+        manager = self.sharding_manager
+        with manager:  # pushes the actor's weights into the engine if they changed
+            with PeakMemory(self.device) as gen_mem:
+                out = rollout.generate_sequences(prompts)
+            pool = engine_pool_bytes()
         out.meta_info.setdefault("temperature", self.cfg.rollout.temperature)
         metrics = out.meta_info.setdefault("metrics", {})
-        metrics["rollout/weight_sync_s"] = self.sharding_manager.last_sync_s
+        metrics["rollout/weight_sync_s"] = manager.last_sync_s
+        for key, seconds in getattr(manager, "last_timing", {}).items():
+            metrics[f"rollout/{key}"] = seconds
         t0 = time.perf_counter()
-        log_probs, _ = self._need("actor").compute_log_prob(out)
+        with PeakMemory(self.device) as lp_mem:
+            log_probs, _ = self._need("actor").compute_log_prob(out)
         metrics["perf/old_log_prob_s"] = time.perf_counter() - t0
+        if gen_mem.on:
+            metrics["perf/mem/generate_gib"] = gen_mem.gib
+            metrics["perf/mem/old_log_prob_gib"] = lp_mem.gib
+            for tag in ("weights", "kv_cache"):
+                if tag in pool:
+                    metrics[f"perf/mem/engine_{tag}_gib"] = pool[tag] / GIB
         out.batch["old_log_probs"] = log_probs
         return out
 
@@ -239,8 +289,12 @@ class ActorRolloutRefWorker(Worker):
         if offload:
             move_optimizer_state(actor.optimizer, self.device)
         t0 = time.perf_counter()
-        metrics = actor.update_policy(data)
+        with PeakMemory(self.device) as mem:
+            metrics = actor.update_policy(data)
         metrics["perf/update_actor_s"] = time.perf_counter() - t0
+        if mem.on:
+            metrics["perf/mem/update_actor_gib"] = mem.gib
+            metrics["perf/mem/actor_group_resident_gib"] = resident_gib(self.device)
         if self.sharding_manager is not None:
             self.sharding_manager.set_source_live()  # the next rollout streams the new weights
         if offload:

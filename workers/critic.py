@@ -17,10 +17,10 @@ from torch import nn
 from ppoflow.algos import compute_value_loss, masked_mean
 from ppoflow.workers.actor import (
     agg_count,
+    micro_batches,
     mini_batch_rows,
     mini_batch_rows_per_rank,
     response_mask_of,
-    row_slices,
     summarize_steps,
     to_device,
     world_size,
@@ -61,6 +61,8 @@ class DataParallelPPOCritic:
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.device, self.dp_size, self.seed, self.updates = torch.device(device), dp_size, seed, 0
         self.rollout_n, self.grad_scale = rollout_n, world_size()
+        self.packed = bool(config.use_dynamic_bsz)
+        self.forward_max_tokens = config.forward_max_token_len_per_gpu or config.ppo_max_token_len_per_gpu
 
     @property
     def mini_batch_size(self) -> int:
@@ -70,17 +72,20 @@ class DataParallelPPOCritic:
         )
 
     def _values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(b, R) float32 values of one micro-batch."""
+        """(b, R) float32 values of one micro-batch (packed with ``use_dynamic_bsz``: 0 off the mask)."""
         return self.module(
             input_ids=mb["input_ids"],
             attention_mask=mb["attention_mask"],
             position_ids=mb["position_ids"],
             response_length=mb["responses"].shape[1],
+            response_mask=response_mask_of(mb) if self.packed else None,
+            packed=self.packed,
         )
 
     @torch.no_grad()
     def compute_values(self, data) -> torch.Tensor:
-        """Values on the response positions, ``forward_micro_batch_size_per_gpu`` rows at a time.
+        """Values on the response positions, ``forward_micro_batch_size_per_gpu`` rows at a time
+        (with ``use_dynamic_bsz``: packed micro-batches of ``forward_max_token_len_per_gpu`` tokens).
 
         Returns:
             (B, R) float32 on the CPU: ``values[:, t] = V(s_t)`` before response token ``t``;
@@ -89,21 +94,37 @@ class DataParallelPPOCritic:
         self.module.eval()
         keys = [k for k in (*MODEL_INPUTS, "response_mask") if k in data.batch]
         batch = {k: data.batch[k] for k in keys}
-        out = []
-        for sl in row_slices(len(data), self.config.forward_micro_batch_size_per_gpu):
-            mb = to_device(batch, sl, self.device)
+        out = torch.zeros(batch["responses"].shape, dtype=torch.float32)
+        groups = micro_batches(
+            torch.arange(len(data)),
+            batch["attention_mask"],
+            self.config.forward_micro_batch_size_per_gpu,
+            self.forward_max_tokens if self.packed else None,
+            self.device,
+            "critic.forward_max_token_len_per_gpu",
+        )
+        for rows in groups:
+            mb = to_device(batch, rows, self.device)
             values = self._values(mb)
-            out.append(torch.where(response_mask_of(mb) != 0, values, 0.0).cpu())
+            out[rows] = torch.where(response_mask_of(mb) != 0, values, 0.0).float().cpu()
         reshard_all(self.module)
-        return torch.cat(out)
+        return out
 
     def _train_mini_batch(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, float]:
         """Gradient accumulation over the micro-batches of one mini-batch, then one optimizer step."""
         cfg = self.config
         (total,) = global_sum([agg_count(response_mask_of(batch)[rows], cfg.loss_agg_mode)], self.device)
         sums: dict[str, float] = {}
-        for sl in row_slices(len(rows), cfg.ppo_micro_batch_size_per_gpu):
-            mb = to_device(batch, rows[sl], self.device)
+        groups = micro_batches(
+            rows,
+            batch["attention_mask"],
+            cfg.ppo_micro_batch_size_per_gpu,
+            cfg.ppo_max_token_len_per_gpu if self.packed else None,
+            self.device,
+            "critic.ppo_max_token_len_per_gpu",
+        )
+        for mb_rows in groups:
+            mb = to_device(batch, mb_rows, self.device)
             mask = response_mask_of(mb)
             vpreds = self._values(mb)
             vf_loss, vf_clipfrac = compute_value_loss(
@@ -118,9 +139,10 @@ class DataParallelPPOCritic:
             }
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + weight * value
-        return finish_mini_batch(
+        out = finish_mini_batch(
             self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums, self.device, "critic"
         )
+        return {**out, "critic/micro_batches": float(len(groups))}
 
     def update_critic(self, data) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches of the clipped value loss
@@ -133,7 +155,7 @@ class DataParallelPPOCritic:
         Returns:
             metrics averaged over the optimizer steps (identical on every rank): ``critic/vf_loss``,
             ``critic/vf_clipfrac``, ``critic/vpred_mean``, ``critic/grad_norm``, ``critic/lr``,
-            ``critic/skipped_steps``, ``critic/optimizer_steps``.
+            ``critic/skipped_steps``, ``critic/optimizer_steps``, ``critic/micro_batches``.
         """
         if self.optimizer is None:
             raise RuntimeError("this critic has no optimizer")

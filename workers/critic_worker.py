@@ -28,12 +28,14 @@ from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor_rollout_ref_worker import parse_worker_config
 from ppoflow.workers.base import Dispatch, Worker, register
 from ppoflow.workers.critic import DataParallelPPOCritic
+from ppoflow.workers.device_memory import PeakMemory, release_cached, resident_gib
 from ppoflow.workers.fsdp_utils import (
     build_fsdp_model,
     build_mesh,
     build_optimizer,
     mesh_info,
     move_optimizer_state,
+    optimizer_kernel,
 )
 from ppoflow.workers.modeling import ValueModel
 
@@ -72,6 +74,7 @@ class CriticWorker(Worker):
             self.device,
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
             seed=cfg.seed,
+            varlen_attention=cfg.critic.use_dynamic_bsz,
         )
         hf = module.hf_model
         optimizer, scheduler = build_optimizer(module, cfg.critic.optim)
@@ -89,6 +92,7 @@ class CriticWorker(Worker):
             **mesh_info(mesh, module),
             "gradient_checkpointing": bool(hf.is_gradient_checkpointing),
             "param_offload": cfg.critic.fsdp.param_offload,
+            "optimizer": optimizer_kernel(optimizer),
         }
         return {
             "rank": self.rank,
@@ -115,10 +119,15 @@ class CriticWorker(Worker):
         if offload:
             move_optimizer_state(critic.optimizer, self.device)
         t0 = time.perf_counter()
-        metrics = critic.update_critic(data)
+        with PeakMemory(self.device) as mem:
+            metrics = critic.update_critic(data)
         metrics["perf/update_critic_s"] = time.perf_counter() - t0
         if offload:
             move_optimizer_state(critic.optimizer, "cpu")
+        if mem.on:  # the rollout engine of the next iteration maps its memory on this GPU
+            metrics["perf/mem/update_critic_gib"] = mem.gib
+            metrics["perf/mem/critic_group_resident_gib"] = resident_gib(self.device)
+            release_cached(self.device)
         return metrics
 
     @register(Dispatch.ONE_TO_ALL)

@@ -37,6 +37,9 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from ppoflow.workers.compiled import compile_decoder_layers
+from ppoflow.workers.packing import use_varlen_attention
+
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
     from ppoflow.infra.config import FSDPConfig, ModelConfig, OptimConfig
 
@@ -47,11 +50,13 @@ __all__ = [
     "model_from_config",
     "apply_fsdp",
     "build_fsdp_model",
+    "enable_gradient_checkpointing",
     "reshard_all",
     "iter_full_params",
     "build_optimizer",
     "warmup_lambda",
     "clip_and_step",
+    "optimizer_kernel",
     "global_sum",
     "move_optimizer_state",
 ]
@@ -176,6 +181,7 @@ def build_fsdp_model(
     trainable: bool = True,
     gradient_checkpointing: bool = False,
     seed: int = 0,
+    varlen_attention: bool = False,
 ) -> nn.Module:
     """Sharded model with the checkpoint's weights, read by rank 0 only.
 
@@ -185,6 +191,7 @@ def build_fsdp_model(
     broadcast_from_rank0=True)`` sends each rank its shards. Host memory: one full copy on rank 0
     instead of one per rank. Buffers (rotary ``inv_freq``) are saved before ``to_empty`` and put
     back after it: ``to_empty`` leaves them uninitialised (silently wrong logits otherwise).
+    ``varlen_attention`` switches the model to ``ppoflow_varlen`` attention (packed forwards).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -196,8 +203,12 @@ def build_fsdp_model(
             dtype=model_cfg.dtype,
             trust_remote_code=bool(model_cfg.trust_remote_code),
         )
+    if varlen_attention:
+        use_varlen_attention(hf)
     if gradient_checkpointing:
         enable_gradient_checkpointing(hf)
+    if getattr(model_cfg, "use_torch_compile", False):
+        compile_decoder_layers(hf, _decoder_layers(hf))
     hf.requires_grad_(trainable)
     module = wrap(hf)
     buffers = {name: buf.detach().clone() for name, buf in module.named_buffers()}
@@ -369,14 +380,21 @@ def build_optimizer(
     """AdamW over the trainable parameters and a LambdaLR with linear warmup, then constant.
 
     Warmup length: ``warmup_steps`` if > 0, else ``warmup_steps_ratio * total_training_steps``.
+    ``optim_cfg.fused``: True = AdamW's fused kernel (one kernel for all parameters; works on
+    FSDP2's DTensor shards, CUDA and CPU), False = torch's default (foreach on CUDA, a loop over
+    parameters on CPU), None = fused when the parameters are on CUDA.
     """
     params = [p for p in module.parameters() if p.requires_grad]
+    fused = optim_cfg.fused
+    if fused is None:
+        fused = bool(params) and all(p.device.type == "cuda" for p in params)
     optimizer = torch.optim.AdamW(
         params,
         lr=optim_cfg.lr,
         betas=tuple(optim_cfg.betas),
         eps=optim_cfg.eps,
         weight_decay=optim_cfg.weight_decay,
+        fused=True if fused else None,
     )
     warmup = optim_cfg.warmup_steps
     if warmup <= 0 and optim_cfg.warmup_steps_ratio > 0:
@@ -385,6 +403,20 @@ def build_optimizer(
         warmup = int(optim_cfg.warmup_steps_ratio * optim_cfg.total_training_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(warmup))
     return optimizer, scheduler
+
+
+def optimizer_kernel(optimizer: torch.optim.Optimizer) -> str:
+    """Which AdamW kernel ``optimizer`` runs: ``fused``, ``foreach`` or ``for-loop`` (torch's
+    default picks foreach for CUDA tensors, FSDP2's DTensors included, and the loop on CPU)."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    group = optimizer.param_groups[0]
+    if group.get("fused"):
+        return "fused"
+    if group.get("foreach") is None:
+        _, foreach = _default_to_fused_or_foreach(group["params"], differentiable=False, use_fused=False)
+        return "foreach" if foreach else "for-loop"
+    return "foreach" if group["foreach"] else "for-loop"
 
 
 def clip_and_step(

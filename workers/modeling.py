@@ -10,6 +10,10 @@ Layout of a batch (docs/internals.md): ``input_ids`` (B, P+R) = left-padded prom
 response; the hidden state at position ``P+t-1`` predicts response token ``t``, so
 ``hidden[:, -R-1:-1]`` lines up with ``responses`` (B, R).
 
+With ``packed=True`` the padding is dropped before the model runs: the real tokens of the
+micro-batch go through it as one row (``ppoflow.workers.packing``; the HF model must use the
+``ppoflow_varlen`` attention) and only the states the outputs need are gathered from it.
+
 The policy never builds the (B, T, V) logits tensor: log-probs (and entropy) come from the final
 hidden states in chunks of ``chunk_size`` tokens; with gradients enabled each chunk runs under
 activation checkpointing, so backward recomputes that chunk's logits instead of keeping them.
@@ -18,140 +22,12 @@ activation checkpointing, so backward recomputes that chunk's logits instead of 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+
+from ppoflow.workers.lm_head import DEFAULT_CHUNK, HEAD_IMPLS, chunked_log_probs
+from ppoflow.workers.packing import checked_index, pack, packed_hidden
 
 __all__ = ["PolicyLM", "ValueModel", "chunked_log_probs", "HEAD_IMPLS"]
-
-DEFAULT_CHUNK = 1024
-
-
-def _token_stats(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    labels: torch.Tensor,
-    temperature: float,
-    with_entropy: bool,
-    entropy_grad: bool,
-) -> tuple[torch.Tensor, ...]:
-    """Log-prob of ``labels`` (and entropy) under ``softmax((hidden @ weight.T + bias) / T)``.
-
-    Args:
-        hidden: (N, H) final hidden states.
-        weight: (V, H) output embedding; bias: (V,) or None.
-        labels: (N,) token ids.
-
-    Returns:
-        ``(log_probs (N,), entropy (N,))`` in float32; entropy is empty (0,) if not asked for.
-    """
-    logits = F.linear(hidden, weight, bias).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)
-    log_probs = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - lse
-    if not with_entropy:
-        return log_probs, logits.new_zeros(0)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        probs = torch.exp(logits - lse.unsqueeze(-1))
-        entropy = lse - (probs * logits).sum(dim=-1)
-    return log_probs, entropy
-
-
-class _FusedHeadLogProb(torch.autograd.Function):
-    """``_token_stats`` with a hand-written backward: saves only the chunk's inputs and its
-    log-sum-exp (N,), and backward rebuilds the softmax in place from one logits matmul. Unlike
-    checkpointing, backward never re-runs the entropy or autograd's log-softmax graph: fewer passes
-    over the (N, V) block, which is what bounds the LM head on a GPU."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, with_entropy, entropy_grad):
-        with torch.no_grad():
-            logits = F.linear(hidden, weight, bias).float().div_(temperature)
-            lse = torch.logsumexp(logits, dim=-1)
-            log_probs = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - lse
-            entropy = logits.new_zeros(0)
-            if with_entropy:
-                entropy = lse - (torch.exp(logits - lse.unsqueeze(-1)) * logits).sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy if entropy_grad else None)
-        ctx.temperature, ctx.entropy_grad = temperature, entropy_grad and with_entropy
-        if not ctx.entropy_grad:
-            ctx.mark_non_differentiable(entropy)
-        return log_probs, entropy
-
-    @staticmethod
-    def backward(ctx, grad_lp, grad_ent):
-        hidden, weight, bias, labels, lse, entropy = ctx.saved_tensors
-        z = F.linear(hidden, weight, bias).float().div_(ctx.temperature)  # (N, V) scaled logits
-        probs = torch.exp(z - lse.unsqueeze(-1))
-        # d log p(y) / dz = onehot(y) - p;  dH / dz = -p * (z - sum(p z)),  sum(p z) = lse - H
-        if ctx.entropy_grad and grad_ent is not None and grad_ent.numel():
-            grad_z = z.sub_((lse - entropy).unsqueeze(-1)).mul_(probs).mul_(-grad_ent.unsqueeze(-1))
-            grad_z.sub_(probs.mul_(grad_lp.unsqueeze(-1)))
-        else:
-            grad_z = probs.mul_(-grad_lp.unsqueeze(-1))
-        grad_z.scatter_add_(-1, labels.long().unsqueeze(-1), grad_lp.unsqueeze(-1).to(grad_z.dtype))
-        grad_raw = grad_z.div_(ctx.temperature).to(hidden.dtype)
-        grad_hidden = grad_raw @ weight if ctx.needs_input_grad[0] else None
-        grad_weight = grad_raw.t() @ hidden if ctx.needs_input_grad[1] else None
-        grad_bias = grad_raw.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
-
-
-HEAD_IMPLS = ("checkpoint", "fused")
-
-
-def chunked_log_probs(
-    hidden: torch.Tensor,
-    head: nn.Linear,
-    labels: torch.Tensor,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-    chunk_size: int = DEFAULT_CHUNK,
-    impl: str = "checkpoint",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (and entropy) through ``head``, ``chunk_size`` tokens at a time.
-
-    Peak extra memory is one (chunk_size, V) float32 logits block. Under autograd only a chunk's
-    inputs are kept and backward recomputes its logits: ``impl="checkpoint"`` (default) runs the
-    chunk under non-reentrant activation checkpointing; ``"fused"`` uses a hand-written backward
-    (``_FusedHeadLogProb``; same numbers, fewer passes over the logits).
-
-    Args:
-        hidden: (N, H); head: the LM head (``weight`` (V, H), optional ``bias``); labels: (N,).
-        entropy_grad: let gradients flow through the entropy (needed for an entropy bonus).
-
-    Returns:
-        ``(log_probs (N,), entropy (N,) or None)``, float32.
-    """
-    if impl not in HEAD_IMPLS:
-        raise ValueError(f"unknown head impl {impl!r}; allowed: {', '.join(HEAD_IMPLS)}")
-    outs_lp, outs_ent = [], []
-    grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
-    for start in range(0, hidden.shape[0], chunk_size):
-        args = (
-            hidden[start : start + chunk_size],
-            head.weight,
-            head.bias,
-            labels[start : start + chunk_size],
-            temperature,
-            with_entropy,
-            entropy_grad,
-        )
-        if not grad:
-            lp, ent = _token_stats(*args)
-        elif impl == "fused":
-            lp, ent = _FusedHeadLogProb.apply(*args)
-        else:
-            lp, ent = checkpoint(_token_stats, *args, use_reentrant=False)
-        outs_lp.append(lp)
-        outs_ent.append(ent)
-    if not outs_lp:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, (empty if with_entropy else None)
-    return torch.cat(outs_lp), (torch.cat(outs_ent) if with_entropy else None)
 
 
 def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -172,17 +48,41 @@ def _response_hidden(
     return hidden[:, -response_length - 1 : -1]
 
 
+def _masked_response_hidden(
+    base: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    mask: torch.Tensor,
+    packed: bool,
+) -> torch.Tensor:
+    """(N, H): the hidden states predicting the N response tokens where the (B, R) bool ``mask``
+    is true, from a padded forward or from a packed one (no compute on padding)."""
+    if not packed:
+        return _response_hidden(base, input_ids, attention_mask, position_ids, mask.shape[1])[mask]
+    rows = pack(input_ids, attention_mask, position_ids)
+    index = rows.index[:, -mask.shape[1] - 1 : -1][mask]
+    return packed_hidden(base, rows)[checked_index(index, "the state before a response token")]
+
+
 class PolicyLM(nn.Module):
     """Causal LM wrapper whose forward gives the log-probs of the response tokens.
 
     Holds the HF model's base (``model``) and output embedding (``lm_head``) as children; the HF
     model object itself is kept unregistered in ``hf_model`` (for ``generate`` and its config).
-    Only plain linear heads are supported (no logit soft-capping / scaling).
+    Only plain linear heads are supported (no logit soft-capping / scaling). ``compiled_head``:
+    the fused head's elementwise math as ``torch.compile`` kernels (``ppoflow.workers.lm_head``).
     """
 
     hf_key_prefix = ""  # parameter names already are HF names (for ppoflow.infra.checkpoint.sharded)
 
-    def __init__(self, hf_model: nn.Module, chunk_size: int = DEFAULT_CHUNK, head_impl: str = "checkpoint"):
+    def __init__(
+        self,
+        hf_model: nn.Module,
+        chunk_size: int = DEFAULT_CHUNK,
+        head_impl: str = "checkpoint",
+        compiled_head: bool = False,
+    ):
         super().__init__()
         cfg = hf_model.config
         for attr in ("final_logit_softcapping", "logit_scale"):
@@ -192,7 +92,7 @@ class PolicyLM(nn.Module):
         setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
         self.lm_head = hf_model.get_output_embeddings()
         self.config = cfg
-        self.chunk_size, self.head_impl = chunk_size, head_impl
+        self.chunk_size, self.head_impl, self.compiled_head = chunk_size, head_impl, compiled_head
         object.__setattr__(self, "hf_model", hf_model)
 
     @property
@@ -209,6 +109,7 @@ class PolicyLM(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         entropy_grad: bool = False,
+        packed: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Log-probs of ``responses`` given the prefix, with temperature.
 
@@ -216,15 +117,15 @@ class PolicyLM(nn.Module):
             input_ids, attention_mask, position_ids: (B, P+R).
             responses: (B, R), the last R columns of ``input_ids``.
             response_mask: (B, R); if given, only those tokens are computed (zeros elsewhere).
+            packed: run the model on the real tokens only (same numbers up to float rounding).
 
         Returns:
             ``{"log_probs": (B, R)}`` (+ ``"entropy": (B, R)`` with ``with_entropy``), float32.
         """
-        resp_len = responses.shape[1]
-        hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, resp_len)
         mask = torch.ones_like(responses, dtype=torch.bool) if response_mask is None else response_mask.bool()
+        hidden = _masked_response_hidden(self.base, input_ids, attention_mask, position_ids, mask, packed)
         lp, ent = chunked_log_probs(
-            hidden[mask],
+            hidden,
             self.lm_head,
             responses[mask],
             temperature,
@@ -232,6 +133,7 @@ class PolicyLM(nn.Module):
             entropy_grad,
             self.chunk_size,
             self.head_impl,
+            self.compiled_head,
         )
         out = {"log_probs": _scatter(lp, mask)}
         if with_entropy:
@@ -276,7 +178,19 @@ class ValueModel(nn.Module):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         response_length: int,
+        response_mask: torch.Tensor | None = None,
+        packed: bool = False,
     ) -> torch.Tensor:
-        """Values (B, R), float32, for every response position (mask them downstream)."""
-        hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, response_length)
-        return getattr(self, self.head_name)(hidden).squeeze(-1).float()
+        """Values (B, R), float32, for every response position (mask them downstream).
+
+        With ``packed`` the model runs on the real tokens only and values are computed where
+        ``response_mask`` (default: the response part of ``attention_mask``) is set, 0 elsewhere.
+        """
+        head = getattr(self, self.head_name)
+        if not packed:
+            hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, response_length)
+            return head(hidden).squeeze(-1).float()
+        mask = attention_mask[:, -response_length:] if response_mask is None else response_mask
+        mask = mask.bool()
+        hidden = _masked_response_hidden(self.base, input_ids, attention_mask, position_ids, mask, True)
+        return _scatter(head(hidden).squeeze(-1).float(), mask)

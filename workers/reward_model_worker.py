@@ -18,7 +18,8 @@ message, followed by the decoded response as the assistant message, rendered wit
 template when it has one (else prompt text + response text), and cut to
 ``reward.reward_model.max_length`` tokens from the right (the end is dropped; the score is taken
 at the last kept token), as veRL does. Rows are scored in micro-batches of
-``reward.reward_model.micro_batch_size_per_gpu``.
+``reward.reward_model.micro_batch_size_per_gpu``, or with ``use_dynamic_bsz`` in packed
+micro-batches of at most ``forward_max_token_len_per_gpu`` real tokens (no compute on padding).
 """
 
 from __future__ import annotations
@@ -33,7 +34,15 @@ from torch import nn
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.workers.device_memory import release_cached
 from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, load_hf_model, mesh_info, reshard_all
+from ppoflow.workers.packing import (
+    checked_index,
+    pack,
+    packed_hidden,
+    token_budget_micro_batches,
+    use_varlen_attention,
+)
 
 __all__ = ["RewardModelWorker", "LastTokenScorer", "same_tokenizer"]
 
@@ -64,9 +73,16 @@ class LastTokenScorer(nn.Module):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         last_index: torch.Tensor,
+        packed: bool = False,
     ) -> torch.Tensor:
-        """(B,) float32 score at ``last_index`` (B,) of each row."""
+        """(B,) float32 score at ``last_index`` (B,) of each row (``packed``: the model runs on the
+        real tokens only; needs ``use_varlen_attention`` on the HF model)."""
         base = getattr(self, self.base_prefix)
+        if packed:
+            rows = pack(input_ids, attention_mask, position_ids)
+            at = rows.index[torch.arange(len(last_index), device=last_index.device), last_index]
+            picked = packed_hidden(base, rows)[checked_index(at, "the scored last token")]
+            return self.score(picked).squeeze(-1).float()
         out = base(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         )
@@ -129,7 +145,10 @@ class RewardModelWorker(Worker):
             )
         self.same_tokenizer = same_tokenizer(self.policy_tokenizer, self.rm_tokenizer)
         torch.manual_seed(self.cfg.seed)
-        module = LastTokenScorer(load_hf_model(model_cfg, "sequence_classification"))
+        hf = load_hf_model(model_cfg, "sequence_classification")
+        if self.rm_cfg.use_dynamic_bsz:
+            use_varlen_attention(hf)
+        module = LastTokenScorer(hf)
         mesh = build_mesh(self.rm_cfg.fsdp, self.world_size, self.device.type)
         apply_fsdp(module, mesh, self.rm_cfg.fsdp, self.device)
         module.eval()
@@ -186,23 +205,37 @@ class RewardModelWorker(Worker):
             for i in range(len(responses))
         ]
 
+    def _row_groups(self, lengths: list[int]) -> list[list[int]]:
+        """Rows of each micro-batch: ``micro_batch_size_per_gpu`` consecutive rows, or with
+        ``use_dynamic_bsz`` groups of at most ``forward_max_token_len_per_gpu`` real tokens (the same
+        number of groups on every rank)."""
+        if not self.rm_cfg.use_dynamic_bsz:
+            mb = self.rm_cfg.micro_batch_size_per_gpu
+            return [list(range(s, min(s + mb, len(lengths)))) for s in range(0, len(lengths), mb)]
+        groups = token_budget_micro_batches(
+            torch.tensor(lengths, dtype=torch.long),
+            self.rm_cfg.forward_max_token_len_per_gpu,
+            self.device,
+            "reward.reward_model.forward_max_token_len_per_gpu",
+        )
+        return [g.tolist() for g in groups]
+
     def _micro_batches(self, data: DataProto, response_mask: torch.Tensor):
-        """Yield (input_ids, attention_mask, position_ids, last_index) per micro-batch."""
-        mb = self.rm_cfg.micro_batch_size_per_gpu
+        """Yield (rows, input_ids, attention_mask, position_ids, last_index) per micro-batch."""
         if self.same_tokenizer:
             ids, attn, pos = (data.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
-            for s in range(0, len(ids), mb):
-                a = attn[s : s + mb]
+            for rows in self._row_groups(attn.sum(-1).tolist()):
+                a = attn[rows]
                 cols = torch.nonzero(a.sum(0)).flatten()
                 lo, hi = (int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, a.shape[1])
                 a = a[:, lo:hi]
                 last = (a * torch.arange(a.shape[1])).argmax(-1)
-                yield ids[s : s + mb, lo:hi], a, pos[s : s + mb, lo:hi], last
+                yield rows, ids[rows, lo:hi], a, pos[rows, lo:hi], last
             return
         seqs = self._reencoded(data, response_mask)
         pad = self._pad_id()
-        for s in range(0, len(seqs), mb):
-            chunk = seqs[s : s + mb]
+        for rows in self._row_groups([len(x) for x in seqs]):
+            chunk = [seqs[i] for i in rows]
             width = max(len(x) for x in chunk)
             ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             attn = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -210,7 +243,7 @@ class RewardModelWorker(Worker):
                 ids[j, : len(x)] = torch.tensor(x, dtype=torch.long)
                 attn[j, : len(x)] = 1
             pos = torch.arange(width).expand(len(chunk), width).contiguous()
-            yield ids, attn, pos, torch.tensor([len(x) - 1 for x in chunk])
+            yield rows, ids, attn, pos, torch.tensor([len(x) - 1 for x in chunk])
 
     # ------------------------------------------------------------------ scoring
     @register(Dispatch.DP_COMPUTE_PROTO)
@@ -223,16 +256,19 @@ class RewardModelWorker(Worker):
         mask = data.batch.get("response_mask")
         if mask is None:
             mask = data.batch["attention_mask"][:, -r:]
-        scores = []
+        scores = torch.zeros(n, dtype=torch.float32)
+        packed = self.rm_cfg.use_dynamic_bsz
         with torch.no_grad():
-            for ids, attn, pos, last in self._micro_batches(data, mask):
+            for rows, ids, attn, pos, last in self._micro_batches(data, mask):
                 dev = self.device
-                scores.append(self.module(ids.to(dev), attn.to(dev), pos.to(dev), last.to(dev)).cpu())
+                score = self.module(ids.to(dev), attn.to(dev), pos.to(dev), last.to(dev), packed=packed)
+                scores[rows] = score.float().cpu()
         reshard_all(self.module)
+        release_cached(self.device)  # the next rollout's engine maps its memory on this GPU
         out = torch.zeros((n, r), dtype=torch.float32)
         if n:
             where = (mask.sum(-1) - 1).clamp(min=0).long()
-            out[torch.arange(n), where] = torch.cat(scores)
+            out[torch.arange(n), where] = scores
         return DataProto.from_dict({"rm_scores": out})
 
     def shutdown(self) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 from ppoflow.infra.config import ConfigError, ExperimentConfig, dump_config
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.prompts import DataCursor
+from ppoflow.infra.experiment.metrics import TREND_KEYS
 
 __all__ = [
     "FORMAT",
@@ -50,20 +51,6 @@ __all__ = [
 ]
 
 FORMAT = 1
-#: The metrics kept per iteration in the manifest's ``trend`` (the UI summary and the plot).
-TREND_KEYS = (
-    "critic/score/mean",
-    "critic/rewards/mean",
-    "response_length/mean",
-    "response_length/max",
-    "actor/entropy",
-    "actor/ppo_kl",
-    "actor/kl_loss",
-    "actor/reward_kl_penalty",
-    "actor/pg_loss",
-    "critic/vf_loss",
-    "timing_s/iteration",
-)
 
 
 def now_iso() -> str:

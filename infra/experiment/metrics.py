@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,7 +27,11 @@ __all__ = [
     "throughput_metrics",
     "metrics_table",
     "trend_markdown",
-    "summary_line",
+    "headline_line",
+    "headline",
+    "HEADLINES",
+    "TREND_KEYS",
+    "Headline",
     "is_timing_key",
 ]
 
@@ -136,61 +141,101 @@ def metrics_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"metric": k, "value": _fmt(v)} for k, v in sorted(metrics.items())]
 
 
-TREND_COLUMNS = (
-    ("reward", "critic/rewards/mean"),
-    ("score", "critic/score/mean"),
-    ("kl", "actor/ppo_kl"),
-    ("entropy", "actor/entropy"),
-    ("resp len", "response_length/mean"),
-    ("vf loss", "critic/vf_loss"),
-    ("seconds", "timing_s/iteration"),
+@dataclass(frozen=True)
+class Headline:
+    """One headline metric: a short name, the metric keys that can carry it (the first one present
+    in an iteration's metrics is shown), how to print it, and where it is plotted."""
+
+    name: str
+    series: tuple[tuple[str, str], ...]  # (metric key, legend label), in order of preference
+    fmt: str
+    panel: tuple[str, str] | None = None  # (plot panel title, y label); None: not plotted
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(key for key, _ in self.series)
+
+    def key_in(self, metrics: dict[str, Any]) -> str | None:
+        """The first of :attr:`keys` present in ``metrics``."""
+        return next((k for k in self.keys if k in metrics), None)
+
+    def value(self, metrics: dict[str, Any]) -> Any:
+        key = self.key_in(metrics)
+        return None if key is None else metrics[key]
+
+
+_REWARD_PANEL = ("Reward", "mean per response")
+#: The one spec of what a person sees of an iteration: the terminal line of ``ppoflow run`` /
+#: ``ppoflow demo`` and the flow's log line (:func:`headline_line`), the UI's trend table
+#: (:func:`trend_markdown`), the manifest's trend (``TREND_KEYS``), ``ppoflow status`` and the plot.
+#: ``score`` is what the reward function / reward model gave; ``reward`` is the score after the KL
+#: penalty (equal to the score unless the KL is in the reward).
+HEADLINES: tuple[Headline, ...] = (
+    Headline("score", (("critic/score/mean", "score (reward function / RM)"),), ".3f", _REWARD_PANEL),
+    Headline("reward", (("critic/rewards/mean", "reward (after the KL penalty)"),), ".3f", _REWARD_PANEL),
+    Headline(
+        "kl",
+        (
+            ("actor/reward_kl_penalty", "KL in the reward"),
+            ("actor/kl_loss", "KL loss"),
+            ("actor/ppo_kl", "PPO KL (old || new)"),
+        ),
+        ".4f",
+        ("KL to the reference policy", "nats per token"),
+    ),
+    Headline("entropy", (("actor/entropy", "entropy"),), ".3f"),
+    Headline(
+        "response length",
+        (("response_length/mean", "mean"), ("response_length/max", "max")),
+        ".2f",
+        ("Response length", "tokens"),
+    ),
+    Headline("vf loss", (("critic/vf_loss", "value loss"),), ".4g", ("Value loss", "critic loss")),
+    Headline("seconds", (("timing_s/iteration", "seconds"),), ".1f"),
 )
+
+#: Every metric key the headlines may show (kept per iteration in the manifest's trend).
+TREND_KEYS: tuple[str, ...] = tuple(key for h in HEADLINES for key in h.keys)
+
+
+def headline(name: str) -> Headline:
+    """The headline metric called ``name``."""
+    return next(h for h in HEADLINES if h.name == name)
+
+
+def _shown(h: Headline, metrics: dict[str, Any]) -> str:
+    value = h.value(metrics)
+    return format(value, h.fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def headline_line(n: int, metrics: dict[str, Any]) -> str:
+    """One line per committed iteration (terminal and flow log): the headlines but the value loss."""
+    parts = [f"{h.name} {_shown(h, metrics)}" for h in HEADLINES if h.name not in ("vf loss", "seconds")]
+    return f"iteration {n:4d} | " + " | ".join(parts) + f" | {_shown(headline('seconds'), metrics)} s"
 
 
 def trend_markdown(experiment: str, rows: list[dict[str, Any]], last: int = 20) -> str:
     """A markdown summary: the experiment's last ``last`` iterations, one line each."""
     shown = rows[-last:]
-    cols = [(name, key) for name, key in TREND_COLUMNS if any(key in r for r in shown)]
-    head = "| iteration | " + " | ".join(name for name, _ in cols) + " |"
-    sep = "|---:|" + "---:|" * len(cols)
+    cols = [h for h in HEADLINES if any(h.key_in(r) for r in shown)]
     lines = [
         f"# PPO experiment `{experiment}`",
         "",
         f"{len(rows)} committed iteration(s); the last {len(shown)}:",
         "",
-        head,
-        sep,
+        "| iteration | " + " | ".join(h.name for h in cols) + " |",
+        "|---:|" + "---:|" * len(cols),
     ]
     for r in shown:
-        lines.append(
-            f"| {r.get('iteration')} | "
-            + " | ".join(_fmt(r[key]) if key in r else "" for _, key in cols)
-            + " |"
-        )
+        cells = [_fmt(h.value(r)) if h.key_in(r) else "" for h in cols]
+        lines.append(f"| {r.get('iteration')} | " + " | ".join(cells) + " |")
     if len(rows) >= 2:
         first, end = rows[0], rows[-1]
-        for name, key in cols[:2]:
-            if key in first and key in end:
+        for h in (headline("score"), headline("reward")):
+            if h.key_in(first) and h.key_in(end):
                 lines += [
                     "",
-                    f"{name}: {_fmt(first[key])} (iteration {first.get('iteration')}) → "
-                    f"{_fmt(end[key])} (iteration {end.get('iteration')})",
+                    f"{h.name}: {_fmt(h.value(first))} (iteration {first.get('iteration')}) → "
+                    f"{_fmt(h.value(end))} (iteration {end.get('iteration')})",
                 ]
     return "\n".join(lines)
-
-
-def summary_line(n: int, metrics: dict[str, Any]) -> str:
-    """One log line per iteration: reward, KL, response length, entropy, seconds."""
-
-    def g(key: str) -> str:
-        return _fmt(metrics[key]) if key in metrics else "-"
-
-    kl_key = next(
-        (k for k in ("actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty") if k in metrics),
-        "actor/ppo_kl",
-    )
-    return (
-        f"iteration {n}: reward {g('critic/rewards/mean')} score {g('critic/score/mean')} "
-        f"kl {g(kl_key)} response_length {g('response_length/mean')} "
-        f"entropy {g('actor/entropy')} in {g('timing_s/iteration')} s"
-    )

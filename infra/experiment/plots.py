@@ -19,44 +19,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.metrics import HEADLINES
 
-__all__ = ["PANELS", "plot_metrics", "series"]
+__all__ = ["panels", "plot_metrics", "series"]
 
-# (panel title, y label, [(metric key, legend label), ...]); the first keys are the canonical names.
-PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
-    (
-        "Reward",
-        "mean per response",
-        [
-            ("critic/score/mean", "score (rule / RM)"),
-            ("critic/rewards/mean", "reward (after KL penalty)"),
-        ],
-    ),
-    (
-        "KL to the reference policy",
-        "nats per token",
-        [
-            ("actor/reward_kl_penalty", "KL in reward"),
-            ("actor/kl_loss", "KL loss"),
-            ("actor/ppo_kl", "PPO KL (old || new)"),
-        ],
-    ),
-    (
-        "Response length",
-        "tokens",
-        [
-            ("response_length/mean", "mean"),
-            ("response_length/max", "max"),
-        ],
-    ),
-    (
-        "Value loss",
-        "critic loss",
-        [
-            ("critic/vf_loss", "value loss"),
-        ],
-    ),
-]
+
+def panels() -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """(panel title, y label, [(metric key, legend label), ...]) from the headline metrics spec."""
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for h in HEADLINES:
+        if h.panel is not None:
+            out.setdefault(h.panel, []).extend(h.series)
+    return [(title, ylabel, series) for (title, ylabel), series in out.items()]
 
 
 def _number(value: Any) -> float | None:
@@ -87,7 +61,7 @@ def _render(history: Sequence[dict], title: str | None) -> bytes:
     fig = Figure(figsize=(10, 7), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(2, 2).ravel()
-    for ax, (panel, ylabel, keys) in zip(axes, PANELS):
+    for ax, (panel, ylabel, keys) in zip(axes, panels()):
         drawn = 0
         for key, label in keys:
             xs, ys = series(history, key)

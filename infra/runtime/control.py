@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 from typing import IO, Any
@@ -199,13 +200,19 @@ def _sigkill(kill: Callable[[int, int], None], target: int) -> None:
         pass
 
 
-def kill_process_group(proc: subprocess.Popen, rank_pids: list[int] = (), wait_s: float = 5.0) -> None:
-    """SIGKILL torchrun, every process below it and every known rank, then reap torchrun.
+def kill_process_group(proc: subprocess.Popen, rank_pids: list[int] = (), wait_s: float = 30.0) -> None:
+    """SIGKILL torchrun, every process below it and every known rank, reap torchrun, and wait
+    (up to ``wait_s`` in all) until the killed processes are gone.
 
     torchrun starts each rank in a session of its own, so killing torchrun's process group is
     not enough: each descendant's process group is killed too (a rank's group holds whatever it
     spawned, e.g. engine subprocesses), and so are the ranks of ``rank_pids`` that are still
     running ``ppoflow.infra.runtime.rank_entry`` (they may have been reparented if torchrun already exited).
+
+    The wait matters on GPUs: a killed rank gives its device memory back only when it has exited
+    (a rank stuck in an NCCL collective after a peer died takes a moment to tear its CUDA context
+    down), and the group that replaces it starts a vLLM engine that refuses to start unless its
+    share of the device is free.
     """
     table = _proc_table()
     children: dict[int, list[int]] = {}
@@ -224,10 +231,13 @@ def kill_process_group(proc: subprocess.Popen, rank_pids: list[int] = (), wait_s
         _sigkill(os.kill, pid)
     if running:
         _sigkill(os.killpg, proc.pid)
+    deadline = time.monotonic() + wait_s
     try:
         proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
         pass
+    while any(pid_alive(pid) for pid in victims) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def wait_pidfd(pid: int) -> int | None:

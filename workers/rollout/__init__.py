@@ -60,7 +60,8 @@ def build_rollout(
         tokenizer: the HF tokenizer (pad/eos ids).
         actor_module: the FSDP policy (HFRollout generates with it; vLLM ignores it here).
         device, rank, world_size: this rank.
-        engine_kwargs: passed to ``VLLMRollout`` (``load_format``, ``engine_kwargs``).
+        engine_kwargs: passed to ``VLLMRollout`` (``load_format``, ``engine_kwargs``, ``sequences``:
+            default each replica's share of ``data.train_batch_size * rollout.n``).
     """
     from ppoflow.infra.config import ExperimentConfig
 
@@ -86,6 +87,8 @@ def build_rollout(
         )
     from ppoflow.workers.rollout.vllm_rollout import VLLMRollout
 
+    replicas = max(1, world_size // rcfg.tensor_model_parallel_size)
+    engine_kwargs.setdefault("sequences", -(-config.data.train_batch_size * rcfg.n // replicas))
     return VLLMRollout(
         rcfg,
         model_path=model_path,

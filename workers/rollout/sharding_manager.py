@@ -20,24 +20,36 @@ Loaders (``loader=``):
 Platforms (chosen with ``vllm.platforms.current_platform``):
 - CPU: no sleep mode. Entry: push (``reload_weights`` + tied-head refresh + prefix-cache reset).
   Exit: nothing to free (the KV cache is a fixed host-memory pool).
-- GPU: entry ``wake_up(["weights"])`` -> push -> ``wake_up(["kv_cache"])``; exit ``sleep(level)``.
-  Level 2 (default) discards the weights too, so the next entry pushes even if the source did not
-  change; level 1 keeps a host copy and the next entry pushes only on a change.
+- GPU: entry: give this process's spare cached blocks back (training left them in torch's
+  caching allocator; the engine maps its own pool) -> ``wake_up(["weights"])`` -> push ->
+  ``wake_up(["kv_cache"])``; exit ``sleep(level)``.
+
+Sleep levels (GPU). Level 2 discards the weights and the KV cache: nothing is copied anywhere, and
+the next entry must push even if the source did not change. Level 1 discards the KV cache and
+copies the weights to (pinned) host memory, and copies them back on wake: the next entry pushes
+only on a change. When the engine shares its ranks with the trained actor, the actor holds the
+newest weights and every rollout after an update pushes them anyway, so level 1 would copy the
+old weights out and back for nothing (a 0.5B bf16 model: 1 GB each way per rollout, and that
+much pinned host memory per rank): level 2 is the default there (``rollout.sleep_level`` None).
+Level 1 pays off for an engine whose weights rarely change between rollouts (the ``rollout``
+role: no optimizer, new weights only from a checkpoint).
 
 ``last_sync_s``: seconds spent on the last entry (wake + push), 0.0 when nothing was pushed;
-``last_push``: the push's stats (source, tensors, params, bytes, load_s).
+``last_timing``: the last entry's ``wake_s`` (both wakes and the cache release), ``push_s``, and
+the last exit's ``sleep_s``; ``last_push``: the push's stats (source, tensors, params, bytes, load_s).
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
+from ppoflow.workers.device_memory import release_cached
 from ppoflow.workers.rollout import weight_sync
 
 __all__ = ["FSDPVLLMShardingManager", "NoOpShardingManager"]
@@ -100,6 +112,7 @@ class FSDPVLLMShardingManager:
         self._weights_lost = False  # GPU level-2 sleep discarded the engine's weights
         self._slicer = None
         self.last_sync_s = 0.0
+        self.last_timing: dict[str, float] = {}
         self.last_push: dict[str, Any] = {}
         self.pushes = 0
 
@@ -173,14 +186,20 @@ class FSDPVLLMShardingManager:
     def __enter__(self) -> FSDPVLLMShardingManager:
         t0 = time.perf_counter()
         pushed = False
+        if not self.rollout.cpu:
+            release_cached(torch.device("cuda", torch.cuda.current_device()))
         self.rollout.wake_up(tags=["weights"])
+        t1 = time.perf_counter()
         if self.needs_push:
             self.push()
             pushed = True
+        t2 = time.perf_counter()
         self.rollout.wake_up(tags=["kv_cache"])
         if pushed and dist.is_available() and dist.is_initialized() and self._source[0] == "checkpoint":
             dist.barrier()  # checkpoint pushes have no collectives: keep the ranks in step
-        self.last_sync_s = time.perf_counter() - t0 if pushed else 0.0
+        t3 = time.perf_counter()
+        self.last_sync_s = t3 - t0 if pushed else 0.0
+        self.last_timing = {"wake_s": (t1 - t0) + (t3 - t2), "push_s": t2 - t1}
         if pushed:
             _LOG.info(
                 "pushed %d tensors (%.1fM params) from %s in %.3f s",
@@ -192,8 +211,16 @@ class FSDPVLLMShardingManager:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self.rollout.cpu:
-            self.rollout.sleep(level=self.sleep_level)
-            self._weights_lost = self.sleep_level >= 2
-            gc.collect()
+        self.last_timing["sleep_s"] = self.sleep()
         return None
+
+    def sleep(self) -> float:
+        """GPU: put the engine to sleep at ``sleep_level`` (no-op on CPU or when asleep); returns
+        the seconds it took. The worker also calls it right after building the engine, so a group
+        that starts with an update (a resumed or retried iteration) trains without the engine's
+        memory in the way."""
+        t0 = time.perf_counter()
+        if not self.rollout.cpu and not self.rollout.sleeping:
+            self.rollout.sleep(level=self.sleep_level)  # vLLM's sleep also empties torch's cache
+            self._weights_lost = self.sleep_level >= 2
+        return time.perf_counter() - t0

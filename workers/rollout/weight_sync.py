@@ -24,12 +24,16 @@ Sources yield ``(hf_name, tensor)`` one tensor at a time (never a full state-dic
      another layer;
   2. ``reset_prefix_cache()``: cached KV blocks were computed with the old weights.
 - **GPU (vllm)**: the engine is built with ``enable_sleep_mode=True``. The sharding manager
-  wakes the weights (``wake_up(tags=["weights"])``), this module pushes with the same
-  ``reload_weights`` RPC (vLLM >= 0.11; for older vLLM the classic
-  ``model_runner.model.load_weights(weights)`` is used: GPU weights are plain tensors),
-  then the manager wakes the KV cache (``wake_up(tags=["kv_cache"])``) and the prefix cache
-  is reset. On exit it sleeps (level 2: weights and KV freed; the next entry must push again).
-  The tied-head refresh is a no-op there (unquantized GPU layers read ``weight`` directly).
+  wakes the weights (``wake_up(tags=["weights"])``), this module hands the stream to the live
+  model's own ``load_weights`` (an RPC on the engine's worker): unquantized GPU weights are plain
+  tensors, and the weight loaders copy (or narrow, then copy) each one into its parameter in
+  place, so CUDA graphs and the sleep-mode pool keep their addresses. This is what ran on the
+  H200 (vLLM 0.25.1, whose default V2 model runner exposes ``reload_weights`` only as
+  ``(*args, **kwargs)``); ``reload_weights`` would rebuild every layer from meta copies first,
+  which only pre-packed (CPU) or quantized kernels need. Then the manager wakes the KV cache
+  (``wake_up(tags=["kv_cache"])``) and the prefix cache is reset. On exit it sleeps (level 2:
+  weights and KV freed, the next entry pushes again; level 1: weights kept on the host). The
+  tied-head refresh is a no-op there (unquantized GPU layers read ``weight`` directly).
 """
 
 from __future__ import annotations
@@ -147,19 +151,8 @@ def refresh_tied_layers(worker: Any) -> list[str]:
 
 
 def _gpu_load(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """vLLM worker RPC for GPU builds without ``reload_weights``: load into the live model."""
-    worker.model_runner.model.load_weights(weights)
-
-
-def _has_reload_weights(rollout: Any) -> bool:
-    """Whether the engine's worker has the in-place ``reload_weights(weights_iterator=...)`` RPC."""
-    import inspect
-
-    def probe(worker: Any) -> bool:
-        fn = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
-        return fn is not None and "weights_iterator" in inspect.signature(fn).parameters
-
-    return bool(rollout.collective_rpc(probe)[0])
+    """vLLM worker RPC (GPU): load the stream into the live model's parameters in place."""
+    worker.model_runner.get_model().load_weights(weights)
 
 
 def push_into_engine(rollout: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
@@ -171,11 +164,11 @@ def push_into_engine(rollout: Any, weights: Iterable[tuple[str, torch.Tensor]]) 
     stats = WeightStats()
     stream = stats.wrap(weights)
     t0 = time.perf_counter()
-    if rollout.cpu or _has_reload_weights(rollout):
+    if rollout.cpu:  # pre-packed CPU kernels: vLLM's in-place reload re-packs them
         rollout.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True}
         )
-    else:  # GPU vLLM older than reload_weights(weights_iterator=...): GPU weights are plain tensors
+    else:
         rollout.collective_rpc(_gpu_load, kwargs={"weights": stream})
     refreshed = rollout.collective_rpc(refresh_tied_layers)[0]
     rollout.reset_prefix_cache()

@@ -1,0 +1,128 @@
+"""The vLLM engine's settings from the ``rollout`` section, per platform (no engine is started):
+CUDA graphs on GPU and eager on CPU by default, the KV budget (sized to the batch on GPU, checked
+against vLLM's own page-size formula), sleep mode, the flashinfer sampler switch, and the memory
+helpers' CPU behaviour (no figures off CUDA)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ppoflow.infra.config import ConfigError, RolloutConfig, parse_config
+from ppoflow.workers.rollout.vllm_rollout import (
+    auto_kv_cache_bytes,
+    engine_kwargs_for,
+    kv_bytes_per_token,
+    set_engine_env,
+)
+
+GIB = 2**30
+
+
+def test_cpu_defaults_eager_and_fixed_kv_budget(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    kw = engine_kwargs_for(RolloutConfig(), cpu=True, tp_size=2, dp_rank=1)
+    assert kw["enforce_eager"] is True and kw["kv_cache_memory_bytes"] == GIB // 4
+    assert kw["tensor_parallel_size"] == 2 and kw["seed"] == 1
+    assert "enable_sleep_mode" not in kw and "gpu_memory_utilization" not in kw
+    assert "max_num_batched_tokens" not in kw
+    kw = engine_kwargs_for(
+        RolloutConfig(kv_cache_gib=0.5, max_num_batched_tokens=4096), cpu=True, tp_size=1, dp_rank=0
+    )
+    assert kw["kv_cache_memory_bytes"] == GIB // 2 and kw["max_num_batched_tokens"] == 4096
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    assert "kv_cache_memory_bytes" not in engine_kwargs_for(RolloutConfig(), cpu=True, tp_size=1, dp_rank=0)
+
+
+def test_gpu_defaults_graphs_sleep_mode_and_batch_sized_kv():
+    cfg = RolloutConfig(max_num_seqs=512)
+    kw = engine_kwargs_for(cfg, cpu=False, tp_size=1, dp_rank=0, kv_bytes=3 * GIB)
+    assert kw["enforce_eager"] is False and kw["enable_sleep_mode"] is True
+    assert kw["gpu_memory_utilization"] == cfg.gpu_memory_utilization and kw["max_num_seqs"] == 512
+    assert kw["kv_cache_memory_bytes"] == 3 * GIB
+    assert kw["logprobs_mode"] == "processed_logprobs"
+    with pytest.raises(ValueError, match="auto"):
+        engine_kwargs_for(cfg, cpu=False, tp_size=1, dp_rank=0)
+    profiled = engine_kwargs_for(RolloutConfig(kv_cache_gib=None), cpu=False, tp_size=1, dp_rank=0)
+    assert "kv_cache_memory_bytes" not in profiled  # vLLM sizes it from gpu_memory_utilization
+    fixed = engine_kwargs_for(RolloutConfig(kv_cache_gib=2.0), cpu=False, tp_size=1, dp_rank=0, kv_bytes=1)
+    assert fixed["kv_cache_memory_bytes"] == 2 * GIB
+    eager = engine_kwargs_for(
+        RolloutConfig(enforce_eager=True, kv_cache_gib=1.0), cpu=False, tp_size=1, dp_rank=0
+    )
+    assert eager["enforce_eager"] is True
+    graphs_on_cpu = engine_kwargs_for(RolloutConfig(enforce_eager=False), cpu=True, tp_size=1, dp_rank=0)
+    assert graphs_on_cpu["enforce_eager"] is False
+
+
+def test_auto_kv_budget_matches_vllms_page_formula(tmp_path):
+    """Qwen2.5-0.5B: 24 layers, 2 KV heads of 64 dims, bf16. vLLM's page of a full-attention layer is
+    2 (K and V) x block_size x kv_heads x head_size x dtype bytes (vllm/v1/kv_cache_interface.py)."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+    ).save_pretrained(tmp_path)
+    per_token = kv_bytes_per_token(str(tmp_path), False, "bfloat16", 1)
+    page = 2 * 16 * 2 * 64 * 2  # one layer's 16-token block
+    assert per_token * 16 == 24 * page
+    assert kv_bytes_per_token(str(tmp_path), False, "bfloat16", 2) == per_token // 2  # a KV head per rank
+    assert kv_bytes_per_token(str(tmp_path), False, "bfloat16", 4) == per_token // 2  # replicated
+    assert kv_bytes_per_token(str(tmp_path), False, "float32", 1) == 2 * per_token
+    need = auto_kv_cache_bytes(per_token, sequences=256, max_model_len=768)
+    blocks = 256 * (768 // 16 + 1)  # every sequence at full length, one spare block each
+    assert need == int(1.25 * blocks * 24 * page)
+    assert 2.8 * GIB < need < 2.9 * GIB  # vs ~40 GiB that gpu_memory_utilization 0.3 would map
+    assert auto_kv_cache_bytes(per_token, sequences=1, max_model_len=16) == GIB  # the floor
+
+
+def test_kv_cache_gib_config_values():
+    assert RolloutConfig().kv_cache_gib == "auto"
+    assert RolloutConfig(kv_cache_gib=None).kv_cache_gib is None
+    assert RolloutConfig(kv_cache_gib=1.5).kv_cache_gib == 1.5
+    base = {"model": {"path": "m"}, "data": {"train_files": ["x.parquet"]}}
+    for bad in (0, -1, "big"):
+        with pytest.raises(ConfigError, match="rollout.kv_cache_gib"):
+            parse_config({**base, "rollout": {"kv_cache_gib": bad}})
+    with pytest.raises(ConfigError, match="rollout.sleep_level"):
+        parse_config({**base, "rollout": {"sleep_level": 3}})
+    cfg = parse_config(
+        {**base, "rollout": {"sleep_level": 1, "enforce_eager": None, "weight_loader": "dtensor"}}
+    )
+    assert (cfg.rollout.sleep_level, cfg.rollout.enforce_eager, cfg.rollout.weight_loader) == (
+        1,
+        None,
+        "dtensor",
+    )
+
+
+def test_flashinfer_sampler_off_only_without_flashinfer(monkeypatch):
+    import importlib.util
+
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    set_engine_env()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    missing = importlib.util.find_spec("flashinfer") is None
+    assert os.environ.get("VLLM_USE_FLASHINFER_SAMPLER") == ("0" if missing else None)
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")  # the user's choice is kept
+    set_engine_env()
+    assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+
+
+def test_memory_helpers_report_nothing_off_cuda():
+    from ppoflow.workers.device_memory import PeakMemory, engine_pool_bytes, release_cached, resident_gib
+
+    with PeakMemory("cpu") as mem:
+        torch.zeros(1000)
+    assert (mem.on, mem.gib) == (False, 0.0)
+    assert resident_gib("cpu") == 0.0
+    release_cached("cpu")
+    assert engine_pool_bytes() == {}  # no vLLM sleep-mode pool in this process
