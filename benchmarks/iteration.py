@@ -33,6 +33,15 @@ On GPU the table also gives each worker group's memory per rank, from the ranks'
 and the device-wide peak over the run (``nvidia-smi``, every process), and the summary JSON is
 written to ``$OUT/iteration_bench.json`` when ``OUT`` is set.
 
+Checkpoints: the update tasks stage the state to host memory and return; the groups write it in
+the background while the next iteration runs, and commit n waits for it. The table shows the
+checkpoint seconds on the critical path (staging, plus waiting for the previous write when it was
+still running), the background write seconds, and how long each commit waited after the updates.
+Iterations overlap (commit n lands during iteration n+1), so the steady-state seconds per
+iteration are the interval between consecutive commits; "iteration (latency)" is one iteration's
+start to its commit. ``--sync-checkpoints`` writes inside the update tasks instead (the old way),
+``--overlap one_step`` generates iteration n+1 from the weights before update n.
+
 "Outside model compute" = the iteration's wall time minus the model compute on its critical path:
 generation, old log-probs (rank-side times), the longer of the reference and value tasks (task
 times, so their dispatch I/O counts as compute here), advantage, and the longer of the two
@@ -95,6 +104,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-token-len", type=int, default=None, help="tokens per update micro-batch per rank")
     p.add_argument("--compile", action="store_true", help="model.use_torch_compile")
     p.add_argument("--iters", type=int, default=2, help="warm iterations timed (after one warm-up)")
+    p.add_argument(
+        "--sync-checkpoints", action="store_true", help="write checkpoints inside the update tasks"
+    )
+    p.add_argument("--overlap", choices=["none", "one_step"], default="none", help="algorithm.overlap")
     p.add_argument("--storage", default=None, help="where the experiment goes (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
     e = p.add_argument_group("rollout engine (vllm)")
@@ -241,9 +254,10 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             **packing,
             "forward_max_token_len_per_gpu": log_prob_budget,
         },
-        "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True},
+        "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True, "overlap": args.overlap},
         "storage": {"root": root, "experiment": "bench"},
         "resources": {"nprocs": args.ranks, "device": args.device},
+        "checkpoint": {"async_save": not args.sync_checkpoints, "keep_last": 2},
     }
 
 
@@ -252,14 +266,29 @@ def mean(rows: list[dict], key: str) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def report(args, rows: list[dict], n_params: int, extra: list[str] = ()) -> tuple[str, dict]:
-    """The table (per task seconds, tokens/s per stage, MFU, share outside compute, GPU memory,
-    comparisons) and the run's summary dict."""
+def commit_interval(rows: list[dict], before: dict | None) -> float:
+    """Mean seconds between consecutive commits (the steady-state time per iteration)."""
+    stamps = [
+        r["time/committed_unix_s"]
+        for r in ([before] if before else []) + rows
+        if "time/committed_unix_s" in r
+    ]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return sum(gaps) / len(gaps) if gaps else float("nan")
+
+
+def report(
+    args, rows: list[dict], n_params: int, extra: list[str] = (), before: dict | None = None
+) -> tuple[str, dict]:
+    """The table (per task seconds, tokens/s per stage, MFU, share outside compute, checkpoints,
+    GPU memory, comparisons) and the run's summary dict. ``before``: the metrics of the iteration
+    before ``rows`` (for the interval between commits)."""
     from gpu_report import comparison_lines, load_baseline, memory_lines, summary
 
     resp_tokens = mean(rows, "response_length/mean") * args.prompts * args.n
     all_tokens = mean(rows, "perf/total_num_tokens")
-    it = mean(rows, "timing_s/iteration")
+    interval = commit_interval(rows, before)
+    it = interval if interval == interval else mean(rows, "timing_s/iteration")
     engine = args.engine
     if args.engine == "vllm":
         graphs = args.device == "cuda" if args.eager is None else not args.eager
@@ -269,6 +298,7 @@ def report(args, rows: list[dict], n_params: int, extra: list[str] = ()) -> tupl
         f"{args.device}, engine {engine}, {args.prompts} prompts x {args.n}, prompt {args.prompt_len}, "
         f"response {args.response_len} (mean {mean(rows, 'response_length/mean'):.1f}), "
         f"{'packed micro-batches (dynamic bsz)' if args.dynamic_bsz else 'padded micro-batches'}; "
+        f"checkpoints {'sync' if args.sync_checkpoints else 'async'}, overlap {args.overlap}; "
         f"mean of {len(rows)} warm iteration(s)",
         "",
         f"{'stage':<22}{'seconds':>10}{'tokens/s':>12}",
@@ -287,15 +317,19 @@ def report(args, rows: list[dict], n_params: int, extra: list[str] = ()) -> tupl
         ("update_actor", "timing_s/update_actor", all_tokens),
         ("  of which compute", "perf/update_actor_s", all_tokens),
         ("  of which checkpoint", "timing_s/save_checkpoint_actor", None),
+        ("  background write", "timing_s/checkpoint_write_actor", None),
         ("update_critic", "timing_s/update_critic", all_tokens),
         ("  of which compute", "perf/update_critic_s", all_tokens),
         ("  of which checkpoint", "timing_s/save_checkpoint_critic", None),
+        ("  background write", "timing_s/checkpoint_write_critic", None),
         ("commit", "timing_s/commit", None),
-        ("iteration (wall)", "timing_s/iteration", all_tokens),
+        ("  waiting for checkpoints", "timing_s/commit_wait_checkpoints", None),
+        ("iteration (latency)", "timing_s/iteration", None),
+        ("iteration (between commits)", None, all_tokens),
     ]
     for name, key, tokens in stages:
-        s = mean(rows, key)
-        if s != s and key.startswith("rollout/") and key != "rollout/generate_s":
+        s = mean(rows, key) if key else interval
+        if s != s and key and key.startswith("rollout/") and key != "rollout/generate_s":
             continue  # wake/push/sleep exist on GPU only
         tps = f"{tokens / s:12.0f}" if tokens and s == s and s > 0 else f"{'':>12}"
         lines.append(f"{name:<22}{s:10.3f}{tps}")
@@ -325,6 +359,13 @@ def report(args, rows: list[dict], n_params: int, extra: list[str] = ()) -> tupl
         f"{mean(rows, 'timing_s/overhead'):.3f} s"
     )
     outside = max(0.0, it - compute)
+    critical = max(m("timing_s/save_checkpoint_actor"), m("timing_s/save_checkpoint_critic"))
+    sizes = m("perf/checkpoint_bytes_actor") + m("perf/checkpoint_bytes_critic")
+    lines.append(
+        f"checkpoint on the critical path: {critical:.3f} s (staging to host memory + waiting for the "
+        f"previous write); written in the background: actor {m('timing_s/checkpoint_write_actor'):.3f} s, "
+        f"critic {m('timing_s/checkpoint_write_critic'):.3f} s, {sizes / 1e9:.2f} GB per iteration"
+    )
     lines.append(
         f"outside model compute (Prefect, Arrow I/O, dispatch, weight sync, checkpoints): "
         f"{outside:.3f} s = {outside / it:.1%} of the iteration "
@@ -332,6 +373,7 @@ def report(args, rows: list[dict], n_params: int, extra: list[str] = ()) -> tupl
         f"{max(m('timing_s/save_checkpoint_actor'), m('timing_s/save_checkpoint_critic')):.3f} s on the critical path)"
     )
     run = summary(args, rows, mean, resp_tokens, all_tokens)
+    run.update(iteration_between_commits_s=interval, checkpoint_critical_path_s=critical)
     more = [*comparison_lines(args, run, load_baseline(args.baseline)), *memory_lines(rows, mean), *extra]
     if more:
         lines += ["", *more]
@@ -377,10 +419,10 @@ def main(argv=None) -> None:
     )
     exp = cfg.storage.experiment_url
     rows = []
-    for n in range(2, args.iters + 2):
+    for n in range(1, args.iters + 2):
         with open(os.path.join(exp, "iterations", f"{n:06d}", "metrics.json")) as f:
             rows.append(json.load(f))
-    text, run = report(args, rows, n_params, sampler.lines() if sampler else [])
+    text, run = report(args, rows[1:], n_params, sampler.lines() if sampler else [], before=rows[0])
     print(text)
     print("summary: " + json.dumps(run))
     out = os.environ.get("OUT")

@@ -4,6 +4,7 @@
     ppoflow run CONFIG [--iterations N] [--set KEY=VALUE ...]    run the ``ppo`` flow on a config
     ppoflow status EXPERIMENT [--json]                           manifest + last metrics
     ppoflow export-hf EXPERIMENT [--iteration N] OUT             a Hugging Face directory
+    ppoflow rollback EXPERIMENT --to N                           make committed iteration N the latest
     ppoflow tensorboard EXPERIMENT [--logdir DIR]                TensorBoard event files of the metrics
     ppoflow agent --driver HOST:PORT [--node-rank K]             one node of multi-node worker groups
 
@@ -110,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser(
+        "rollback", help="move an experiment back to an earlier committed iteration (verified first)"
+    )
+    p.add_argument("experiment", help="experiment URL/path, or its YAML config")
+    p.add_argument(
+        "--to", dest="to", type=_positive, required=True, help="the committed iteration to go back to"
+    )
+
+    p = sub.add_parser(
         "tensorboard", help="write TensorBoard event files of an experiment's per-iteration metrics"
     )
     p.add_argument("experiment", help="experiment URL/path, or its YAML config")
@@ -192,7 +201,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         else {}
     )
     if args.json:
-        print(json.dumps({"manifest": manifest.to_json(), "metrics": metrics}, indent=1, sort_keys=True))
+        from ppoflow.infra.experiment.retention import checkpoint_sizes
+
+        sizes = checkpoint_sizes(paths, n)
+        print(
+            json.dumps(
+                {"manifest": manifest.to_json(), "metrics": metrics, "checkpoints": sizes},
+                indent=1,
+                sort_keys=True,
+            )
+        )
         return 0
     config = manifest.config_history[-1]["config"] if manifest.config_history else None
     rows = [
@@ -219,6 +237,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"{'score':<{width}}  {score.value(first):.3f} (iteration {first['iteration']}) -> "
                 f"{score.value(last):.3f} (iteration {last['iteration']})"
             )
+    _print_checkpoints(paths, n)
     if metrics:
         print(f"\nmetrics of iteration {n} ({paths.file(n, 'metrics.json')}):")
         mw = max(len(k) for k in metrics)
@@ -227,6 +246,59 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {key:<{mw}}  {shown}")
     elif n == 0:
         print("\nno iteration has run yet (iteration 0 is the initial state)")
+    return 0
+
+
+def _gb(size: int | None) -> str:
+    return "-" if size is None else f"{size / 1e9:.3f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+
+
+def _print_checkpoints(paths, n: int) -> None:
+    """The checkpoints on storage per iteration: size per role, and which can be resumed from."""
+    from ppoflow.infra.experiment.retention import checkpoint_sizes
+
+    rows = checkpoint_sizes(paths, n)
+    if not rows:
+        return
+    by_iteration: dict[int, dict[str, dict]] = {}
+    for row in rows:
+        by_iteration.setdefault(row["iteration"], {})[row["role"]] = row
+    print(f"\ncheckpoints kept ({paths.root}/checkpoints):")
+    print(f"  {'iteration':>9}  {'actor':>10}  {'critic':>10}  note")
+    total = 0
+    for k, roles in sorted(by_iteration.items()):
+        cells, notes = [], []
+        for role in ("actor", "critic"):
+            row = roles.get(role)
+            cells.append(_gb(row["bytes"]) if row else "-")
+            total += (row or {}).get("bytes") or 0
+            if row and not row["complete"]:
+                notes.append(f"{role} incomplete")
+            elif row and row["resumable"] is False:
+                notes.append(f"{role} weights only")
+        print(f"  {k:>9}  {cells[0]:>10}  {cells[1]:>10}  {', '.join(notes)}")
+    print(f"  {'total':>9}  {_gb(total):>22}")
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from ppoflow.infra.experiment.lock import ExperimentLocked
+    from ppoflow.infra.experiment.rollback import RollbackRefused, rollback
+
+    paths, manifest = _read_state(args.experiment)
+    before = manifest.iteration
+    try:
+        target = rollback(paths, args.to)
+    except (RollbackRefused, ExperimentLocked) as err:
+        raise CLIError(str(err)) from None
+    later = (
+        f"; iterations {args.to + 1}-{before} stay on storage until rerun iterations replace them"
+        if before > args.to
+        else ""
+    )
+    print(
+        f"{paths.root}: now at iteration {target.iteration} (was {before}); its checkpoints verified{later}.\n"
+        f"continue training from it: ppoflow run <config.yaml> --iterations N"
+    )
     return 0
 
 
@@ -357,6 +429,7 @@ COMMANDS = {
     "run": cmd_run,
     "status": cmd_status,
     "export-hf": cmd_export_hf,
+    "rollback": cmd_rollback,
     "tensorboard": cmd_tensorboard,
     "agent": cmd_agent,
 }

@@ -5,7 +5,8 @@
 
 A run continues the experiment from its last committed iteration (``manifest.json``; a new
 experiment is initialised first) and runs ``iterations`` more. Each iteration is the graph of
-DESIGN.md::
+DESIGN.md (the order of the tasks, pipelined commits and the one-step overlap are in
+:mod:`ppoflow.flows.schedule`)::
 
     generate ──► ref_log_prob ─┐
        │    ├──► values ───────┼──► advantage ──► update_actor ──┐
@@ -14,6 +15,7 @@ DESIGN.md::
 (``ref_log_prob`` runs when a KL term needs it, ``values`` with a critic, ``rm_score`` with a
 reward model; the tasks of one row run concurrently on their own worker groups.) Tasks exchange
 URLs and small JSON receipts; data lives under ``<root>/<experiment>/iterations/{n:06d}/``.
+Checkpoints are written in the background: ``commit n`` waits for them while iteration n+1 runs.
 
 Around the iterations: the experiment lock (no two runs of one experiment overlap), the
 ``preflight`` task (data, models, reward function, storage and checkpoints checked before anything
@@ -35,14 +37,13 @@ from __future__ import annotations
 import base64
 import re
 import sys
-import time
 import uuid
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.futures import PrefectFuture, wait
 
+from ppoflow.flows.schedule import needs_reference, pending_roles, run_iterations
 from ppoflow.flows.signals import Terminated, install_sigterm_handler
 from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
 from ppoflow.infra.data import storage
@@ -51,19 +52,7 @@ from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_i
 from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend_markdown
 from ppoflow.infra.experiment.plots import plot_metrics
 from ppoflow.infra.runtime.slots import device_slots
-from ppoflow.tasks import (
-    advantage,
-    commit,
-    generate,
-    init_experiment,
-    preflight,
-    ref_log_prob,
-    rm_score,
-    update_actor,
-    update_critic,
-    values,
-)
-from ppoflow.tasks.receipts import IterationReceipts, R
+from ppoflow.tasks import init_experiment, preflight
 from ppoflow.tasks.runtime import RunContext, open_run, worker_groups
 
 __all__ = ["ppo", "resolve_config", "install_sigterm_handler", "Terminated", "needs_reference"]
@@ -82,61 +71,8 @@ def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
     )
 
 
-def needs_reference(cfg: ExperimentConfig) -> bool:
-    """True when a KL term needs the reference policy's log-probs."""
-    return cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "experiment"
-
-
-def _results(futures: list[PrefectFuture[R]]) -> list[R]:
-    """Wait for every future, then return their results in order (raising the first failure)."""
-    wait(futures)
-    return [f.result() for f in futures]
-
-
-def pending_roles(ctx: RunContext, n: int) -> list[str]:
-    """The worker groups that unfinished tasks of iteration ``n`` will need."""
-    cfg = ctx.cfg
-
-    def missing(task: str) -> bool:
-        return not storage.exists(ctx.paths.receipt(n, task))
-
-    roles = []
-    if missing("generate") or missing("update_actor") or (needs_reference(cfg) and missing("ref_log_prob")):
-        roles.append("actor")
-    if cfg.critic.enable and (missing("values") or missing("update_critic")):
-        roles.append("critic")
-    if cfg.reward.reward_model.enable and missing("rm_score"):
-        roles.append("reward_model")
-    return roles
-
-
-def run_iteration(ctx: RunContext, prev: Manifest) -> tuple[Manifest, dict[str, Any]]:
-    """Run iteration ``prev.iteration + 1``; returns (its manifest, its metrics)."""
-    cfg, run, n = ctx.cfg, ctx.key, prev.iteration + 1
-    actor_ckpt = ctx.paths.url(prev.actor_checkpoint)
-    critic_ckpt = ctx.paths.url(prev.critic_checkpoint)
-    started = time.time()
-    ctx.prestart(pending_roles(ctx, n))
-    gen = generate(run, n, actor_ckpt, prev.data_cursor)
-    reads = []
-    if needs_reference(cfg):
-        reads.append(ref_log_prob.submit(run, n, gen))
-    if cfg.critic.enable:
-        reads.append(values.submit(run, n, gen, critic_ckpt))
-    if cfg.reward.reward_model.enable:
-        reads.append(rm_score.submit(run, n, gen))
-    scored = _results(reads)
-    adv = advantage(run, n, gen, scored, prev.kl_coef)
-    updates = [update_actor.submit(run, n, adv, actor_ckpt)]
-    if cfg.critic.enable:
-        updates.append(update_critic.submit(run, n, adv, critic_ckpt))
-    receipts = IterationReceipts(generate=gen, scored=scored, advantage=adv, updates=_results(updates))
-    manifest = commit(run, n, prev, receipts, started)
-    return manifest, storage.read_json(ctx.paths.file(n, "metrics.json"))
 
 
 def _publish_iteration(ctx: RunContext, manifest: Manifest, metrics: dict[str, Any]) -> None:
@@ -221,9 +157,9 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
                             else ["actor"] + (["critic"] if cfg.critic.enable else [])
                         )
                         manifest = init_experiment(key)
-                    for _ in range(iterations):
-                        manifest, metrics = run_iteration(ctx, manifest)
-                        _publish_iteration(ctx, manifest, metrics)
+                    manifest, metrics = run_iterations(
+                        ctx, manifest, iterations, lambda m, x: _publish_iteration(ctx, m, x)
+                    )
             if iterations:
                 _publish_plot(ctx, manifest)
     return {

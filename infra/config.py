@@ -272,6 +272,12 @@ class KLControlConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
+    """PPO's estimator, KL terms and schedule. ``overlap`` (see README, "One-step off-policy"):
+    ``none`` (default): iteration n samples with the weights after update n-1 (on-policy).
+    ``one_step``: iteration n's data side (rollout, old log-probs, values) uses the actor and critic
+    after update n-2, so generating iteration n+1 overlaps update n; the PPO ratio's denominator is
+    the policy that sampled (n-2), clipped as usual. Deterministic for a given config."""
+
     adv_estimator: AdvEstimatorName = "gae"
     gamma: float = 1.0
     lam: float = 1.0
@@ -279,6 +285,11 @@ class AlgorithmConfig(_Section):
     use_kl_in_reward: bool = False
     kl_penalty: KLPenaltyKind = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    overlap: Literal["none", "one_step"] = Field(
+        "none",
+        description="one_step: the rollout of iteration n uses the weights after update n-2, so it "
+        "overlaps update n-1 (one step off-policy); none: strictly on-policy",
+    )
 
 
 class DataConfig(_Section):
@@ -347,6 +358,37 @@ class RendezvousConfig(_Section):
     )
 
 
+class CheckpointConfig(_Section):
+    """The actor's and critic's sharded checkpoints, one per committed iteration."""
+
+    async_save: bool = Field(
+        True,
+        description="stage to host memory and write in the background (commit n waits for it, the "
+        "next iteration does not); false: the update tasks write before they finish",
+    )
+    keep_last: int | None = Field(
+        3, ge=1, description="keep the checkpoints of the last K committed iterations; null = keep all"
+    )
+    keep_every: int = Field(
+        0, ge=0, description="also keep every M-th iteration's checkpoints (0 = none beyond keep_last)"
+    )
+    keep_every_weights_only: bool = Field(
+        True,
+        description="the every-M-th checkpoints keep only the model weights once they leave the last K "
+        "(for export or as a reference policy; the optimizer state, 2/3 of a checkpoint, is deleted)",
+    )
+    verify: bool = Field(True, description="check every file's size and content hash before loading")
+    write_attempts: int = Field(3, ge=1, description="DCP write attempts per checkpoint (storage hiccups)")
+    write_threads: int = Field(
+        1,
+        ge=1,
+        description="files each rank writes in parallel (DCP thread_count; try 4 on fast local disks)",
+    )
+    wait_timeout_s: float = Field(
+        3600.0, gt=0, description="how long commit waits for a background write before failing"
+    )
+
+
 class ResourcesConfig(_Section):
     launch: Literal["local", "rendezvous"] = Field(
         "local",
@@ -395,6 +437,7 @@ class ExperimentConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     seed: int = 0
 
     @model_validator(mode="after")

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ppoflow.infra.checkpoint.sharded import CheckpointError, read_marker
+from ppoflow.infra.checkpoint.sharded import CheckpointError, verify_checkpoint
 from ppoflow.infra.config import ExperimentConfig, ModelConfig
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
@@ -93,19 +93,20 @@ def rollback_hint(paths: ExperimentPaths, n: int) -> str:
     if n <= 0:
         return f"start the experiment again: remove {paths.root} (or pick another storage.experiment)"
     return (
-        f"move the experiment back to iteration {n - 1}: copy {paths.file(n - 1, 'manifest.json')} over "
-        f"{paths.manifest} (iteration {n - 1}'s checkpoints must be intact), then run again"
+        f"move the experiment back to iteration {n - 1}: ppoflow rollback {paths.root} --to {n - 1} "
+        f"(it verifies iteration {n - 1}'s checkpoints first), then run again"
     )
 
 
 def checkpoint_problem(url: str) -> str | None:
     """Why the checkpoint at ``url`` cannot be loaded, or None when it is complete.
 
-    The one place that judges a committed checkpoint before a run uses it: today the publish
-    marker (an interrupted save has none).
+    The one place that judges a committed checkpoint before a run uses it: its publish marker (an
+    interrupted save has none) and every file the marker lists, at its recorded size. The content
+    hashes are checked where the checkpoint is loaded (that reads it once anyway).
     """
     try:
-        read_marker(url)
+        verify_checkpoint(url, deep=False)
     except (CheckpointError, FileNotFoundError, ValueError) as exc:
         return str(exc)
     return None

@@ -4,19 +4,23 @@
 after the groups are built, and publish manifest 0 (data cursor at the start, the config's KL
 coefficient).
 
-``commit``: gather the receipts of iteration n into ``iterations/n/metrics.json``, then publish
-manifest n (new checkpoints, the data cursor after this batch, the KL controller's coefficient).
-Both check first that this run still holds the experiment lock. A commit that finds manifest n
-already published returns it (a retried commit).
+``commit``: wait until iteration n's checkpoints are complete (written in the background while
+the next iteration already runs; a lost one is recomputed, see ``RunContext.materialize``), gather
+the receipts of iteration n into ``iterations/n/metrics.json``, then publish manifest n (new
+checkpoints, the data cursor after this batch, the KL controller's coefficient), and finally apply
+the retention policy (``checkpoint.keep_last`` / ``keep_every``). Both check first that this run
+still holds the experiment lock. A commit that finds manifest n already published returns it (a
+retried commit). The manifest never names a checkpoint that is not complete.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from prefect import task
 
-from ppoflow.infra.checkpoint.sharded import is_complete
+from ppoflow.infra.checkpoint.marker import is_complete, read_marker
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import (
     Manifest,
@@ -26,6 +30,7 @@ from ppoflow.infra.experiment.manifest import (
     read_manifest,
 )
 from ppoflow.infra.experiment.metrics import throughput_metrics
+from ppoflow.infra.experiment.retention import apply_retention
 from ppoflow.infra.runtime.faults import maybe_fail
 from ppoflow.tasks.receipts import IterationReceipts, Receipt
 from ppoflow.tasks.runtime import get_run
@@ -63,6 +68,7 @@ def init_experiment(run: str) -> Manifest:
             if is_complete(url):
                 continue  # saved by an earlier attempt; a group that needs it loads it
             worker = ctx.worker(role, None, progress=logger.info)
+            # weights and the fresh optimizer's settings only: it has no state yet
             worker.save_checkpoint(url, extra={"iteration": 0, "experiment": cfg.storage.experiment})
             ctx.set_state(role, url)
     manifest = initial_manifest(
@@ -91,36 +97,78 @@ def iteration_metrics(receipts: list[Receipt], wall_s: float, nprocs: int) -> di
     return metrics
 
 
+def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, float]:
+    """Wait for (or recover, concurrently per role) the iteration's checkpoints; their write metrics."""
+    metrics: dict[str, float] = {}
+    t0 = time.perf_counter()
+    wanted = {role: receipts.checkpoint(role) for role in ("actor", "critic")}
+    wanted = {role: url for role, url in wanted.items() if url is not None}
+    with ThreadPoolExecutor(max_workers=len(wanted) or 1, thread_name_prefix="ppoflow-commit") as pool:
+        jobs = [pool.submit(ctx.materialize, role, url, logger.info) for role, url in wanted.items()]
+        for job in jobs:
+            job.result()
+    for role, url in wanted.items():
+        marker = read_marker(url)
+        if "write_s" in marker:
+            metrics[f"timing_s/checkpoint_write_{role}"] = float(marker["write_s"])
+        if "bytes" in marker:
+            metrics[f"perf/checkpoint_bytes_{role}"] = float(marker["bytes"])
+    metrics["timing_s/commit_wait_checkpoints"] = time.perf_counter() - t0
+    return metrics
+
+
 @task(name="commit", task_run_name="commit-{n}", **TASK_OPTIONS)
-def commit(run: str, n: int, previous: Manifest, receipts: IterationReceipts, started: float) -> Manifest:
+def commit(
+    run: str,
+    n: int,
+    previous: Manifest,
+    receipts: IterationReceipts,
+    started: float,
+    rollout_checkpoints: dict[str, str | None] | None = None,
+) -> Manifest:
     """Publish manifest ``n`` on top of ``previous`` (manifest n-1) from the iteration's receipts.
 
     ``started``: ``time.time()`` when the flow began the iteration (for ``timing_s/iteration``).
+    ``rollout_checkpoints``: what iteration n+1's rollout and values use when they are not the
+    new checkpoints (``algorithm.overlap: one_step``); kept by retention as long as manifest n is.
     """
     ctx = get_run(run)
     cfg, paths = ctx.cfg, ctx.paths
     current = read_manifest(paths)
     if current is not None and current.iteration == n:
         return current
-    maybe_fail("commit", "before")
-    t0 = time.time()
-    commit_time = Receipt(task="commit", iteration=n, timing_s=time.time() - t0)
-    metrics = iteration_metrics(
-        [*receipts.all(), commit_time], wall_s=time.time() - started, nprocs=cfg.resources.nprocs
-    )
-    metrics["iteration"] = n
-    storage.write_json_atomic(paths.file(n, "metrics.json"), metrics)
-    manifest = next_manifest(
-        previous,
-        cfg,
-        paths,
-        actor_checkpoint=receipts.checkpoint("actor"),
-        critic_checkpoint=receipts.checkpoint("critic") or paths.url(previous.critic_checkpoint),
-        data_cursor=receipts.generate.next_cursor,
-        kl_coef=receipts.advantage.kl_coef,
-        metrics=metrics,
-    )
-    ctx.lock.check()
-    publish(paths, manifest)
-    maybe_fail("commit", "after")
+    maybe_fail("commit", "before", n)
+    with task_logs(ctx) as logger:
+        written = _settle_checkpoints(ctx, receipts, logger)
+        t0 = time.time()
+        commit_time = Receipt(task="commit", iteration=n, timing_s=time.time() - t0)
+        metrics = iteration_metrics(
+            [*receipts.all(), commit_time], wall_s=time.time() - started, nprocs=cfg.resources.nprocs
+        )
+        metrics.update(written)
+        metrics["iteration"] = n
+        metrics["time/started_unix_s"] = started
+        metrics["time/committed_unix_s"] = time.time()
+        storage.write_json_atomic(paths.file(n, "metrics.json"), metrics)
+        manifest = next_manifest(
+            previous,
+            cfg,
+            paths,
+            actor_checkpoint=receipts.checkpoint("actor"),
+            critic_checkpoint=receipts.checkpoint("critic") or paths.url(previous.critic_checkpoint),
+            data_cursor=receipts.generate.next_cursor,
+            kl_coef=receipts.advantage.kl_coef,
+            metrics=metrics,
+            rollout_checkpoints=rollout_checkpoints,
+        )
+        ctx.lock.check()
+        publish(paths, manifest)
+        maybe_fail("commit", "after", n)
+        try:
+            removed = apply_retention(paths, cfg.checkpoint, manifest)
+        except Exception as exc:  # noqa: BLE001 - the commit stands; the next one retries the cleanup
+            logger.warning(f"retention after commit {n} failed (the next commit tries again): {exc}")
+        else:
+            if removed:
+                logger.info(f"retention: removed {', '.join(paths.ref(u) for u in removed)}")
     return manifest

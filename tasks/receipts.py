@@ -9,7 +9,10 @@ flow resumes at the first unfinished task: storage, not Prefect's result cache, 
 
 Receipts are reused even if the config changed in between (say, a smaller micro-batch after an
 out-of-memory failure does not redo the rollout); the config that commits the iteration is the one
-recorded in its manifest.
+recorded in its manifest. They are *not* reused when the task's inputs differ (:func:`input_stamps`:
+the checkpoints it starts from, the stamps of the receipts it consumes), e.g. a rollout sampled
+with ``algorithm.overlap: one_step`` from an older checkpoint than a plain run would use; a task
+that runs again gets a new stamp, so the tasks after it run again too.
 
 Each task has its receipt type: :class:`Receipt` holds what every task reports; the subclasses
 add the typed values later steps need (``GenerateReceipt.next_cursor``, ``AdvantageReceipt.kl_coef``).
@@ -17,7 +20,10 @@ add the typed values later steps need (``GenerateReceipt.next_cursor``, ``Advant
 
 from __future__ import annotations
 
-from typing import TypeVar
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +39,7 @@ __all__ = [
     "IterationReceipts",
     "find_receipt",
     "write_receipt",
+    "input_stamps",
     "R",
 ]
 
@@ -50,6 +57,8 @@ class Receipt(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     timing_s: float = 0.0
     finished_at: str = ""
+    stamp: str = Field("", description="unique per computation: what later tasks record as their input")
+    inputs: dict[str, str] = Field(default_factory=dict, description="what the result was computed from")
     resumed: bool = Field(False, description="True when read back from storage instead of computed")
 
     def output(self, name: str) -> str:
@@ -107,19 +116,60 @@ def _complete(receipt: Receipt) -> bool:
     )
 
 
-def find_receipt(paths: ExperimentPaths, n: int, task: str, kind: type[R]) -> R | None:
-    """The receipt of ``task`` for iteration ``n`` if it and all its outputs are complete."""
+def _stamp(paths: ExperimentPaths, value: Any) -> str:
+    if isinstance(value, Receipt):
+        return f"{value.task}:{value.stamp}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_stamp(paths, v) for v in value) + "]"
+    if isinstance(value, str):
+        return paths.ref(value) or ""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def input_stamps(paths: ExperimentPaths, args: tuple, kwargs: dict[str, Any]) -> dict[str, str]:
+    """A task's inputs as strings: receipts by their stamps, URLs relative to the experiment,
+    other values as JSON (positional arguments by position)."""
+    out = {str(i): _stamp(paths, v) for i, v in enumerate(args)}
+    out.update({k: _stamp(paths, v) for k, v in kwargs.items()})
+    return out
+
+
+def find_receipt(
+    paths: ExperimentPaths,
+    n: int,
+    task: str,
+    kind: type[R],
+    inputs: dict[str, str] | None = None,
+    settle: Callable[[str], None] | None = None,
+) -> R | None:
+    """The receipt of ``task`` for iteration ``n`` if it and all its outputs are complete.
+
+    ``inputs``: the current inputs; a receipt computed from other ones is not reused (a receipt
+    that recorded none, from an older ppoflow, is). ``settle(url)`` is called for each checkpoint
+    first (to wait for a write of it still running in this flow run).
+    """
     url = paths.receipt(n, task)
     if not storage.exists(url):
         return None
     receipt = _map_urls(kind.model_validate(storage.read_json(url)), paths.url)
+    if inputs is not None and receipt.inputs and receipt.inputs != inputs:
+        return None
+    if settle is not None:
+        for checkpoint in receipt.checkpoints.values():
+            settle(checkpoint)
     return receipt.model_copy(update={"resumed": True}) if _complete(receipt) else None
 
 
-def write_receipt(paths: ExperimentPaths, receipt: Receipt) -> None:
-    """Record ``receipt`` (call after its outputs are complete); paths stored relative."""
+def write_receipt(paths: ExperimentPaths, receipt: R) -> R:
+    """Record ``receipt`` (call after its outputs are complete); paths stored relative. Returns it
+    with a new stamp unless it had one."""
+    if not receipt.stamp:
+        receipt = receipt.model_copy(update={"stamp": uuid.uuid4().hex[:16]})
     stored = _map_urls(receipt, paths.ref)
     storage.write_json_atomic(paths.receipt(receipt.iteration, receipt.task), stored.model_dump(mode="json"))
+    return receipt
 
 
 class IterationReceipts(BaseModel):

@@ -9,7 +9,14 @@ Worker groups start lazily, when a task first needs them, and live until :func:`
 (``state``): a task names the state it needs, e.g. ``generate`` of iteration n needs the actor of
 ``checkpoints/actor/{n-1}``; a group in another state loads it; a dead group (a rank died) is
 rebuilt — a fresh group, ``init_model``, ``load_checkpoint`` — so a task's retry resumes from the
-right weights and optimizer state.
+right weights and optimizer state. A task holds its role's slot (:meth:`RunContext.hold`) from its
+first use of the group to its end, so tasks of consecutive iterations (which overlap: commit n
+waits for checkpoint n while iteration n+1 runs) never change a group's state under each other.
+
+Checkpoints written in the background are tracked in :attr:`RunContext.writes`
+(:mod:`ppoflow.tasks.checkpoints`). A state that is such a checkpoint, lost before it was complete
+(its group died, or its write failed), is recomputed from its lineage when a group needs it
+(:meth:`RunContext.materialize`): load the previous checkpoint, rerun the update, save.
 
 With ``resources.launch: rendezvous`` the groups' ranks run on ``rendezvous.nnodes`` nodes: the
 context opens the run's :class:`~ppoflow.infra.runtime.cluster.ClusterHub` (the control endpoint
@@ -33,6 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ppoflow.infra.checkpoint.marker import CheckpointError, IncompleteCheckpointError, is_complete
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
@@ -43,6 +51,7 @@ from ppoflow.infra.runtime.dispatch import Dispatch, registered_methods
 from ppoflow.infra.runtime.launch import RankFailure, WorkerGroup, WorkerGroupDead
 from ppoflow.infra.runtime.launchers import Launcher
 from ppoflow.infra.runtime.rendezvous import RendezvousLauncher
+from ppoflow.tasks.checkpoints import Writes
 from ppoflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 from ppoflow.workers.base import Worker
 from ppoflow.workers.critic_worker import CriticWorker
@@ -114,6 +123,7 @@ class _Slot:
     group: WorkerGroup | None = None
     state: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    held: threading.RLock = field(default_factory=threading.RLock)  # by the task using the group
     starts: int = 0
 
 
@@ -132,6 +142,7 @@ class RunContext:
         self._mutex = threading.Lock()
         self._hub: ClusterHub | None = None
         self._hub_lock = threading.Lock()
+        self.writes = Writes(timeout_s=cfg.checkpoint.wait_timeout_s)
         self.closed = False
 
     # ------------------------------------------------------------------ data
@@ -205,9 +216,72 @@ class RunContext:
             if slot.group is None or not slot.group.alive:
                 self._start(role, slot, progress)
             if state is not None and slot.state != state:
-                self.call(role, "load_checkpoint", state)
-                slot.state = state
+                self._load(role, slot, state, progress or self.log.info)
             return slot.group
+
+    def _load(self, role: str, slot: _Slot, state: str, progress: Callable[[str], None]) -> None:
+        """Make ``role``'s live module equal checkpoint ``state`` (``slot.lock`` held): wait for
+        this run's background write of it, or recompute it from its lineage if it was lost."""
+        problem = self.writes.wait(state)
+        lineage = self.writes.lineage(state)
+        if problem is not None and lineage is not None and not is_complete(state):
+            faults.note_rank_failure(faults.CHECKPOINT_WRITE)
+            progress(
+                f"checkpoint {state} was lost before it was complete ({problem}); recomputing it: "
+                f"load {lineage.previous}, run {lineage.method} again on the same batch, save"
+            )
+            if slot.state != lineage.previous:
+                self._load(role, slot, lineage.previous, progress)
+            slot.state = None
+            self.call(role, lineage.method, lineage.data_url)
+            self.call(role, "save_checkpoint", state, extra=lineage.extra)
+            self.writes.started(lineage, slot.group, background=False)
+        else:
+            self.call(role, "load_checkpoint", state)
+        slot.state = state
+
+    def materialize(self, role: str, url: str, progress: Callable[[str], None] | None = None) -> None:
+        """Make sure checkpoint ``url`` of ``role`` is complete on storage: wait for its background
+        write; if that was lost, save it from the live module when the group still holds it, else
+        recompute it from its lineage. Holds the role (no task uses the group meanwhile)."""
+        say = progress or self.log.info
+        problem = self.writes.wait(url)
+        if problem is None:
+            return
+        lineage = self.writes.lineage(url)
+        if lineage is None:
+            raise IncompleteCheckpointError(f"checkpoint {url} is not complete: {problem}")
+        faults.note_rank_failure(faults.CHECKPOINT_WRITE)
+        with self.hold(role):
+            slot = self._slots[role]
+            with slot.lock:
+                if is_complete(url):
+                    return
+                if slot.group is not None and slot.group.alive and slot.state == url:
+                    say(f"checkpoint {url}: {problem}; saving it again from the live {role} group")
+                    self.call(role, "save_checkpoint", url, extra=lineage.extra)
+                    self.writes.started(lineage, slot.group, background=False)
+                    return
+            self.group(role, url, progress=say)  # recomputes it (see _load)
+        if not is_complete(url):
+            raise CheckpointError(f"checkpoint {url} is still not complete after recomputing it")
+
+    @contextlib.contextmanager
+    def hold(self, role: str) -> Iterator[None]:
+        """Hold ``role``'s group for the calling task (re-entrant)."""
+        with self._slots[role].held:
+            yield
+
+    def acquire(self, role: str) -> None:
+        """:meth:`hold` without a block (the task's wrapper releases it with :meth:`release`)."""
+        self._slots[role].held.acquire()
+
+    def release(self, role: str) -> None:
+        self._slots[role].held.release()
+
+    def current_group(self, role: str) -> WorkerGroup | None:
+        """The live group object of ``role`` (None if not started)."""
+        return self._slots[role].group
 
     def worker(
         self, role: str, state: str | None = None, *, progress: Callable[[str], None] | None = None

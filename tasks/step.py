@@ -10,10 +10,12 @@
 becomes the Prefect task ``values(run: str, n: int, rollout, critic_checkpoint) -> Receipt`` that
 
 1. looks up the flow run's :class:`~ppoflow.tasks.runtime.RunContext` by ``run``;
-2. returns the stored receipt if iteration ``n`` of this task already finished (resume);
+2. returns the stored receipt if iteration ``n`` of this task already finished with the same
+   inputs (resume; see :mod:`ppoflow.tasks.receipts`);
 3. fires ``PPOFLOW_FAULT`` drills before and after the work (``ppoflow.infra.runtime.faults``);
 4. routes the rank output of ``roles`` into the task's log, and times the body;
-5. writes the receipt (with the body's wall time) once the outputs are complete.
+5. holds each group the body uses (``step.worker``) until the body ends;
+6. writes the receipt (with the body's wall time and inputs) once the outputs are complete.
 
 Every task retries :data:`TASK_RETRIES` times except on errors a retry cannot fix
 (:func:`is_permanent`: bad data, config, reward function, experiment identity, an unusable
@@ -29,13 +31,13 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ppoflow.infra.checkpoint.sharded import IncompleteCheckpointError
+from ppoflow.infra.checkpoint.sharded import CorruptCheckpointError, IncompleteCheckpointError
 from ppoflow.infra.config import ConfigError, ExperimentConfig
 from ppoflow.infra.data.prompts import DataError
 from ppoflow.infra.experiment.lock import ExperimentLocked
@@ -44,7 +46,7 @@ from ppoflow.infra.preflight import PreflightError
 from ppoflow.infra.rewards import RewardError
 from ppoflow.infra.runtime import faults
 from ppoflow.infra.runtime.launch import RankFailure
-from ppoflow.tasks.receipts import R, Receipt, find_receipt, write_receipt
+from ppoflow.tasks.receipts import R, Receipt, find_receipt, input_stamps, write_receipt
 from ppoflow.tasks.runtime import RunClosed, RunContext, WorkerHandle, get_run
 
 __all__ = [
@@ -77,7 +79,8 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     DataError,
     PreflightError,
     RewardError,
-    IncompleteCheckpointError,  # (plug CorruptCheckpointError in here when checkpoints carry hashes)
+    IncompleteCheckpointError,
+    CorruptCheckpointError,  # a file's size or content hash differs from its marker
     ExperimentLocked,
     ManifestConflict,
     RunClosed,
@@ -146,6 +149,7 @@ class Step(Generic[R]):
     task: str
     kind: type[R]
     logger: Any
+    held: list[str] = field(default_factory=list)
 
     @property
     def cfg(self) -> ExperimentConfig:
@@ -161,8 +165,17 @@ class Step(Generic[R]):
 
     def worker(self, role: str, state: str | None = None) -> WorkerHandle:
         """``role``'s worker group, started (or rebuilt) if needed and holding checkpoint ``state``
-        (None: any), as a handle whose methods are the worker class's ``@register`` methods."""
+        (None: any), as a handle whose methods are the worker class's ``@register`` methods. The
+        task holds the group until it ends (no other task changes its state meanwhile)."""
+        if role not in self.held:
+            self.ctx.acquire(role)
+            self.held.append(role)
         return self.ctx.worker(role, state, progress=self.logger.info)
+
+    def release(self) -> None:
+        """Let go of the groups :meth:`worker` held (the decorator calls it)."""
+        while self.held:
+            self.ctx.release(self.held.pop())
 
     def receipt(self, **fields: Any) -> R:
         """This task's receipt for iteration ``n`` (the decorator adds the timing)."""
@@ -178,15 +191,22 @@ def ppo_task(
         @functools.wraps(body)
         def run_step(run: str, n: int, *args: Any, **kwargs: Any) -> R:
             ctx = get_run(run)
-            done = find_receipt(ctx.paths, n, name, kind)
+            inputs = input_stamps(ctx.paths, args, kwargs)
+            done = find_receipt(ctx.paths, n, name, kind, inputs=inputs, settle=ctx.writes.wait_quietly)
             if done is not None:
                 return done
-            faults.maybe_fail(name, "before")
+            faults.maybe_fail(name, "before", n)
             with task_logs(ctx, *roles) as logger, Timer() as timer:
-                receipt = body(Step(ctx, n, name, kind, logger), *args, **kwargs)
-            receipt = receipt.model_copy(update={"timing_s": timer.seconds, "finished_at": now_iso()})
-            write_receipt(ctx.paths, receipt)
-            faults.maybe_fail(name, "after")
+                step = Step(ctx, n, name, kind, logger)
+                try:
+                    receipt = body(step, *args, **kwargs)
+                finally:
+                    step.release()
+            receipt = receipt.model_copy(
+                update={"timing_s": timer.seconds, "finished_at": now_iso(), "inputs": inputs}
+            )
+            receipt = write_receipt(ctx.paths, receipt)
+            faults.maybe_fail(name, "after", n)
             return receipt
 
         # Prefect binds the call's arguments with the signature: (run, n, <the body's after step>).

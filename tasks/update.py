@@ -2,14 +2,26 @@
 
 Each runs on its own group (so the flow runs them concurrently): make sure the live module equals
 the checkpoint of iteration n-1 (a rebuilt or dirty group loads it), run the update on
-``advantages.arrow`` (metrics: the mean over ranks), save the sharded checkpoint
+``advantages.arrow`` (metrics: the mean over ranks), hand the state to checkpoint
 ``checkpoints/<role>/{n:06d}/`` and write the receipt. A retry after a failure anywhere in between
 reloads n-1 and updates again, so it ends in the same weights as a run that never failed.
+
+With ``checkpoint.async_save`` (the default) the task returns once the state is staged in host
+memory; the group writes it in the background while the next iteration runs, and ``commit n``
+waits for it. The receipt is written at once: it names checkpoint n, and a receipt counts as done
+only while its checkpoint is complete (``find_receipt``), so a rerun after a crash mid-write
+updates again from n-1. Within the run, a lost write is recomputed from its lineage
+(:mod:`ppoflow.tasks.checkpoints`).
+
+Metrics: ``timing_s/save_checkpoint_<role>`` is what the checkpoint cost this task (staging, plus
+waiting for the group's previous write if it was still running: ``timing_s/checkpoint_wait_<role>``),
+i.e. the checkpoint time on the iteration's critical path.
 """
 
 from __future__ import annotations
 
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
+from ppoflow.tasks.checkpoints import Lineage
 from ppoflow.tasks.receipts import AdvantageReceipt, Receipt
 from ppoflow.tasks.step import Step, Timer, ppo_task
 
@@ -21,15 +33,19 @@ def _update(
 ) -> Receipt:
     """Run ``method`` on ``role``'s group from checkpoint ``previous`` and save checkpoint n."""
     ctx, checkpoint = step.ctx, step.paths.checkpoint(role, step.n)
+    background = step.cfg.checkpoint.async_save
     worker = step.worker(role, previous)
     ctx.set_state(role, None)  # the live module leaves checkpoint n-1 from here on
-    metrics = reduce_rank_metrics(getattr(worker, method)(advantages.output("advantages")))
+    data = advantages.output("advantages")
+    metrics = reduce_rank_metrics(getattr(worker, method)(data))
+    extra = {"iteration": step.n, "experiment": step.cfg.storage.experiment}
     with Timer() as save:
-        worker.save_checkpoint(
-            checkpoint, extra={"iteration": step.n, "experiment": step.cfg.storage.experiment}
-        )
+        per_rank = worker.save_checkpoint(checkpoint, extra=extra, background=background)
     ctx.set_state(role, checkpoint)
+    lineage = Lineage(role, checkpoint, previous, method, data, extra)
+    ctx.writes.started(lineage, ctx.current_group(role), background=background)
     metrics[f"timing_s/save_checkpoint_{role}"] = save.seconds
+    metrics[f"timing_s/checkpoint_wait_{role}"] = max(float(r.get("waited_s", 0.0)) for r in per_rank)
     return step.receipt(checkpoints={role: checkpoint}, metrics=metrics)
 
 

@@ -1,9 +1,11 @@
 """Checkpoints (ppoflow.infra.checkpoint.sharded, ppoflow.infra.checkpoint.hf_export) on real gloo ranks and in-process.
 
 One module fixture builds the tiny model, saves a 1-process checkpoint ``c1`` after step 1, then
-runs two torchrun jobs (tests/ckpt_scripts/ckpt_ranks.py): 2 ranks (save ``c2``; 2->2, 1->2 and
-S3 round trips) and 4 ranks as a 2x2 HSDP mesh (2->4, save ``c4``). The tests assert on their
-results and do the 2->1 / 4->1 loads, export and failure cases in this process.
+runs torchrun jobs (tests/ckpt_scripts/ckpt_ranks.py): 2 ranks (save ``c2``; 2->2, 1->2 and
+S3 round trips), 4 ranks as a 2x2 HSDP mesh (2->4, save ``c4``), 2 ranks saving in the background
+while training goes on (with injected storage failures), and 2 ranks of which one is killed while
+it writes. The tests assert on their results and do the 2->1 / 4->1 loads, export, verification
+(a flipped byte, a truncated shard, a damaged marker) and failure cases in this process.
 Tolerances: same world size bit-exact; across world sizes the gradients are reduced in another
 order, so the step after a load is compared to 1e-6.
 """
@@ -34,8 +36,11 @@ SCRIPT = os.path.join(ROOT, "tests", "ckpt_scripts", "ckpt_ranks.py")
 TOL = 1e-6
 
 
-def torchrun(nprocs: int, *args: str, env: dict | None = None, timeout: float = 240) -> float:
-    """Run the rank script under torchrun; fail with its output tail. Returns the wall time."""
+def torchrun(
+    nprocs: int, *args: str, env: dict | None = None, timeout: float = 240, expect_ok: bool = True
+) -> float:
+    """Run the rank script under torchrun; fail with its output tail (unless ``expect_ok`` is
+    False: then it must fail). Returns the wall time."""
     cmd = [
         sys.executable,
         "-m",
@@ -54,7 +59,10 @@ def torchrun(nprocs: int, *args: str, env: dict | None = None, timeout: float = 
     }
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"torchrun {args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    if expect_ok:
+        assert proc.returncode == 0, f"torchrun {args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    else:
+        assert proc.returncode != 0 and "injected fault" in proc.stderr + proc.stdout, proc.stderr[-3000:]
     return time.perf_counter() - t0
 
 
@@ -79,7 +87,11 @@ def run(tmp_path_factory, s3_server):
     s3_url = s3_server["url"] + "/ckpt/ranks2"
     wall = {"save": torchrun(2, "save", work, env={"CKPT_S3_URL": s3_url})}
     wall["hsdp"] = torchrun(4, "hsdp", work)
-    results = {m: json.load(open(os.path.join(work, f"results_{m}.json"))) for m in ("save", "hsdp")}
+    wall["async"] = torchrun(2, "async", work)
+    wall["killed"] = torchrun(
+        2, "killed", work, env={"PPOFLOW_FAULT": "rank_exit:checkpoint_write:1"}, expect_ok=False
+    )
+    results = {m: json.load(open(os.path.join(work, f"results_{m}.json"))) for m in ("save", "hsdp", "async")}
     print(f"\ncheckpoint timings: torchrun wall {wall}; in-rank {results}")
     return {"work": work, "results": results, "s3_url": s3_url}
 
@@ -270,3 +282,126 @@ def test_never_stepped_optimizer_stays_fresh(run, tmp_path):
     assert not opt2.state
     train_step(restored, opt2, sched2, 1)
     assert max_diff(full_params(restored), full_params(model)) == 0.0
+
+
+# ----------------------------------------------------------------------------- background saves
+def test_background_save_is_the_state_at_staging_while_training_goes_on(run):
+    res = run["results"]["async"]
+    assert res["after_step2_while_writing"] == 0.0, "training during the write is unaffected"
+    assert res["extra_a"] == {"step": 1}
+    assert res["w_a"] == 0.0, "the checkpoint holds the weights of the moment it was staged"
+    assert res["step_a"] == 0.0, "resuming from it is bit-exact"
+    work = run["work"]
+    assert ck.verify_checkpoint(os.path.join(work, "ca"))["verified"]
+    for name in ("cb", "cc"):  # written by two threads per rank: two files each
+        marker = ck.verify_checkpoint(os.path.join(work, name))
+        assert marker["verified"] and marker["extra"] == {"k": name[1]}
+        assert {"optim/__0_0.distcp", "optim/__0_1.distcp", "optim/__1_1.distcp"} <= set(marker["files"])
+    fresh = plain_model(work)
+    ck.load_checkpoint(os.path.join(work, "cc"), fresh)
+    assert max_diff(full_params(fresh), load_file(os.path.join(work, "ref2.safetensors"))) == 0.0
+
+
+def test_failed_background_writes_are_retried_then_reported_never_published(run):
+    from ppoflow.infra.checkpoint.marker import read_failure
+
+    res, work = run["results"]["async"], run["work"]
+    assert res["retried_ok"] and ck.verify_checkpoint(os.path.join(work, "cd"))["verified"]
+    assert res["failed_raised"]
+    failed = os.path.join(work, "ce")
+    assert not ck.is_complete(failed)
+    assert "injected fault" in read_failure(failed)
+    with pytest.raises(ck.IncompleteCheckpointError, match="its write failed.*injected fault"):
+        ck.load_checkpoint(failed, plain_model(work))
+
+
+def test_a_rank_killed_while_writing_leaves_an_incomplete_checkpoint(run):
+    killed = os.path.join(run["work"], "ck")
+    assert os.path.isdir(killed) and not ck.is_complete(killed)
+    with pytest.raises(ck.IncompleteCheckpointError, match="interrupted before publish"):
+        ck.load_checkpoint(killed, plain_model(run["work"]))
+
+
+# ----------------------------------------------------------------------------- verification
+def _biggest_item(checkpoint: str, sub: str, shard: str):
+    """(offset, length) of the largest tensor record in ``sub/shard`` (from DCP's metadata), not
+    counting the tied embedding (its twin ``lm_head`` would overwrite a change on load)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(os.path.join(checkpoint, sub)).read_metadata()
+    items = [
+        info
+        for index, info in meta.storage_data.items()
+        if info.relative_path == shard and "embed_tokens" not in index.fqn and "lm_head" not in index.fqn
+    ]
+    best = max(items, key=lambda info: info.length)
+    return best.offset, best.length
+
+
+def test_a_flipped_byte_in_tensor_data_is_caught_and_named(run, tmp_path):
+    work = run["work"]
+    bad = str(tmp_path / "flipped")
+    shutil.copytree(os.path.join(work, "c2"), bad)
+    offset, length = _biggest_item(bad, "model", "__0_0.distcp")
+    path = os.path.join(bad, "model", "__0_0.distcp")
+    with open(path, "r+b") as f:
+        f.seek(offset + length // 2)
+        byte = f.read(1)
+        f.seek(offset + length // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    match = r"(?s)model/__0_0\.distcp: content differs from the recorded hash.*ppoflow rollback"
+    with pytest.raises(ck.CorruptCheckpointError, match=match):
+        ck.verify_checkpoint(bad)
+    with pytest.raises(ck.CorruptCheckpointError, match=match):
+        ck.load_checkpoint(bad, plain_model(work))
+    with pytest.raises(ck.CorruptCheckpointError, match=match):
+        ck.load_full_state_dict(bad)
+    # The byte is tensor data: unverified, the load "succeeds" with other weights.
+    unverified = plain_model(work)
+    ck.load_checkpoint(bad, unverified, verify=False)
+    assert max_diff(full_params(unverified), load_file(os.path.join(work, "w1.safetensors"))) > 0.0
+
+
+def test_a_truncated_shard_and_a_damaged_marker_are_caught(run, tmp_path):
+    work = run["work"]
+    bad = str(tmp_path / "truncated")
+    shutil.copytree(os.path.join(work, "c2"), bad)
+    path = os.path.join(bad, "optim", "__1_0.distcp")
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 100)
+    model = plain_model(work)
+    opt, sched = make_optim(model)
+    with pytest.raises(
+        ck.CorruptCheckpointError,
+        match=rf"optim/__1_0\.distcp: {size - 100} bytes, the marker recorded {size}",
+    ):
+        ck.load_checkpoint(bad, model, opt, sched)
+    # a weights-only read does not need the optimizer's files
+    assert set(ck.load_full_state_dict(bad)) == set(load_file(os.path.join(work, "w1.safetensors")))
+    marker = os.path.join(bad, ck.MARKER)
+    data = json.load(open(marker))
+    data["extra"]["iteration"] = 7
+    with open(marker, "w") as f:
+        json.dump(data, f)
+    with pytest.raises(ck.CorruptCheckpointError, match="does not match its own recorded hash"):
+        ck.read_marker(bad)
+
+
+def test_verification_cost(run, tmp_path):
+    """Prints the hash throughput (the cost of verifying a checkpoint, per byte read)."""
+    from ppoflow.infra.checkpoint.integrity import hash_bytes
+
+    data = os.urandom(64 << 20)
+    t0 = time.perf_counter()
+    hash_bytes(data)
+    gbs = len(data) / (time.perf_counter() - t0) / 1e9
+    c2 = os.path.join(run["work"], "c2")
+    t0 = time.perf_counter()
+    marker = ck.verify_checkpoint(c2)
+    dt = time.perf_counter() - t0
+    total = sum(f["size"] for f in marker["files"].values())
+    print(
+        f"\nxxh3_64: {gbs:.2f} GB/s in memory; verify_checkpoint of {total / 1e6:.1f} MB: {dt * 1e3:.1f} ms"
+    )
+    assert gbs > 0.2

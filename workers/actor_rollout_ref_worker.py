@@ -16,7 +16,9 @@ Driver-callable methods (see ``ppoflow.infra.runtime.launch.WorkerGroup.call``):
     compute_log_prob(data, calculate_entropy) DP_COMPUTE_PROTO -> "old_log_probs" (+ "entropys")
     compute_ref_log_prob(data)                DP_COMPUTE_PROTO -> "ref_log_prob"
     update_actor(data)                        DP_COMPUTE_PROTO -> metrics dict (same on every rank)
-    save_checkpoint(url, extra=None)          ONE_TO_ALL   -> url
+    save_checkpoint(url, extra=None, background=False, weights_only=False)
+                                              ONE_TO_ALL   -> per-rank timings (background: once staged)
+    wait_checkpoint()                         ONE_TO_ALL   -> the background write's result (or None)
     load_checkpoint(url, with_optimizer=True) ONE_TO_ALL   -> the saved ``extra`` dict
 
 Data parallelism: every DP_COMPUTE_PROTO method is dispatched over all ranks (``dp_rank = rank``,
@@ -34,9 +36,14 @@ from __future__ import annotations
 
 import functools
 import gc
+import random
 import time
 from typing import Any
 
+import numpy as np
+import torch
+
+from ppoflow.infra.checkpoint.writer import CheckpointWriter
 from ppoflow.infra.config import ExperimentConfig, FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor import DataParallelPPOActor
@@ -90,6 +97,9 @@ class ActorRolloutRefWorker(Worker):
         self.sharding_manager: Any = None
         self.tokenizer: Any = None
         self._meshes: dict[int, Any] = {}
+        self.checkpoints = CheckpointWriter(
+            attempts=self.cfg.checkpoint.write_attempts, threads=self.cfg.checkpoint.write_threads
+        )
 
     # ------------------------------------------------------------------ building
     def _mesh(self, fsdp_cfg: FSDPConfig):
@@ -173,9 +183,13 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
         """Build what the role needs: the actor (FSDP module, AdamW, LR schedule), the rollout
-        engine, the frozen reference. Returns a JSON summary of this rank's layout."""
+        engine, the frozen reference. Returns a JSON summary of this rank's layout. Every rank's
+        torch, Python and numpy RNGs are seeded first (they go into checkpoints)."""
         t0 = time.perf_counter()
         cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
         info: dict[str, Any] = {"rank": self.rank, "role": self.role}
         common = dict(
             rollout_n=cfg.rollout.n,
@@ -289,28 +303,45 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ checkpoints
     @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, url: str, extra: dict[str, Any] | None = None) -> str:
-        """Sharded DCP checkpoint of the actor (model, optimizer, LR schedule) at ``url``."""
-        from ppoflow.infra.checkpoint.sharded import save_checkpoint
-
+    def save_checkpoint(
+        self,
+        url: str,
+        extra: dict[str, Any] | None = None,
+        background: bool = False,
+        weights_only: bool = False,
+    ) -> dict[str, Any]:
+        """Sharded DCP checkpoint of the actor (model, optimizer, LR schedule; ``weights_only``:
+        the model alone) at ``url``; ``background``: return once staged in host memory, the write
+        goes on (see ``ppoflow.infra.checkpoint.writer``)."""
         actor = self._need("actor")
-        return save_checkpoint(url, actor.module, actor.optimizer, actor.lr_scheduler, extra=extra)
+        optimizer = None if weights_only else actor.optimizer
+        scheduler = None if weights_only else actor.lr_scheduler
+        return self.checkpoints.save(url, actor.module, optimizer, scheduler, extra, background=background)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def wait_checkpoint(self) -> dict[str, Any] | None:
+        """Wait for the background checkpoint write; its result, ``{url, error}`` if it failed."""
+        return self.checkpoints.wait(raise_errors=False)
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, url: str, with_optimizer: bool = True) -> dict[str, Any]:
-        """Load the actor from ``url`` (any world size / mesh); returns the checkpoint's ``extra``."""
+        """Load the actor from ``url`` (any world size / mesh); returns the checkpoint's ``extra``.
+        The files read are verified first (``checkpoint.verify``)."""
         from ppoflow.infra.checkpoint.sharded import load_checkpoint
 
         actor = self._need("actor")
+        self.checkpoints.wait(raise_errors=False)  # never read what this rank is still writing
         optimizer = actor.optimizer if with_optimizer else None
         scheduler = actor.lr_scheduler if with_optimizer else None
-        extra = load_checkpoint(url, actor.module, optimizer, scheduler)
+        extra = load_checkpoint(url, actor.module, optimizer, scheduler, verify=self.cfg.checkpoint.verify)
         if self.sharding_manager is not None:
             self.sharding_manager.set_source_checkpoint(url)  # the next rollout loads these weights
         return extra
 
     def shutdown(self) -> None:
-        """Drop the engines, modules and optimizer state before the process group goes away."""
+        """Finish a checkpoint write in flight, then drop the engines, modules and optimizer state
+        before the process group goes away."""
+        self.checkpoints.close()
         if self.rollout is not None and hasattr(self.rollout, "shutdown"):
             self.rollout.shutdown()
         self.rollout = self.sharding_manager = self.actor = self.ref = None

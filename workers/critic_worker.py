@@ -7,16 +7,23 @@ base model (a causal LM checkpoint: the ``score`` head then starts from ``cfg.se
     init_model()                      ONE_TO_ALL        -> per-rank {mesh, params, seconds}
     compute_values(data)              DP_COMPUTE_PROTO  -> "values" (B, R)
     update_critic(data)               DP_COMPUTE_PROTO  -> metrics dict (same on every rank)
-    save_checkpoint(url, extra=None)  ONE_TO_ALL        -> url
+    save_checkpoint(url, extra=None, background=False, weights_only=False)
+                                      ONE_TO_ALL        -> per-rank timings (background: once staged)
+    wait_checkpoint()                 ONE_TO_ALL        -> the background write's result (or None)
     load_checkpoint(url, with_optimizer=True) ONE_TO_ALL -> the saved ``extra`` dict
 """
 
 from __future__ import annotations
 
 import gc
+import random
 import time
 from typing import Any
 
+import numpy as np
+import torch
+
+from ppoflow.infra.checkpoint.writer import CheckpointWriter
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor_rollout_ref_worker import parse_worker_config
 from ppoflow.workers.base import Dispatch, Worker, register
@@ -42,12 +49,20 @@ class CriticWorker(Worker):
         super().__init__(config)
         self.cfg, self.role = parse_worker_config(config, ("critic",), "critic")
         self.critic: DataParallelPPOCritic | None = None
+        self.checkpoints = CheckpointWriter(
+            attempts=self.cfg.checkpoint.write_attempts, threads=self.cfg.checkpoint.write_threads
+        )
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
-        """Load the value model on every rank (same seed), shard it, build AdamW + LR schedule."""
+        """Load the value model on every rank (same seed), shard it, build AdamW + LR schedule.
+        Every rank's torch, Python and numpy RNGs are seeded first (they go into checkpoints: two
+        experiments of one config must commit the same bits)."""
         t0 = time.perf_counter()
         cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
         model_cfg = cfg.critic_model
         mesh = build_mesh(cfg.critic.fsdp, self.world_size, self.device.type)
         module = build_fsdp_model(
@@ -116,24 +131,41 @@ class CriticWorker(Worker):
         return metrics
 
     @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, url: str, extra: dict[str, Any] | None = None) -> str:
-        """Sharded DCP checkpoint of the critic (model, optimizer, LR schedule) at ``url``."""
-        from ppoflow.infra.checkpoint.sharded import save_checkpoint
-
+    def save_checkpoint(
+        self,
+        url: str,
+        extra: dict[str, Any] | None = None,
+        background: bool = False,
+        weights_only: bool = False,
+    ) -> dict[str, Any]:
+        """Sharded DCP checkpoint of the critic (model, optimizer, LR schedule; ``weights_only``:
+        the model alone) at ``url``; ``background``: return once staged in host memory."""
         critic = self._need()
-        return save_checkpoint(url, critic.module, critic.optimizer, critic.lr_scheduler, extra=extra)
+        optimizer = None if weights_only else critic.optimizer
+        scheduler = None if weights_only else critic.lr_scheduler
+        return self.checkpoints.save(url, critic.module, optimizer, scheduler, extra, background=background)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def wait_checkpoint(self) -> dict[str, Any] | None:
+        """Wait for the background checkpoint write; its result, ``{url, error}`` if it failed."""
+        return self.checkpoints.wait(raise_errors=False)
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, url: str, with_optimizer: bool = True) -> dict[str, Any]:
-        """Load the critic from ``url`` (any world size / mesh); returns the checkpoint's ``extra``."""
+        """Load the critic from ``url`` (any world size / mesh); returns the checkpoint's ``extra``.
+        The files read are verified first (``checkpoint.verify``)."""
         from ppoflow.infra.checkpoint.sharded import load_checkpoint
 
         critic = self._need()
+        self.checkpoints.wait(raise_errors=False)  # never read what this rank is still writing
+        verify = self.cfg.checkpoint.verify
         if with_optimizer:
-            return load_checkpoint(url, critic.module, critic.optimizer, critic.lr_scheduler)
-        return load_checkpoint(url, critic.module)
+            return load_checkpoint(url, critic.module, critic.optimizer, critic.lr_scheduler, verify=verify)
+        return load_checkpoint(url, critic.module, verify=verify)
 
     def shutdown(self) -> None:
-        """Drop the module and optimizer before the process group goes away."""
+        """Finish a checkpoint write in flight, then drop the module and optimizer before the
+        process group goes away."""
+        self.checkpoints.close()
         self.critic = None
         gc.collect()

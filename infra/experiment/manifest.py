@@ -134,6 +134,14 @@ class Manifest:
     config_history: list[dict[str, Any]] = field(default_factory=list)
     trend: list[dict[str, Any]] = field(default_factory=list)
     format: int = FORMAT
+    # what iteration n+1's rollout and values use when not actor/critic_checkpoint (one-step
+    # off-policy: the checkpoints of iteration n-1); {"actor": ref, "critic": ref}; None = those
+    rollout_checkpoints: dict[str, str | None] | None = None
+
+    def checkpoints(self) -> list[str]:
+        """Every checkpoint this manifest needs (relative references)."""
+        refs = [self.actor_checkpoint, self.critic_checkpoint, *(self.rollout_checkpoints or {}).values()]
+        return sorted({r for r in refs if r})
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,6 +233,7 @@ def next_manifest(
     data_cursor: DataCursor,
     kl_coef: float | None,
     metrics: dict[str, Any],
+    rollout_checkpoints: dict[str, str | None] | None = None,
 ) -> Manifest:
     """Manifest ``prev.iteration + 1`` after an iteration ran with ``cfg``."""
     n = prev.iteration + 1
@@ -242,6 +251,11 @@ def next_manifest(
         committed_at=now_iso(),
         config_history=_history(prev.config_history, n, cfg, paths.ref(record_config(paths, cfg))),
         trend=[*prev.trend, row],
+        rollout_checkpoints=(
+            {role: paths.ref(url) for role, url in rollout_checkpoints.items()}
+            if rollout_checkpoints
+            else None
+        ),
     )
 
 

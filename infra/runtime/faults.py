@@ -5,11 +5,19 @@ comma-separated list of entries:
 
     task:<task>:before         the Prefect task <task> raises FaultInjected before doing any work
     task:<task>:after          ... after its output is written (the retry must find and reuse it)
+    task:<task>@<n>:<point>    ... only in iteration <n>
     rank_exit:<method>:<rank>  rank <rank> of a worker group calls os._exit(17) when <method> starts
     rank_raise:<method>:<rank> rank <rank> raises RuntimeError when <method> starts
     node_exit:<method>:<rank>  the node running rank <rank> is lost when <method> starts: the rank
                                SIGKILLs its node's agent and goes down with it (groups of
                                ``resources.launch: rendezvous`` only)
+
+Rank entries may also name a *point* inside a method instead of a method (:func:`rank_point`):
+
+    rank_exit:checkpoint_write:<rank>   the rank exits while it writes a checkpoint: after its
+                                        shards, before the marker (in the background writer)
+    rank_raise:checkpoint_write:<rank>  the rank's storage write fails inside DCP (every rank sees
+                                        it; the writer retries, see checkpoint.write_attempts)
 
 Each entry fires once per process, so the task's retry (or the rebuilt group) passes. Append
 ``:always`` to an entry to make it fire every time (e.g. to exhaust a task's retries and fail the
@@ -34,16 +42,20 @@ from dataclasses import dataclass
 
 __all__ = [
     "ENV_VAR",
+    "CHECKPOINT_WRITE",
     "FaultInjected",
     "Fault",
     "parse",
     "maybe_fail",
     "rank_fault_env",
     "note_rank_failure",
+    "rank_point",
     "reset",
 ]
 
 ENV_VAR = "PPOFLOW_FAULT"
+#: The rank point fired when a rank opens a checkpoint file for writing (see ``rank_point``).
+CHECKPOINT_WRITE = "checkpoint_write"
 TASK_POINTS = ("before", "after")
 RANK_KINDS = ("rank_exit", "rank_raise", "node_exit")
 
@@ -68,8 +80,13 @@ class Fault:
 
     @property
     def rank_spec(self) -> str:
-        """The entry in the form the rank side understands (without ``:always``)."""
-        return f"{self.kind}:{self.target}:{self.where}"
+        """The entry in the form the rank side understands."""
+        return f"{self.kind}:{self.target}:{self.where}" + (":always" if self.always else "")
+
+    def names(self, task: str, iteration: int | None) -> bool:
+        """True when this (task) entry is aimed at ``task`` (in ``iteration``, if it names one)."""
+        name, _, n = self.target.partition("@")
+        return name == task and (not n or (iteration is not None and n == str(iteration)))
 
 
 def parse(spec: str | None) -> list[Fault]:
@@ -80,13 +97,14 @@ def parse(spec: str | None) -> list[Fault]:
         always = len(parts) == 4 and parts[3] == "always"
         if always:
             parts = parts[:3]
+        name, at, n = parts[1].partition("@") if len(parts) > 1 else ("", "", "")
         ok = len(parts) == 3 and (
-            (parts[0] == "task" and parts[2] in TASK_POINTS)
+            (parts[0] == "task" and parts[2] in TASK_POINTS and bool(name) and (not at or n.isdigit()))
             or (parts[0] in RANK_KINDS and parts[2].isdigit())
         )
         if not ok:
             raise ValueError(
-                f"{ENV_VAR}: bad entry {item!r}; allowed: task:<task>:before|after, "
+                f"{ENV_VAR}: bad entry {item!r}; allowed: task:<task>[@<iteration>]:before|after, "
                 f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank>, node_exit:<method>:<rank> "
                 "(each optionally + ':always')"
             )
@@ -98,11 +116,12 @@ def _current() -> list[Fault]:
     return parse(os.environ.get(ENV_VAR))
 
 
-def maybe_fail(task: str, point: str) -> None:
-    """Raise :class:`FaultInjected` if ``PPOFLOW_FAULT`` names ``task`` at ``point`` (and the entry
-    has not fired yet in this process, unless it says ``:always``)."""
+def maybe_fail(task: str, point: str, iteration: int | None = None) -> None:
+    """Raise :class:`FaultInjected` if ``PPOFLOW_FAULT`` names ``task`` at ``point`` (in
+    ``iteration``, for entries that name one) and the entry has not fired yet in this process,
+    unless it says ``:always``."""
     for fault in _current():
-        if fault.kind == "task" and fault.target == task and fault.where == point:
+        if fault.kind == "task" and fault.names(task, iteration) and fault.where == point:
             with _lock:
                 if fault.text in _fired and not fault.always:
                     continue
@@ -129,6 +148,27 @@ def note_rank_failure(method: str | None) -> None:
         for f in _current():
             if f.kind in RANK_KINDS and f.target == method:
                 _fired.add(f.text)
+
+
+def rank_point(point: str) -> None:
+    """Rank side: fire a ``rank_exit`` / ``rank_raise`` entry aimed at ``point`` on this rank
+    (``RANK`` from torch's launcher). Method starts are fired by the rank entry itself; this is for
+    points inside a method, such as ``checkpoint_write``. Once per process unless ``:always``."""
+    rank = os.environ.get("RANK", "0")
+    for fault in _current():
+        if fault.kind not in RANK_KINDS or fault.target != point or fault.where != rank:
+            continue
+        with _lock:
+            if fault.text in _fired and not fault.always:
+                continue
+            _fired.add(fault.text)
+        if fault.kind == "rank_exit":
+            import sys
+
+            print(f"[ppoflow] injected fault: rank {rank} exits at {point}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(17)
+        raise FaultInjected(f"injected fault ({ENV_VAR}={fault.text}) at {point} on rank {rank}")
 
 
 def reset() -> None:

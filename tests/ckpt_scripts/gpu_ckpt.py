@@ -3,8 +3,9 @@
     PYTHONPATH=. torchrun --nproc-per-node=2 tests/ckpt_scripts/gpu_ckpt.py OUT_DIR
 
 Each rank: tiny model under FSDP2 on cuda, one AdamW step, save, a reference second step, load
-(same world size: model, optimizer, CUDA + CPU RNG back), the second step again; prints the
-differences (deterministic algorithms on, so they should be 0) and the save/load times.
+(same world size: model, optimizer, CUDA + CPU RNG back), the second step again; then a background
+save (pinned host staging, an own gloo group) while the second step runs, loaded into a fresh
+model; prints the differences (deterministic algorithms on, so they should be 0) and the times.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from ppoflow.infra.checkpoint.sharded import load_checkpoint, load_full_state_dict, save_checkpoint
+from ppoflow.infra.checkpoint.writer import CheckpointWriter
 from tests.ckpt_scripts.common import batch, full_params, make_optim, max_diff
 
 
@@ -79,6 +81,28 @@ def main() -> None:
     )
     full = load_full_state_dict(os.path.join(out, "c"))
     res["full_state_dict"] = max_diff(full, {k: v.cpu() for k, v in w1.items()})
+
+    # background save of the state after step 1 while step 2 runs on the live tensors
+    load_checkpoint(os.path.join(out, "c"), model, opt, sched)
+    writer = CheckpointWriter()
+    t0 = time.perf_counter()
+    res["async_staged_s"] = round(
+        writer.save(os.path.join(out, "ca"), model, opt, sched, background=True)["staged_s"], 4
+    )
+    step(model, opt, sched, 2, rank, world)
+    res["async_step_while_writing"] = max_diff(
+        {k: v.cpu() for k, v in full_params(model).items()}, {k: v.cpu() for k, v in ref2.items()}
+    )
+    res["async_write_s"] = round(writer.wait()["write_s"], 3)
+    writer.close()
+    load_checkpoint(os.path.join(out, "ca"), model, opt, sched)
+    res["async_w_after_load"] = max_diff(
+        {k: v.cpu() for k, v in full_params(model).items()}, {k: v.cpu() for k, v in w1.items()}
+    )
+    step(model, opt, sched, 2, rank, world)
+    res["async_step_after_load"] = max_diff(
+        {k: v.cpu() for k, v in full_params(model).items()}, {k: v.cpu() for k, v in ref2.items()}
+    )
     print(f"[rank {rank}] " + json.dumps(res), flush=True)
     del model, opt, sched
     dist.barrier()

@@ -1,0 +1,234 @@
+"""The order of a run's tasks: one iteration's graph, pipelined commits, and one-step overlap.
+
+Each iteration n is the graph of DESIGN.md::
+
+    generate ──► ref_log_prob ─┐
+       │    ├──► values ───────┼──► advantage ──► update_actor ──┐
+       │    └──► rm_score ─────┘                  update_critic ─┴──► commit
+
+``commit n`` is *submitted*, not awaited: it waits in the background for checkpoint n (written by
+the groups after the update tasks returned) while iteration n+1 already runs on the live weights.
+Commits stay in order (commit n+1 takes commit n's future as its ``previous``), and a failed
+commit stops the run at the next iteration boundary. Nothing of iteration n+1 needs commit n: it
+starts from a :class:`Start` built from iteration n's receipts (the checkpoints' URLs, the data
+cursor after the batch, the KL coefficient), exactly what manifest n will say.
+
+``algorithm.overlap: one_step`` changes which weights the data side uses. Iteration k's rollout,
+old log-probs and values come from the actor and critic after update k-2 (the base weights for
+k <= 2); its updates start from checkpoint k-1 as always. So, while iteration n is being trained,
+iteration n+1 is generated from the weights update n starts from, which are live in the groups:
+
+    actor group:   generate n+1 -> ref_log_prob n+1 -> update_actor n  -> generate n+2 -> ...
+    critic group:  values n+1                       -> update_critic n -> values n+2   -> ...
+
+and the advantage, reward model and commit work of one iteration overlaps the actor group's work
+on the next. The PPO ratio's denominator is the log-prob under the policy that sampled (k-2),
+recomputed by the FSDP actor in ``generate``, and is clipped as usual. A run that resumes at
+manifest m generates iteration m+1 from what manifest m records (``rollout_checkpoints``: the
+checkpoints of m-1), so the result does not depend on where runs stop and start.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.futures import PrefectFuture, wait
+
+from ppoflow.infra.data import storage
+from ppoflow.infra.data.prompts import DataCursor
+from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest
+from ppoflow.tasks import (
+    advantage,
+    commit,
+    generate,
+    ref_log_prob,
+    rm_score,
+    update_actor,
+    update_critic,
+    values,
+)
+from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, IterationReceipts, R, Receipt
+from ppoflow.tasks.runtime import RunContext
+
+__all__ = ["Start", "run_iterations", "needs_reference", "pending_roles"]
+
+
+def needs_reference(cfg: Any) -> bool:
+    """True when a KL term needs the reference policy's log-probs."""
+    return cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
+
+
+def _results(futures: list[PrefectFuture[R]]) -> list[R]:
+    """Wait for every future, then return their results in order (raising the first failure)."""
+    wait(futures)
+    return [f.result() for f in futures]
+
+
+def pending_roles(ctx: RunContext, n: int) -> list[str]:
+    """The worker groups that unfinished tasks of iteration ``n`` will need."""
+    cfg = ctx.cfg
+
+    def missing(task: str) -> bool:
+        return not storage.exists(ctx.paths.receipt(n, task))
+
+    roles = []
+    if missing("generate") or missing("update_actor") or (needs_reference(cfg) and missing("ref_log_prob")):
+        roles.append("actor")
+    if cfg.critic.enable and (missing("values") or missing("update_critic")):
+        roles.append("critic")
+    if cfg.reward.reward_model.enable and missing("rm_score"):
+        roles.append("reward_model")
+    return roles
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where iteration ``iteration + 1`` starts (URLs): the updates from ``actor``/``critic``, the
+    rollout and values from ``rollout_actor``/``rollout_critic`` (the same, except one step older
+    with one-step overlap), the data at ``cursor``, the KL coefficient ``kl_coef``."""
+
+    iteration: int
+    actor: str
+    critic: str | None
+    rollout_actor: str
+    rollout_critic: str | None
+    cursor: DataCursor
+    kl_coef: float | None
+
+    @classmethod
+    def of(cls, paths: ExperimentPaths, manifest: Manifest, one_step: bool) -> Start:
+        actor, critic = paths.url(manifest.actor_checkpoint), paths.url(manifest.critic_checkpoint)
+        rollout = manifest.rollout_checkpoints if one_step and manifest.rollout_checkpoints else {}
+        return cls(
+            iteration=manifest.iteration,
+            actor=actor,
+            critic=critic,
+            rollout_actor=paths.url(rollout.get("actor")) or actor,
+            rollout_critic=paths.url(rollout.get("critic")) or critic,
+            cursor=manifest.data_cursor,
+            kl_coef=manifest.kl_coef,
+        )
+
+    def after(self, receipts: IterationReceipts, one_step: bool) -> Start:
+        """The start of the iteration after the one ``receipts`` belong to."""
+        actor = receipts.checkpoint("actor") or self.actor
+        critic = receipts.checkpoint("critic") or self.critic
+        return Start(
+            iteration=self.iteration + 1,
+            actor=actor,
+            critic=critic,
+            rollout_actor=self.actor if one_step else actor,
+            rollout_critic=self.critic if one_step else critic,
+            cursor=receipts.generate.next_cursor,
+            kl_coef=receipts.advantage.kl_coef,
+        )
+
+    def rollout_record(self) -> dict[str, str | None] | None:
+        """What manifest ``iteration`` records for the next rollout when it is not the new
+        checkpoints (``Manifest.rollout_checkpoints``)."""
+        if self.rollout_actor == self.actor and self.rollout_critic == self.critic:
+            return None
+        return {"actor": self.rollout_actor, "critic": self.rollout_critic}
+
+
+@dataclass
+class _Data:
+    """The data side of one iteration, submitted: its futures, and which groups they use."""
+
+    generate: PrefectFuture[GenerateReceipt]
+    reads: list[PrefectFuture[Receipt]]
+    advantage: PrefectFuture[AdvantageReceipt]
+    actor_users: list[PrefectFuture[Any]]
+    critic_users: list[PrefectFuture[Any]]
+
+    def receipts(self) -> tuple[GenerateReceipt, list[Receipt], AdvantageReceipt]:
+        gen = self.generate.result()
+        return gen, _results(self.reads), self.advantage.result()
+
+
+def _submit_data(ctx: RunContext, n: int, start: Start) -> _Data:
+    """Submit generate -> (ref_log_prob, values, rm_score) -> advantage of iteration ``n``."""
+    cfg, run = ctx.cfg, ctx.key
+    gen = generate.submit(run, n, start.rollout_actor, start.cursor)
+    reads, actor_users, critic_users = [], [gen], []
+    if needs_reference(cfg):
+        reads.append(ref_log_prob.submit(run, n, gen))
+        actor_users.append(reads[-1])
+    if cfg.critic.enable:
+        reads.append(values.submit(run, n, gen, start.rollout_critic))
+        critic_users.append(reads[-1])
+    if cfg.reward.reward_model.enable:
+        reads.append(rm_score.submit(run, n, gen))
+    adv = advantage.submit(run, n, gen, reads, start.kl_coef)
+    return _Data(gen, reads, adv, actor_users, critic_users)
+
+
+def run_iterations(
+    ctx: RunContext, manifest: Manifest, iterations: int, on_commit: Any
+) -> tuple[Manifest, dict[str, Any]]:
+    """Run ``iterations`` iterations after ``manifest``; ``on_commit(manifest, metrics)`` is called
+    (in the flow's thread) for each commit in order. Returns the last (manifest, metrics)."""
+    cfg, run = ctx.cfg, ctx.key
+    one_step = cfg.algorithm.overlap == "one_step"
+    start = Start.of(ctx.paths, manifest, one_step)
+    previous: Manifest | PrefectFuture[Manifest] = manifest
+    commits: list[PrefectFuture[Manifest]] = []
+    last: tuple[Manifest, dict[str, Any]] = (manifest, {})
+    data: _Data | None = None
+
+    def finished(future: PrefectFuture[Manifest]) -> bool:
+        future.wait(timeout=0)  # records the final state once the task returned
+        return future.state.is_final()
+
+    def report(block: bool) -> None:
+        nonlocal last
+        while commits and (block or finished(commits[0])):
+            done = commits.pop(0).result()  # raises if the commit failed: the run stops here
+            last = (done, storage.read_json(ctx.paths.file(done.iteration, "metrics.json")))
+            on_commit(*last)
+
+    try:
+        for i in range(iterations):
+            n = start.iteration + 1
+            started = time.time()
+            ctx.prestart(pending_roles(ctx, n))
+            data = data or _submit_data(ctx, n, start)
+            gen, scored, adv = data.receipts()
+            after = Start(
+                iteration=n,
+                actor=ctx.paths.checkpoint("actor", n),
+                critic=ctx.paths.checkpoint("critic", n) if cfg.critic.enable else start.critic,
+                rollout_actor=start.actor,
+                rollout_critic=start.critic,
+                cursor=gen.next_cursor,
+                kl_coef=adv.kl_coef,
+            )
+            upcoming = _submit_data(ctx, n + 1, after) if one_step and i + 1 < iterations else None
+            updates = [
+                update_actor.submit(
+                    run, n, adv, start.actor, wait_for=upcoming.actor_users if upcoming else None
+                )
+            ]
+            if cfg.critic.enable:
+                waits = upcoming.critic_users if upcoming else None
+                updates.append(update_critic.submit(run, n, adv, start.critic, wait_for=waits))
+            receipts = IterationReceipts(
+                generate=gen, scored=scored, advantage=adv, updates=_results(updates)
+            )
+            start = start.after(receipts, one_step)
+            previous = commit.submit(run, n, previous, receipts, started, start.rollout_record())
+            commits.append(previous)
+            data = upcoming
+            report(block=False)
+        report(block=True)
+    finally:
+        if commits:  # let committed-to-be iterations land (they wait only for their checkpoints)
+            wait(commits)
+            try:
+                report(block=True)
+            except Exception as exc:  # noqa: BLE001 - the error that stopped the run is raised instead
+                get_run_logger().warning(f"a pending commit failed too: {exc}")
+    return last

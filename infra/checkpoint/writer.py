@@ -1,0 +1,339 @@
+"""Rank side of checkpoint writes: synchronous, or staged to host memory and written in the background.
+
+    writer = CheckpointWriter()                   # one per trained model, on every rank of its group
+    writer.save(url, model, opt, sched, extra)                    # returns once published
+    writer.save(url, model, opt, sched, extra, background=True)   # returns once staged (host copy)
+    ...                                                           # training goes on meanwhile
+    writer.wait()                                 # the background write's result (raises if it failed)
+
+Every ``save`` is collective (every rank of the group calls it). A background save:
+
+1. waits for the previous background write of this writer (one in flight: its host buffers are
+   reused), removes an old marker at ``url`` (rank 0), and captures the non-tensor state (optimizer
+   param groups, LR scheduler, ``extra``, this rank's RNG) now;
+2. stages the tensors into host memory (:class:`HostStager`: pinned on CUDA; the buffers are
+   allocated once and reused by the next saves), so training may change the live tensors at once;
+3. writes in a thread of its own: ``dcp.save`` over a gloo process group of its own (DCP's collectives
+   must not interleave with the training's on the default group: that deadlocks), model and
+   optimizer as two DCP directories, each file hashed as it is written
+   (:class:`~ppoflow.infra.checkpoint.integrity.HashingFileSystem`), then each rank's RNG file;
+   a failed DCP write (every rank sees it) is retried from the staged copy ``attempts`` times;
+4. gathers every rank's file records and rank 0 publishes the marker, or, if any rank failed,
+   ``ppoflow_failed.json`` with the errors. A rank that dies mid-write leaves neither: the checkpoint
+   stays incomplete and loads refuse it.
+
+Layout written (format v2)::
+
+    model/.metadata, model/__<rank>_0.distcp     {"model": {hf_name: tensor}}
+    optim/.metadata, optim/__<rank>_0.distcp     {"optim": {hf_name: {exp_avg, ...}}}  (not for a
+                                                 never-stepped optimizer: its state is empty)
+    rng/rank_<rank>.json                         each rank's RNG states
+    ppoflow_complete.json                        the marker, written last (see ``marker``)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+
+from ppoflow.infra.checkpoint._dist import all_gather_json, barrier, rank_world
+from ppoflow.infra.checkpoint.integrity import ALGORITHM, HashingFileSystem, hash_bytes, hash_file
+from ppoflow.infra.checkpoint.marker import (
+    FAILED,
+    FORMAT,
+    MARKER,
+    CheckpointError,
+    CheckpointWriteFailed,
+    options,
+    write_failure,
+    write_marker,
+)
+from ppoflow.infra.checkpoint.state import MODEL, OPTIM, collect, enc, rng_state
+from ppoflow.infra.data import storage
+from ppoflow.infra.runtime import faults
+
+__all__ = ["CheckpointWriter", "dcp_call", "make_reader", "make_writer", "FAULT_POINT"]
+
+_LOG = logging.getLogger("ppoflow.checkpoint")
+
+#: ``PPOFLOW_FAULT`` point fired when a rank opens a checkpoint file for writing (``rank_exit``:
+#: the rank dies mid-write; ``rank_raise``: that write fails inside DCP).
+FAULT_POINT = faults.CHECKPOINT_WRITE
+
+
+def _local_path(url: str) -> str | None:
+    """The OS path of a local URL (plain path or ``file://``), else None."""
+    return url if "://" not in url else url[len("file://") :] if url.startswith("file://") else None
+
+
+def make_writer(url: str, opts: dict, threads: int = 1) -> Any:
+    """DCP's writer for ``url``: its local one for paths, the fsspec one (with ``opts``) otherwise;
+    ``threads`` > 1 writes that many files per rank in parallel."""
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    local = _local_path(url)
+    if local is not None:
+        return FileSystemWriter(local, single_file_per_rank=True, overwrite=True, thread_count=threads)
+    # Never pass checkpoint_id= together with this writer: DCP would rebuild it without ``opts``.
+    return FsspecWriter(url, single_file_per_rank=True, overwrite=True, thread_count=threads, **opts)
+
+
+def make_reader(url: str, opts: dict) -> Any:
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    local = _local_path(url)
+    return FileSystemReader(local) if local is not None else FsspecReader(url, **opts)
+
+
+def dcp_call(what: str, url: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+    """Run a DCP call, turning its ``CheckpointException`` (a BaseException) into CheckpointError."""
+    try:
+        with warnings.catch_warnings():  # DCP warns on every single-process call; that is intended here
+            warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
+            warnings.filterwarnings(
+                "ignore", message="Detected an existing checkpoint"
+            )  # replaced on purpose
+            fn(*args, **kwargs)
+    except CheckpointException as exc:
+        _LOG.debug("%s checkpoint %s failed: %s", what, url, exc)
+        causes = "; ".join(
+            f"rank {rank}: {type(err).__name__}: {err}" for rank, (err, _) in sorted(exc.failures.items())
+        )
+        raise CheckpointError(f"{what} checkpoint {url} failed ({causes})") from exc
+
+
+def _layout(tree: Any, prefix: str = "") -> tuple:
+    """The shape of a state tree: every leaf's path, type, shape and dtype (buffers are reused
+    while it stays the same)."""
+    if isinstance(tree, dict):
+        return tuple(item for key in sorted(tree) for item in _layout(tree[key], f"{prefix}{key}."))
+    if isinstance(tree, torch.Tensor):
+        return ((prefix, type(tree).__name__, tuple(tree.shape), str(tree.dtype), tree.device.type),)
+    return ((prefix, type(tree).__name__),)
+
+
+class HostStager:
+    """Copies state trees into host memory (pinned when the tensors live on CUDA), into buffers
+    allocated on first use and reused while the tree's layout stays the same. torch's own
+    ``_create_cpu_state_dict`` / ``_copy_state_dict`` do the work (they keep DTensor structure;
+    DCP's ``BlockingAsyncStager`` is built on them, in torch 2.11 through 2.13; the newer
+    ``DefaultStager`` fails on these trees in torch 2.11)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, tuple[tuple, dict]] = {}
+
+    def stage(self, name: str, tree: dict) -> dict:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        layout = _layout(tree)
+        cached = self._buffers.get(name)
+        cuda = any(leaf[-1] == "cuda" for leaf in layout if len(leaf) == 5)
+        if cached is None or cached[0] != layout:
+            cached = (layout, _create_cpu_state_dict(tree, pin_memory=cuda))
+            self._buffers[name] = cached
+        staged = _copy_state_dict(tree, cached[1], non_blocking=cuda)
+        if cuda:
+            torch.cuda.synchronize()
+        return staged
+
+    def close(self) -> None:
+        self._buffers.clear()
+
+
+class CheckpointWriter:
+    """Writes one model's checkpoints on one rank; at most one background write in flight.
+
+    Args:
+        attempts: DCP writes tried per directory before the save fails (storage hiccups).
+        backoff_s: seconds before the second attempt (doubled for each next one).
+        threads: files each rank writes in parallel (DCP's ``thread_count``).
+    """
+
+    def __init__(self, attempts: int = 3, backoff_s: float = 1.0, threads: int = 1):
+        self.attempts, self.backoff_s = max(1, int(attempts)), float(backoff_s)
+        self.threads = max(1, int(threads))
+        self._pg: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._stager: Any = None
+        self._job: tuple[str, Future] | None = None
+
+    @property
+    def pending(self) -> str | None:
+        """The URL of the background write in flight (or finished but not yet waited for)."""
+        return self._job[0] if self._job is not None else None
+
+    # ------------------------------------------------------------------ saving
+    def save(
+        self,
+        url: str,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scheduler: Any = None,
+        extra: dict[str, Any] | None = None,
+        storage_options: dict | None = None,
+        background: bool = False,
+    ) -> dict[str, Any]:
+        """Save model (+ optimizer, LR scheduler, ``extra``, RNG) to ``url``; collective.
+
+        Returns ``{waited_s, staged_s}`` (background: the write goes on; :meth:`wait` for it) or
+        ``{waited_s, write_s, bytes}`` once the checkpoint is published. ``waited_s``: time spent
+        waiting for this writer's previous background write.
+        """
+        t0 = time.perf_counter()
+        self.wait(raise_errors=False)  # its outcome is its own marker or failure record
+        waited = time.perf_counter() - t0
+        rank, world = rank_world()
+        opts = options(url, storage_options)
+        got = collect(model, optimizer, for_save=True)
+        marker: dict[str, Any] = {
+            "format": FORMAT,
+            "world_size": world,
+            "hf_key_prefix": got.names.prefix,
+            "layout": {"model": MODEL, "optim": OPTIM if got.optim is not None else None},
+            "weights_only": optimizer is None,
+            "extra": enc(dict(extra or {}), "extra"),
+            "optimizer": got.optim_json,
+            "lr_scheduler": None,
+            "torch": torch.__version__,
+        }
+        if lr_scheduler is not None:
+            marker["lr_scheduler"] = enc(lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
+        trees = {MODEL: got.model, **({OPTIM: got.optim} if got.optim is not None else {})}
+        rng = rng_state()
+        if rank == 0:
+            for name in (MARKER, FAILED):
+                target = storage.join(url, name)
+                if storage.exists(target, opts):
+                    storage.rm(target, storage_options=opts)
+        barrier()
+        if not background:
+            result = self._write(url, trees, marker, rng, opts, None, time.perf_counter())
+            return {"waited_s": waited, **result}
+        t1 = time.perf_counter()
+        if self._stager is None:
+            self._stager = HostStager()
+        staged = {sub: self._stager.stage(sub, tree) for sub, tree in trees.items()}
+        staged_s = time.perf_counter() - t1
+        group = self._group()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ppoflow-ckpt-write")
+        self._job = (url, self._pool.submit(self._write, url, staged, marker, rng, opts, group, t1))
+        return {"waited_s": waited, "staged_s": staged_s}
+
+    def _group(self) -> Any:
+        """The writer's own gloo group (created collectively on first use)."""
+        if self._pg is None and dist.is_available() and dist.is_initialized():
+            self._pg = dist.new_group(backend="gloo")
+        return self._pg
+
+    def _write(
+        self,
+        url: str,
+        trees: dict[str, dict],
+        marker: dict[str, Any],
+        rng: dict[str, Any],
+        opts: dict,
+        group: Any,
+        t0: float,
+    ) -> dict[str, Any]:
+        """Write the trees and this rank's RNG file, then publish the marker (rank 0); collective
+        on ``group``. Every rank reaches the gather, whatever failed, so none is left waiting."""
+        rank, _ = rank_world(group)
+        records: dict[str, dict[str, Any]] = {}
+        error = None
+        try:
+            for sub, tree in trees.items():
+                records.update(self._dcp_save(url, sub, tree, opts, group))
+            data = json.dumps(rng).encode()
+            name = f"rng/rank_{rank:05d}.json"
+            storage.write_bytes_atomic(storage.join(url, name), data, opts)
+            records[name] = {"size": len(data), ALGORITHM: hash_bytes(data)}
+        except BaseException as exc:  # noqa: BLE001 - reported through the gather and the failure record
+            error = (
+                str(exc) if isinstance(exc, CheckpointError) else f"rank {rank}: {type(exc).__name__}: {exc}"
+            )
+        everyone = all_gather_json({"files": records, "error": error}, group)
+        errors = list(
+            dict.fromkeys(e["error"] for e in everyone if e["error"])
+        )  # DCP's: the same on every rank
+        files = {name: rec for e in everyone for name, rec in e["files"].items()}
+        total = sum(int(r["size"]) for r in files.values())
+        write_s = time.perf_counter() - t0
+        if rank == 0:
+            if errors:
+                write_failure(url, errors, opts)
+            else:
+                write_marker(
+                    url,
+                    {**marker, "files": files, "bytes": total, "write_s": write_s, "saved_at": time.time()},
+                    opts,
+                )
+        barrier(group)
+        if errors:
+            raise CheckpointWriteFailed(f"writing checkpoint {url} failed: {'; '.join(errors)}")
+        _LOG.info("saved checkpoint %s (%d bytes) in %.2fs", url, total, write_s)
+        return {"url": url, "write_s": write_s, "bytes": total}
+
+    def _dcp_save(self, url: str, sub: str, tree: dict, opts: dict, group: Any) -> dict[str, dict[str, Any]]:
+        """``dcp.save`` of ``tree`` into ``url/sub`` (retried); this rank's files -> {name: record}."""
+        target = storage.join(url, sub)
+        for attempt in range(1, self.attempts + 1):
+            writer = make_writer(target, opts, self.threads)
+            hashing = HashingFileSystem(writer.fs, on_open=lambda path: faults.rank_point(FAULT_POINT))
+            writer.fs = hashing
+            try:
+                dcp_call("saving", target, dcp.save, tree, storage_writer=writer, process_group=group)
+                break
+            except CheckpointError as exc:
+                if attempt == self.attempts:
+                    raise
+                delay = self.backoff_s * 2 ** (attempt - 1)
+                _LOG.warning("%s (attempt %d of %d); retrying in %.1fs", exc, attempt, self.attempts, delay)
+                time.sleep(delay)
+        out = {}
+        for path, rec in hashing.records.items():
+            name = f"{sub}/{os.path.basename(path.rstrip('/'))}"
+            if rec is None:  # a stream the hasher could not follow: read the file back
+                fs, fpath = storage.url_to_fs(storage.join(url, name), opts)
+                rec = hash_file(fs, fpath)
+            out[name] = {"size": rec[0], ALGORITHM: rec[1]}
+        return out
+
+    # ------------------------------------------------------------------ waiting
+    def wait(self, raise_errors: bool = True) -> dict[str, Any] | None:
+        """Block until the background write ends; its result (None when there was none).
+
+        A failed write raises (``raise_errors``) or returns ``{url, error}``.
+        """
+        if self._job is None:
+            return None
+        url, future = self._job
+        try:
+            return future.result()
+        except BaseException as exc:
+            if raise_errors:
+                raise
+            return {"url": url, "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self._job = None
+
+    def close(self) -> None:
+        """Finish the write in flight, then free the thread and the staging buffers."""
+        self.wait(raise_errors=False)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
