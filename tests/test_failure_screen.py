@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from ppoflow.flows.failure import cause_text, print_failure
-from ppoflow.infra.checkpoint.sharded import IncompleteCheckpointError, save_checkpoint
+from ppoflow.infra.checkpoint.sharded import (
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    save_checkpoint,
+)
 from ppoflow.infra.config import parse_config
 from ppoflow.infra.data.prompts import DataError
 from ppoflow.infra.experiment.lock import ExperimentLock
@@ -104,11 +108,11 @@ def test_an_unusable_checkpoint_points_back_to_the_last_good_iteration(cfg):
     for exc in (
         IncompleteCheckpointError("incomplete checkpoint ...: no marker"),
         in_rank(IncompleteCheckpointError("no marker")),
+        CorruptCheckpointError("checkpoint ... is damaged; 1 file(s) do not match its marker"),
     ):
         text = block(cfg, exc)
         assert (
-            f"  next   move the experiment back to iteration 0: copy {paths.file(0, 'manifest.json')} over "
-            f"{paths.manifest}" in text
+            f"  next   move the experiment back to iteration 0: ppoflow rollback {paths.root} --to 0" in text
         )
 
 

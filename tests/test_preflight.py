@@ -192,14 +192,28 @@ def test_a_committed_checkpoint_without_its_marker_is_named_with_the_way_back(tm
     )
     publish(paths, m1)
     assert "checkpoints: iteration 1's are complete" in preflight(cfg, lambda: tokenizer_of(model_dir)).passed
+    # a truncated shard: its size no longer matches the marker's record
+    shards = [
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(paths.checkpoint("actor", 1))
+        for name in names
+        if name.endswith(".distcp")
+    ]
+    with open(shards[0], "r+b") as f:
+        f.truncate(os.path.getsize(shards[0]) // 2)
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg, lambda: tokenizer_of(model_dir))
+    (problem,) = err.value.problems
+    assert "damaged" in problem.found and os.path.basename(shards[0]) in problem.found
     os.remove(os.path.join(paths.checkpoint("actor", 1), MARKER))
     with pytest.raises(PreflightError) as err:
         preflight(cfg, lambda: tokenizer_of(model_dir))
     (problem,) = err.value.problems
     assert problem.where == f"{paths.manifest} (actor checkpoint of iteration 1)"
     assert "incomplete checkpoint" in problem.found and paths.checkpoint("actor", 1) in problem.found
-    assert problem.fix.startswith("move the experiment back to iteration 0: copy")
-    assert paths.file(0, "manifest.json") in problem.fix
+    assert problem.fix.startswith(
+        f"move the experiment back to iteration 0: ppoflow rollback {paths.root} --to 0"
+    )
 
 
 def test_prompt_lengths_follow_data_truncation(tmp_path, model_dir):
