@@ -104,6 +104,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--resume", action=argparse.BooleanOptionalAction, default=True, help="iteration 3 in a new run"
     )
+    p.add_argument("--dynamic-bsz", action="store_true", help="packed token-budget micro-batches")
+    p.add_argument("--compile", action="store_true", help="model.use_torch_compile")
     args = p.parse_args(argv)
     gpu = args.device == "cuda"
     defaults = dict(
@@ -128,7 +130,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.micro_batch,
         False,
     )
-    args.max_num_seqs = args.max_num_batched_tokens = None
+    args.max_num_seqs = args.max_num_batched_tokens = args.max_token_len = None
+    args.overlap, args.sync_checkpoints = "none", False  # on-policy: the rollout must use the commit's weights
     return args
 
 
@@ -156,6 +159,7 @@ def run_flow(args, work: str) -> tuple[str, DrillLog]:
     build_prompts(data_url, args.prompts * 4, args.prompt_len)
     data = experiment_config(args, model_dir, data_url, os.path.join(work, "runs"))
     data["actor"]["optim"]["lr"] = args.lr
+    data["checkpoint"]["keep_last"] = None  # every iteration's weights are exported and compared
     data["rollout"]["temperature"] = 1.0
     cfg = parse_config(data, source="gpu_check config")
     print(f"model: {args.preset} ({n_params / 1e6:.1f}M params, random weights)", flush=True)

@@ -163,15 +163,19 @@ def test_storage_faults_are_retried_or_fail_cleanly_and_the_run_resumes(prefect_
     cfg = flow_config(root, "exp", **LIGHT)
     exp = f"/{BUCKET}/runs/exp"
     s3.fail("PUT", rf"^{exp}/iterations/000001/rollout\.arrow$", times=2)  # a DataProto write
-    s3.fail("PUT", rf"^{exp}/checkpoints/actor/000001/__1_0\.distcp$", times=2)  # rank 1's shard
+    s3.fail("PUT", rf"^{exp}/checkpoints/actor/000001/model/__1_0\.distcp$", times=2)  # rank 1's shard
     s3.fail("PUT", rf"^{exp}/manifest\.json$", times=10_000, skip=1)  # every publish after iteration 0's
     state = ppo(cfg, iterations=1, return_state=True)
     assert state.is_failed()
     assert "We encountered an internal error" in str(state.result(raise_on_failure=False))
     tries = attempts(state)
-    assert tries["generate"] == 2 and tries["update_actor"] == 2 and tries["commit"] == 3, tries
-    failed = {path.rsplit("/", 1)[-1] for _, path in s3.failed}
-    assert failed == {"rollout.arrow", "__1_0.distcp", "manifest.json"}
+    # the DataProto write fails the task once and Prefect retries it; the shard's two failures are
+    # absorbed by the background checkpoint writer's own attempts (checkpoint.write_attempts = 3), so
+    # update_actor runs once; the manifest never publishes and commit exhausts its retries
+    assert tries["generate"] == 2 and tries["update_actor"] == 1 and tries["commit"] == 3, tries
+    failed = [path.rsplit("/", 1)[-1] for _, path in s3.failed]
+    assert set(failed) == {"rollout.arrow", "__1_0.distcp", "manifest.json"}
+    assert failed.count("__1_0.distcp") == 2
     paths = ExperimentPaths(cfg.storage.experiment_url)
     assert read_manifest(paths).iteration == 0  # the commit point never moved
     keys = listing(cfg.storage.experiment_url)
