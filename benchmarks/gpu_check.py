@@ -131,7 +131,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         False,
     )
     args.max_num_seqs = args.max_num_batched_tokens = args.max_token_len = None
-    args.overlap, args.sync_checkpoints = "none", False  # on-policy: the rollout must use the commit's weights
+    args.overlap, args.sync_checkpoints = (
+        "none",
+        False,
+    )  # on-policy: the rollout must use the commit's weights
     return args
 
 

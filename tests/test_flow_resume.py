@@ -24,6 +24,7 @@ import pytest
 
 from ppoflow.infra.checkpoint.sharded import is_complete
 from ppoflow.infra.data import storage
+from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.runtime import faults
 from tests.support.experiments import assert_same_commit, copy_experiment
@@ -84,6 +85,8 @@ def test_faults_retries_resume_and_a_refused_concurrent_run(base_run, flow_confi
     assert not storage.exists(paths.receipt(2, "update_critic"))
     assert is_complete(paths.checkpoint("actor", 2)) and not is_complete(paths.checkpoint("critic", 2))
     assert not os.path.exists(paths.lock)
+    # the updates' mini-batch shuffle is seeded from this, so a retried update shuffles alike
+    assert DataProto.load(paths.file(2, "advantages.arrow"), columns=[]).meta_info["iteration"] == 2
     stamps = {
         name: os.stat(paths.file(2, name)).st_mtime_ns for name in ("rollout.arrow", "advantages.arrow")
     }

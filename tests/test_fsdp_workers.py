@@ -214,6 +214,22 @@ def test_mini_batch_rows_cover_every_row_each_epoch():
     assert all(sorted(e) == list(range(10)) for e in epochs) and epochs[0] != epochs[1]
 
 
+def test_update_shuffle_follows_the_iteration_not_the_call_count():
+    from ppoflow.workers.actor import mini_batch_rows, shuffle_seed
+
+    batch = DataProto.from_dict({"x": torch.zeros(10, 1)}, meta_info={"iteration": 7})
+    first, retried = shuffle_seed(3, batch, calls=1), shuffle_seed(3, batch, calls=5)
+    assert first == retried  # a recomputed or resumed update shuffles as the first one did
+    rows = [r.tolist() for r in mini_batch_rows(10, 4, 1, shuffle=True, seed=first)]
+    assert rows == [r.tolist() for r in mini_batch_rows(10, 4, 1, shuffle=True, seed=retried)]
+    assert (
+        shuffle_seed(3, DataProto.from_dict({"x": torch.zeros(10, 1)}, meta_info={"iteration": 8}), 1)
+        != first
+    )
+    unnamed = DataProto.from_dict({"x": torch.zeros(10, 1)})
+    assert shuffle_seed(3, unnamed, calls=1) != shuffle_seed(3, unnamed, calls=2)
+
+
 def test_full_params_carry_the_checkpoint_names(tiny):
     """iter_full_params (what the rollout's weight sync streams) names tensors as the HF checkpoint."""
     from safetensors.torch import load_file

@@ -34,6 +34,7 @@ from ppoflow.workers.packing import token_budget_micro_batches
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
     from ppoflow.infra.config import ActorConfig
+    from ppoflow.infra.data.dataproto import DataProto
 
 __all__ = [
     "DataParallelPPOActor",
@@ -42,6 +43,7 @@ __all__ = [
     "response_mask_of",
     "to_device",
     "mini_batch_rows",
+    "shuffle_seed",
     "summarize_steps",
     "world_size",
     "mini_batch_rows_per_rank",
@@ -104,6 +106,14 @@ def mini_batch_rows(n: int, size: int, epochs: int, shuffle: bool, seed: int) ->
             order = torch.randperm(n, generator=gen)
         for sl in row_slices(n, size):
             yield order[sl]
+
+
+def shuffle_seed(seed: int, data: DataProto, calls: int) -> int:
+    """The mini-batch shuffle's seed for one update: from the run's seed and the iteration the
+    batch belongs to (``meta_info["iteration"]``, set by ``generate``), so an update recomputed
+    after a failure or in a resumed run shuffles as the first one did; ``calls`` (this worker's
+    update count) only for batches that name no iteration."""
+    return seed * 1_000_003 + int(data.meta_info.get("iteration", calls))
 
 
 def micro_batches(
@@ -339,10 +349,9 @@ class DataParallelPPOActor:
         temperature = self._temperature(data)
         self.module.train()
         steps: list[dict[str, float]] = []
-        self.updates += 1  # a different shuffle per call
-        for rows in mini_batch_rows(
-            len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle, self.seed * 1_000_003 + self.updates
-        ):
+        self.updates += 1
+        seed = shuffle_seed(self.seed, data, self.updates)
+        for rows in mini_batch_rows(len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle, seed):
             steps.append(self._train_mini_batch(batch, rows, temperature))
         self.module.eval()
         return summarize_steps(steps, "actor")

@@ -21,6 +21,7 @@ from ppoflow.workers.actor import (
     mini_batch_rows,
     mini_batch_rows_per_rank,
     response_mask_of,
+    shuffle_seed,
     summarize_steps,
     to_device,
     world_size,
@@ -166,16 +167,11 @@ class DataParallelPPOCritic:
             raise KeyError(f"update_critic needs columns {missing} (have {sorted(data.batch)})")
         batch = {k: data.batch[k] for k in keys}
         self.module.train()
-        self.updates += 1  # a different shuffle per call
+        self.updates += 1
+        seed = shuffle_seed(self.seed, data, self.updates)
         steps = [
             self._train_mini_batch(batch, rows)
-            for rows in mini_batch_rows(
-                len(data),
-                self.mini_batch_size,
-                cfg.ppo_epochs,
-                cfg.shuffle,
-                self.seed * 1_000_003 + self.updates,
-            )
+            for rows in mini_batch_rows(len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle, seed)
         ]
         self.module.eval()
         return summarize_steps(steps, "critic")
