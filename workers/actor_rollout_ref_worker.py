@@ -43,11 +43,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ppoflow.infra.checkpoint.writer import CheckpointWriter
 from ppoflow.infra.config import ExperimentConfig, FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.device_memory import GIB, PeakMemory, engine_pool_bytes, resident_gib
 from ppoflow.workers.fsdp_utils import (
     build_fsdp_model,
@@ -82,7 +82,7 @@ def parse_worker_config(
     return cfg, role
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(CheckpointMethods, Worker):
     """Actor (FSDP policy + AdamW), rollout engine and reference policy on the ranks of one group."""
 
     def __init__(self, config: dict[str, Any]):
@@ -97,9 +97,7 @@ class ActorRolloutRefWorker(Worker):
         self.sharding_manager: Any = None
         self.tokenizer: Any = None
         self._meshes: dict[int, Any] = {}
-        self.checkpoints = CheckpointWriter(
-            attempts=self.cfg.checkpoint.write_attempts, threads=self.cfg.checkpoint.write_threads
-        )
+        self._init_checkpoints()
 
     # ------------------------------------------------------------------ building
     def _mesh(self, fsdp_cfg: FSDPConfig):
@@ -302,41 +300,12 @@ class ActorRolloutRefWorker(Worker):
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
-    @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self,
-        url: str,
-        extra: dict[str, Any] | None = None,
-        background: bool = False,
-        weights_only: bool = False,
-    ) -> dict[str, Any]:
-        """Sharded DCP checkpoint of the actor (model, optimizer, LR schedule; ``weights_only``:
-        the model alone) at ``url``; ``background``: return once staged in host memory, the write
-        goes on (see ``ppoflow.infra.checkpoint.writer``)."""
-        actor = self._need("actor")
-        optimizer = None if weights_only else actor.optimizer
-        scheduler = None if weights_only else actor.lr_scheduler
-        return self.checkpoints.save(url, actor.module, optimizer, scheduler, extra, background=background)
+    def _trained(self) -> DataParallelPPOActor:
+        return self._need("actor")
 
-    @register(Dispatch.ONE_TO_ALL)
-    def wait_checkpoint(self) -> dict[str, Any] | None:
-        """Wait for the background checkpoint write; its result, ``{url, error}`` if it failed."""
-        return self.checkpoints.wait(raise_errors=False)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, url: str, with_optimizer: bool = True) -> dict[str, Any]:
-        """Load the actor from ``url`` (any world size / mesh); returns the checkpoint's ``extra``.
-        The files read are verified first (``checkpoint.verify``)."""
-        from ppoflow.infra.checkpoint.sharded import load_checkpoint
-
-        actor = self._need("actor")
-        self.checkpoints.wait(raise_errors=False)  # never read what this rank is still writing
-        optimizer = actor.optimizer if with_optimizer else None
-        scheduler = actor.lr_scheduler if with_optimizer else None
-        extra = load_checkpoint(url, actor.module, optimizer, scheduler, verify=self.cfg.checkpoint.verify)
+    def _checkpoint_loaded(self, url: str) -> None:
         if self.sharding_manager is not None:
             self.sharding_manager.set_source_checkpoint(url)  # the next rollout loads these weights
-        return extra
 
     def shutdown(self) -> None:
         """Finish a checkpoint write in flight, then drop the engines, modules and optimizer state

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ppoflow.infra.checkpoint.writer import CheckpointWriter
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor_rollout_ref_worker import parse_worker_config
 from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.critic import DataParallelPPOCritic
 from ppoflow.workers.device_memory import PeakMemory, release_cached, resident_gib
 from ppoflow.workers.fsdp_utils import (
@@ -42,16 +42,14 @@ from ppoflow.workers.modeling import ValueModel
 __all__ = ["CriticWorker"]
 
 
-class CriticWorker(Worker):
+class CriticWorker(CheckpointMethods, Worker):
     """FSDP critic + AdamW; values and clipped value-loss updates."""
 
     def __init__(self, config: dict[str, Any]):
         super().__init__(config)
         self.cfg, self.role = parse_worker_config(config, ("critic",), "critic")
         self.critic: DataParallelPPOCritic | None = None
-        self.checkpoints = CheckpointWriter(
-            attempts=self.cfg.checkpoint.write_attempts, threads=self.cfg.checkpoint.write_threads
-        )
+        self._init_checkpoints()
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
@@ -130,38 +128,8 @@ class CriticWorker(Worker):
             release_cached(self.device)
         return metrics
 
-    @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self,
-        url: str,
-        extra: dict[str, Any] | None = None,
-        background: bool = False,
-        weights_only: bool = False,
-    ) -> dict[str, Any]:
-        """Sharded DCP checkpoint of the critic (model, optimizer, LR schedule; ``weights_only``:
-        the model alone) at ``url``; ``background``: return once staged in host memory."""
-        critic = self._need()
-        optimizer = None if weights_only else critic.optimizer
-        scheduler = None if weights_only else critic.lr_scheduler
-        return self.checkpoints.save(url, critic.module, optimizer, scheduler, extra, background=background)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def wait_checkpoint(self) -> dict[str, Any] | None:
-        """Wait for the background checkpoint write; its result, ``{url, error}`` if it failed."""
-        return self.checkpoints.wait(raise_errors=False)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, url: str, with_optimizer: bool = True) -> dict[str, Any]:
-        """Load the critic from ``url`` (any world size / mesh); returns the checkpoint's ``extra``.
-        The files read are verified first (``checkpoint.verify``)."""
-        from ppoflow.infra.checkpoint.sharded import load_checkpoint
-
-        critic = self._need()
-        self.checkpoints.wait(raise_errors=False)  # never read what this rank is still writing
-        verify = self.cfg.checkpoint.verify
-        if with_optimizer:
-            return load_checkpoint(url, critic.module, critic.optimizer, critic.lr_scheduler, verify=verify)
-        return load_checkpoint(url, critic.module, verify=verify)
+    def _trained(self) -> DataParallelPPOCritic:
+        return self._need()
 
     def shutdown(self) -> None:
         """Finish a checkpoint write in flight, then drop the module and optimizer before the
