@@ -29,12 +29,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import select
 import subprocess
 import sys
 import tempfile
 import threading
 from typing import Any
+
+from ppoflow.infra.runtime.control import block_until_exit
 
 __all__ = ["own_ephemeral_server"]
 
@@ -136,15 +137,7 @@ def _start_quietly(server: Any) -> None:
 
 def _exit_with_parent(parent: int, log_path: str) -> None:
     """Thread body in the server process: exit as soon as process ``parent`` is gone."""
-    try:
-        fd = os.pidfd_open(parent)
-    except ProcessLookupError:
-        fd = None
-    if fd is not None:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        while not poller.poll(1000):
-            pass
+    block_until_exit(parent)
     with contextlib.suppress(OSError):
         os.unlink(log_path)
     os._exit(0)

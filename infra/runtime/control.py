@@ -389,3 +389,18 @@ def wait_pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
+
+
+def block_until_exit(pid: int) -> None:
+    """Return once process ``pid`` is gone (at once if it already is): a pidfd poll, or polling
+    /proc where pidfds are unavailable. For watcher threads that end a process with its parent."""
+    fd = wait_pidfd(pid)
+    if fd is None:
+        while pid_alive(pid):
+            time.sleep(1.0)
+        return
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while not poller.poll(1000):
+        pass
+    os.close(fd)

@@ -47,7 +47,6 @@ import gc
 import importlib
 import json
 import os
-import select
 import signal
 import socket
 import sys
@@ -59,7 +58,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppoflow.infra.runtime.control import error_types
+from ppoflow.infra.runtime.control import block_until_exit, error_types
 from ppoflow.infra.runtime.dispatch import Dispatch, dispatch_mode_of, registered_methods
 
 FAULT_EXIT_CODE = 17
@@ -80,15 +79,7 @@ def _flush_and_exit(code: int) -> None:
 
 def _watch_driver(driver_pid: int) -> None:
     """Thread body: end this rank as soon as the driver process dies."""
-    try:
-        fd = os.pidfd_open(driver_pid)
-    except ProcessLookupError:
-        fd = None
-    if fd is not None:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        while not poller.poll(1000):
-            pass
+    block_until_exit(driver_pid)
     _orphaned(f"driver pid {driver_pid} is gone")
 
 
