@@ -14,6 +14,20 @@ def _session_device_slots(tmp_path_factory):
     os.environ["PPOFLOW_SLOTS_DIR"] = str(tmp_path_factory.mktemp("device-slots"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _stop_temporary_prefect_servers():
+    """Stop the temporary Prefect servers the session's CLI runs started while pytest's output is
+    still open (Prefect's own atexit stop logs to a stream pytest has closed by then)."""
+    yield
+    import sys
+
+    module = sys.modules.get("prefect.server.api.server")
+    for server in list(
+        getattr(module, "SubprocessASGIServer", object).__dict__.get("_instances", {}).values()
+    ):
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """A temporary Prefect API (``prefect_test_harness``) for the whole session: ~10 s, once."""
