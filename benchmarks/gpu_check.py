@@ -290,6 +290,7 @@ def main(argv=None) -> int:
     work = args.storage or tempfile.mkdtemp(prefix="ppoflow-gpucheck-")
     os.makedirs(work, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect-home"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry (offline)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # a fresh database
     try:
         exp, drill = run_flow(args, work)

@@ -388,6 +388,7 @@ def main(argv=None) -> None:
     os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect-home"))
     # a fresh PREFECT_HOME migrates its database first: on a busy machine that outlasts the 20 s default
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry (offline)
     from ppoflow.flows.ppo import install_sigterm_handler, ppo
     from ppoflow.infra.config import parse_config
 
