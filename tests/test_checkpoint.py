@@ -204,6 +204,50 @@ def test_export_hf_gives_the_same_logits(run, tmp_path):
         export_hf(os.path.join(work, "c2"), str(tmp_path / "bad"), str(tmp_path / "other"))
 
 
+def test_export_hf_publishes_whole_or_not_at_all(run, tmp_path, monkeypatch):
+    """A write that fails half way (disk full on the second shard) leaves no new directory and an
+    earlier export untouched; a re-export into it replaces its weights and keeps the user's files."""
+    import safetensors.torch
+
+    ckpt, base = os.path.join(run["work"], "c2"), os.path.join(run["work"], "base")
+    real_save, calls = safetensors.torch.save_file, []
+
+    def full_disk_on_second(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_save(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk_on_second)
+    with pytest.raises(OSError, match="No space left"):
+        export_hf(ckpt, str(tmp_path / "new"), base, max_shard_bytes=64 * 1024)
+    assert sorted(os.listdir(tmp_path)) == [], "nothing of the failed export is left"
+
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+    old = export_hf(ckpt, str(tmp_path / "old"), base, max_shard_bytes=64 * 1024)
+    assert oct(os.stat(old).st_mode & 0o777) == "0o755"
+    shards = sorted(n for n in os.listdir(old) if n.endswith(".safetensors"))
+    assert len(shards) > 2 and "model.safetensors.index.json" in os.listdir(old)
+    before = {n: open(os.path.join(old, n), "rb").read() for n in os.listdir(old)}
+    calls.clear()
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk_on_second)
+    with pytest.raises(OSError, match="No space left"):
+        export_hf(ckpt, old, base, max_shard_bytes=64 * 1024)
+    assert {n: open(os.path.join(old, n), "rb").read() for n in os.listdir(old)} == before
+    assert sorted(os.listdir(tmp_path)) == ["old"]
+
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+    with open(os.path.join(old, "NOTES.md"), "w") as f:
+        f.write("mine")
+    export_hf(ckpt, old, base)  # one shard now: the old shards and index go
+    names = sorted(os.listdir(old))
+    assert "model.safetensors" in names and "NOTES.md" in names
+    assert not [n for n in names if n.startswith("model-") or n.endswith(".index.json")]
+    exported = load_file(os.path.join(old, "model.safetensors"))
+    full = ck.load_full_state_dict(ckpt)
+    assert max_diff(exported, {k: full[k] for k in exported}) == 0.0
+
+
 def test_incomplete_checkpoint_is_refused(run, tmp_path):
     broken = str(tmp_path / "broken")
     shutil.copytree(os.path.join(run["work"], "c2"), broken)

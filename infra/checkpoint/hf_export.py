@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import torch
@@ -76,7 +77,8 @@ def export_hf(
 
     Args:
         checkpoint_url: a checkpoint written by ``ppoflow.infra.checkpoint.sharded.save_checkpoint``.
-        out_dir: local directory (created; existing weight files in it are replaced).
+        out_dir: local directory. Written in a temporary sibling first: a new directory appears
+            whole; in an existing one the weight files are replaced (other files are kept).
         base_model_path: the local HF directory the run started from (config + tokenizer source).
         dtype: cast floating tensors (e.g. ``"bfloat16"``) and record it in config.json;
             None keeps the checkpoint's dtype.
@@ -85,8 +87,6 @@ def export_hf(
     Returns:
         ``out_dir``.
     """
-    from safetensors.torch import save_file
-
     if not os.path.isdir(base_model_path):
         raise FileNotFoundError(
             f"base model directory {base_model_path} does not exist; export_hf copies the config "
@@ -100,43 +100,81 @@ def export_hf(
     tensors = load_full_state_dict(checkpoint_url, storage_options=storage_options)
     if tied:
         tensors.pop("lm_head.weight", None)
+    _check_matches(tensors, shapes, checkpoint_url, base_model_path)
+    if dtype is not None:
+        target = getattr(torch, dtype)
+        tensors = {k: v.to(target) if v.is_floating_point() else v for k, v in tensors.items()}
+    out_dir = os.path.abspath(out_dir)
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
+    os.chmod(staging, 0o755)  # mkdtemp's 0700 would otherwise become the published directory's mode
+    try:
+        _write_directory(staging, tensors, base_model_path, dtype, max_shard_bytes)
+        _publish(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def _check_matches(
+    tensors: dict[str, torch.Tensor], shapes: dict[str, torch.Size], url: str, base: str
+) -> None:
     missing = sorted(set(shapes) - set(tensors))
     unexpected = sorted(set(tensors) - set(shapes))
     wrong = sorted(k for k in set(shapes) & set(tensors) if tuple(shapes[k]) != tuple(tensors[k].shape))
     if missing or unexpected or wrong:
         raise ValueError(
-            f"checkpoint {checkpoint_url} does not match the architecture of {base_model_path}: "
+            f"checkpoint {url} does not match the architecture of {base}: "
             f"missing {missing[:5]}, unexpected {unexpected[:5]}, wrong shape {wrong[:5]}; "
             "export it against the base model the run was trained from"
         )
-    if dtype is not None:
-        target = getattr(torch, dtype)
-        tensors = {k: v.to(target) if v.is_floating_point() else v for k, v in tensors.items()}
-    os.makedirs(out_dir, exist_ok=True)
-    for name in os.listdir(out_dir):
-        if name.endswith(_WEIGHT_SUFFIXES):
-            os.remove(os.path.join(out_dir, name))
-    for name in os.listdir(base_model_path):
-        src = os.path.join(base_model_path, name)
+
+
+def _write_directory(
+    out: str, tensors: dict[str, torch.Tensor], base: str, dtype: str | None, max_shard_bytes: int
+) -> None:
+    """The whole HF directory in ``out``: the base model's non-weight files, then the weights."""
+    from safetensors.torch import save_file
+
+    for name in os.listdir(base):
+        src = os.path.join(base, name)
         if os.path.isfile(src) and not name.endswith(_WEIGHT_SUFFIXES):
-            shutil.copyfile(src, os.path.join(out_dir, name))
+            shutil.copyfile(src, os.path.join(out, name))
     if dtype is not None:
-        _set_config_dtype(os.path.join(out_dir, "config.json"), dtype)
+        _set_config_dtype(os.path.join(out, "config.json"), dtype)
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     shards = _shards(tensors, max_shard_bytes)
     if len(shards) == 1:
-        save_file(shards[0], os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-        return out_dir
+        save_file(shards[0], os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+        return
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, os.path.join(out_dir, fname), metadata={"format": "pt"})
+        save_file(shard, os.path.join(out, fname), metadata={"format": "pt"})
         weight_map.update({k: fname for k in shard})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index: dict[str, Any] = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump(index, f, indent=2)
-    return out_dir
+
+
+def _publish(staging: str, out_dir: str) -> None:
+    """A new ``out_dir`` appears whole (one rename). An existing one keeps its other files: its old
+    weight files go, then each new file is renamed in, the weights before config and index."""
+    if not os.path.exists(out_dir):
+        os.rename(staging, out_dir)
+        return
+    if not os.path.isdir(out_dir):
+        raise NotADirectoryError(f"export_hf: {out_dir} exists and is not a directory; choose another path")
+    for name in os.listdir(out_dir):
+        if name.endswith(_WEIGHT_SUFFIXES):
+            os.remove(os.path.join(out_dir, name))
+    names = sorted(
+        os.listdir(staging), key=lambda n: (not n.endswith(".safetensors"), n.endswith(".json"), n)
+    )
+    for name in names:
+        os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
 
 
 def _set_config_dtype(path: str, dtype: str) -> None:
