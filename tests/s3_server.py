@@ -9,11 +9,13 @@ keeps an old endpoint, and yields ``{"endpoint_url": ..., "bucket": "ppoflow-tes
 
 from __future__ import annotations
 
+import contextlib
 import os
-import socket
 from collections.abc import Iterator
 
 import pytest
+
+from tests.support.ports import free_port
 
 BUCKET = "ppoflow-test"
 _ENV = (
@@ -25,16 +27,34 @@ _ENV = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _clear_s3fs_cache() -> None:
+@contextlib.contextmanager
+def aws_env(endpoint: str, bucket: str, **extra: str) -> Iterator[None]:
+    """Inside the block the AWS_* variables (fake keys, us-east-1, ``extra``) point at ``endpoint``,
+    where ``bucket`` exists; s3fs's instance cache is cleared on the way in and out, and the
+    environment is restored after."""
     import s3fs
 
+    names = _ENV + tuple(extra)
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=endpoint,
+        **extra,
+    )
+    os.environ.pop("AWS_SESSION_TOKEN", None)
     s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        s3fs.S3FileSystem().mkdir(bucket)
+        yield
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
@@ -43,29 +63,12 @@ def s3_server() -> Iterator[dict]:
     pytest.importorskip("moto.server")
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    saved = {name: os.environ.get(name) for name in _ENV}
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_ENDPOINT_URL=endpoint,
-    )
-    os.environ.pop("AWS_SESSION_TOKEN", None)
-    _clear_s3fs_cache()
     try:
-        import s3fs
-
-        s3fs.S3FileSystem().mkdir(BUCKET)
-        yield {"endpoint_url": endpoint, "bucket": BUCKET, "url": f"s3://{BUCKET}"}
+        with aws_env(endpoint, BUCKET):
+            yield {"endpoint_url": endpoint, "bucket": BUCKET, "url": f"s3://{BUCKET}"}
     finally:
-        _clear_s3fs_cache()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         server.stop()

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -39,12 +40,6 @@ def _prefect_cli() -> str:
     found = str(beside) if beside.exists() else shutil.which("prefect")
     assert found, "no `prefect` executable beside the interpreter or on PATH"
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, n: int = 4000) -> str:
@@ -124,7 +119,7 @@ def test_deploy_and_run_iteration_twice(tmp_path):
 
     t0 = time.monotonic()
     prefect = _prefect_cli()
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     logs = tmp_path / "logs"
     logs.mkdir()

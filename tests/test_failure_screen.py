@@ -6,20 +6,19 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from ppoflow.flows.failure import cause_text, print_failure
 from ppoflow.infra.checkpoint.sharded import (
     CorruptCheckpointError,
     IncompleteCheckpointError,
-    save_checkpoint,
 )
 from ppoflow.infra.config import parse_config
 from ppoflow.infra.data.prompts import DataError
 from ppoflow.infra.experiment.lock import ExperimentLock
-from ppoflow.infra.experiment.manifest import ExperimentPaths, initial_manifest, next_manifest, publish
+from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.runtime.control import error_types
 from ppoflow.infra.runtime.launch import RankFailure
+from tests.support.experiments import commit_tiny_iterations
 
 RERUN = "ppoflow run exp.yaml --iterations 2"
 
@@ -38,22 +37,7 @@ def cfg(tmp_path):
             "storage": {"root": str(tmp_path), "experiment": "exp"},
         }
     )
-    paths = ExperimentPaths.of(cfg)
-    for n in (0, 1):
-        save_checkpoint(paths.checkpoint("actor", n), torch.nn.Linear(2, 2))
-    m0 = initial_manifest(cfg, paths, paths.checkpoint("actor", 0), None, kl_coef=None)
-    publish(paths, m0)
-    m1 = next_manifest(
-        m0,
-        cfg,
-        paths,
-        actor_checkpoint=paths.checkpoint("actor", 1),
-        critic_checkpoint=None,
-        data_cursor={"epoch": 0, "offset": 4},
-        kl_coef=None,
-        metrics={},
-    )
-    publish(paths, m1)
+    commit_tiny_iterations(cfg, last=1)
     return cfg
 
 

@@ -24,7 +24,8 @@ from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.runtime import faults
 from tests.support.experiments import assert_same_commit
-from tests.support.nodes import KEY, Agents, free_port
+from tests.support.nodes import KEY, Agents
+from tests.support.ports import free_port
 from tests.test_flow_resume import attempts
 
 pytestmark = pytest.mark.slow

@@ -25,7 +25,8 @@ from ppoflow.infra.runtime.cluster import ClusterHub, NodesMissing
 from ppoflow.infra.runtime.control import RankFailure, connect, recv_json, send_json
 from ppoflow.infra.runtime.launch import WorkerGroup
 from ppoflow.infra.runtime.rendezvous import RendezvousLauncher
-from tests.support.nodes import KEY, Agents, free_port
+from tests.support.nodes import KEY, Agents
+from tests.support.ports import free_port
 from tests.toy_workers import double_plus
 
 pytestmark = pytest.mark.slow

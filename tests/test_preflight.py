@@ -17,7 +17,6 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from ppoflow.infra.config import parse_config
 from ppoflow.infra.data.prompts import DataError, PromptDataset, Row
@@ -163,8 +162,8 @@ def test_a_reward_function_that_returns_nan_and_one_that_does_not_import(tmp_pat
 
 
 def test_a_committed_checkpoint_without_its_marker_is_named_with_the_way_back(tmp_path, model_dir):
-    from ppoflow.infra.checkpoint.sharded import MARKER, save_checkpoint
-    from ppoflow.infra.experiment.manifest import ExperimentPaths, initial_manifest, next_manifest, publish
+    from ppoflow.infra.checkpoint.sharded import MARKER
+    from tests.support.experiments import commit_tiny_iterations
 
     data = write(tmp_path / "d.parquet", rows(["1+2="] * 8))
     cfg = make_config(
@@ -173,24 +172,7 @@ def test_a_committed_checkpoint_without_its_marker_is_named_with_the_way_back(tm
         [data],
         **{"critic.enable": False, "algorithm.adv_estimator": "grpo", "rollout.n": 2},
     )
-    paths = ExperimentPaths.of(cfg)
-    model = torch.nn.Linear(2, 2)
-    for n in (0, 1):
-        save_checkpoint(paths.checkpoint("actor", n), model)
-    m0 = initial_manifest(cfg, paths, paths.checkpoint("actor", 0), None, kl_coef=None)
-    publish(paths, m0)
-    cursor = {"epoch": 0, "offset": 4}
-    m1 = next_manifest(
-        m0,
-        cfg,
-        paths,
-        actor_checkpoint=paths.checkpoint("actor", 1),
-        critic_checkpoint=None,
-        data_cursor=cursor,
-        kl_coef=None,
-        metrics={},
-    )
-    publish(paths, m1)
+    paths = commit_tiny_iterations(cfg, last=1)
     assert "checkpoints: iteration 1's are complete" in preflight(cfg, lambda: tokenizer_of(model_dir)).passed
     # a truncated shard: its size no longer matches the marker's record
     shards = [

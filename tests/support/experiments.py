@@ -7,9 +7,9 @@ import shutil
 
 import torch
 
-from ppoflow.infra.checkpoint.sharded import load_full_state_dict
+from ppoflow.infra.checkpoint.sharded import load_full_state_dict, save_checkpoint
 from ppoflow.infra.data import storage
-from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.infra.experiment.manifest import ExperimentPaths, initial_manifest, next_manifest, publish
 from ppoflow.infra.experiment.metrics import is_timing_key
 
 
@@ -60,3 +60,27 @@ def assert_same_commit(url_a: str, url_b: str, n: int, roles: tuple[str, ...] = 
         assert rng_states(pa_.checkpoint(role, n)) == rng_states(pb.checkpoint(role, n)), (
             f"the {role} checkpoint {n} holds other RNG states: later iterations would sample differently"
         )
+
+
+def commit_tiny_iterations(cfg, last: int = 1) -> ExperimentPaths:
+    """Iterations 0..``last`` committed the way the flow commits them (a tiny actor checkpoint each,
+    real manifests, 4 prompts per step; no critic), without running the flow."""
+    paths = ExperimentPaths.of(cfg)
+    model = torch.nn.Linear(2, 2)
+    for n in range(last + 1):
+        save_checkpoint(paths.checkpoint("actor", n), model)
+    manifest = initial_manifest(cfg, paths, paths.checkpoint("actor", 0), None, kl_coef=None)
+    publish(paths, manifest)
+    for n in range(1, last + 1):
+        manifest = next_manifest(
+            manifest,
+            cfg,
+            paths,
+            actor_checkpoint=paths.checkpoint("actor", n),
+            critic_checkpoint=None,
+            data_cursor={"epoch": 0, "offset": 4 * n},
+            kl_coef=None,
+            metrics={},
+        )
+        publish(paths, manifest)
+    return paths

@@ -15,16 +15,15 @@ rides over, ``times=2`` fails one storage call.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tests.s3_server import aws_env
+from tests.support.ports import free_port
+
 BUCKET = "ppoflow-faults"
-_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")
-_ENV += ("AWS_ENDPOINT_URL", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")
 _ERROR = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code><Message>We encountered '
     b"an internal error. Please try again.</Message><RequestId>ppoflow-fault</RequestId></Error>"
@@ -89,16 +88,9 @@ class FaultyS3:
         return self.app(environ, start_response)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def faulty_s3() -> Iterator[FaultyS3]:
     """A moto server behind :class:`FaultyS3` with bucket :data:`BUCKET`; AWS_* point at it."""
-    import s3fs
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
         MotoRequestHandler,
@@ -106,32 +98,15 @@ def faulty_s3() -> Iterator[FaultyS3]:
     )
     from werkzeug.serving import make_server
 
-    port = _free_port()
+    port = free_port()
     faults = FaultyS3(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", port, faults, threaded=True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, name="faulty-s3", daemon=True)
     thread.start()
     faults.endpoint = f"http://127.0.0.1:{port}"
-    saved = {name: os.environ.get(name) for name in _ENV}
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_ENDPOINT_URL=faults.endpoint,
-        AWS_MAX_ATTEMPTS="2",
-        AWS_RETRY_MODE="standard",
-    )
-    os.environ.pop("AWS_SESSION_TOKEN", None)
-    s3fs.S3FileSystem.clear_instance_cache()
     try:
-        s3fs.S3FileSystem().mkdir(BUCKET)
-        yield faults
+        with aws_env(faults.endpoint, BUCKET, AWS_MAX_ATTEMPTS="2", AWS_RETRY_MODE="standard"):
+            yield faults
     finally:
-        s3fs.S3FileSystem.clear_instance_cache()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         server.shutdown()
         thread.join(10)

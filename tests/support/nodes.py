@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,13 +20,6 @@ from ppoflow.infra.runtime.control import pid_alive, processes_with_env
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-cluster-key-" + "0123456789abcdef" * 2
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Agents:
