@@ -122,6 +122,9 @@ def test_two_iterations_commit_manifests_files_and_metrics(base_run):
         metrics = storage.read_json(paths.file(n, "metrics.json"))
         missing = [k for k in REQUIRED_METRICS if k not in metrics]
         assert not missing, f"metrics.json of iteration {n} lacks {missing}"
+        # the commit's wait for the background checkpoint writes is on the critical path, not
+        # counted as orchestration overhead
+        assert metrics["timing_s/commit"] >= metrics["timing_s/commit_wait_checkpoints"] >= 0
     assert os.path.getsize(os.path.join(url, "plots", "metrics.png")) > 1000
     kinds = artifacts(base_run["state"])
     assert kinds["exp-metrics"] == ["table", "table"] and kinds["exp-summary"] == ["markdown"] * 2
