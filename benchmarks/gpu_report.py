@@ -145,10 +145,22 @@ def comparison_lines(args, run: dict, baseline: dict | None) -> list[str]:
             a, b = run.get(key), baseline.get(key)
             return f"{a / b:.2f}x" if a and b else "-"
 
+        (base_s, base_tps), (run_s, run_tps) = steady(baseline), steady(run)
         lines.append(
-            f"scaling vs the {r}-rank run ({baseline.get('prompts')} prompts, iteration "
-            f"{baseline.get('iteration_s', float('nan')):.1f} s): {args.ranks} ranks ({scale:.0f}x the GPUs), "
-            f"{args.prompts} prompts, iteration {run['iteration_s']:.1f} s; tokens/s {ratio('tokens_per_s')}, "
-            f"generation tokens/s {ratio('generation_tokens_per_s')} (ideal {scale:.2f}x)"
+            f"scaling vs the {r}-rank run ({baseline.get('prompts')} prompts, {base_s:.1f} s between "
+            f"commits): {args.ranks} ranks ({scale:.0f}x the GPUs), {args.prompts} prompts, {run_s:.1f} s "
+            f"between commits; tokens/s {run_tps / base_tps:.2f}x, generation tokens/s "
+            f"{ratio('generation_tokens_per_s')} (ideal {scale:.2f}x)"
         )
     return lines
+
+
+def steady(run: dict) -> tuple[float, float]:
+    """Seconds per iteration and tokens/s in the steady state: between consecutive commits (the
+    iterations overlap, so one iteration's start-to-commit latency undercounts the throughput),
+    else the latency (a run of one warm iteration has no interval)."""
+    latency, tps = run.get("iteration_s") or float("nan"), run.get("tokens_per_s") or float("nan")
+    interval = run.get("iteration_between_commits_s")
+    if not interval or interval != interval:
+        return latency, tps
+    return interval, tps * latency / interval  # the same tokens per iteration, over the interval
