@@ -160,21 +160,20 @@ def _write_directory(
 
 
 def _publish(staging: str, out_dir: str) -> None:
-    """A new ``out_dir`` appears whole (one rename). An existing one keeps its other files: its old
-    weight files go, then each new file is renamed in, the weights before config and index."""
+    """A new ``out_dir`` appears whole (one rename). An existing one keeps its other files: each new
+    file is renamed in (the weights before config and index), then the old weight files that the
+    new export did not replace go, so the directory is never left without weights."""
     if not os.path.exists(out_dir):
         os.rename(staging, out_dir)
         return
     if not os.path.isdir(out_dir):
         raise NotADirectoryError(f"export_hf: {out_dir} exists and is not a directory; choose another path")
-    for name in os.listdir(out_dir):
-        if name.endswith(_WEIGHT_SUFFIXES):
-            os.remove(os.path.join(out_dir, name))
-    names = sorted(
-        os.listdir(staging), key=lambda n: (not n.endswith(".safetensors"), n.endswith(".json"), n)
-    )
-    for name in names:
+    new = os.listdir(staging)
+    stale = [n for n in os.listdir(out_dir) if n.endswith(_WEIGHT_SUFFIXES) and n not in new]
+    for name in sorted(new, key=lambda n: (not n.endswith(".safetensors"), n.endswith(".json"), n)):
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+    for name in stale:
+        os.remove(os.path.join(out_dir, name))
 
 
 def _set_config_dtype(path: str, dtype: str) -> None:
