@@ -22,8 +22,8 @@ of ``--max-token-len`` real tokens (default: micro-batch x (prompt + response));
 real tokens, so the two runs side by side show the packing gain.
 
 The engine flags (``--eager``, ``--gpu-memory-utilization``, ``--kv-cache-gib``, ``--max-num-seqs``,
-``--max-num-batched-tokens``, ``--tp``, ``--sleep-level``, ``--loader``) set the ``rollout``
-section; unset, the config's defaults apply (CUDA graphs on GPU, sleep level 2 next to the actor).
+``--max-num-batched-tokens``, ``--tp``, ``--sleep-level``, ``--loader``, ``--rollout-log-probs``)
+set the ``rollout`` section; unset, the config's defaults apply (CUDA graphs on GPU, sleep level 2 next to the actor).
 ``--reference-tokens-per-s`` (plain vLLM's rate on the same GPU, model, batch and sampling:
 ``benchmarks/vllm_reference.py``) adds a line comparing the rollout with it; ``--baseline`` (the
 summary JSON another run printed, or its file) adds the scaling against that run.
@@ -129,6 +129,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     e.add_argument("--max-num-batched-tokens", type=int, default=None)
     e.add_argument("--sleep-level", type=int, choices=(1, 2), default=None)
     e.add_argument("--loader", choices=("hf", "dtensor"), default="hf", help="push with TP > 1")
+    e.add_argument(
+        "--rollout-log-probs",
+        action="store_true",
+        help="rollout.calculate_log_probs: vLLM also returns its log-probs of the samples",
+    )
     c = p.add_argument_group("comparisons")
     c.add_argument(
         "--reference-tokens-per-s",
@@ -233,6 +238,7 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "sleep_level": args.sleep_level,
             "weight_loader": args.loader,
+            "calculate_log_probs": args.rollout_log_probs,
         },
         "actor": {
             "ppo_mini_batch_size": mini,

@@ -18,10 +18,14 @@ as in ppoflow, and never hits):
     seed+nolp   no log-probs
     noseed+nolp
 
-Engine settings are named ``{eager|graphs}-mem{F}-{mp|inproc}[-v1runner][-seqs{N}]``: CUDA graphs
-off/on (``enforce_eager``), ``gpu_memory_utilization``, vLLM's engine core in its own process (its
-default) or in this one (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, what ppoflow's ranks do), the V1 model
-runner instead of the default (``VLLM_USE_V2_MODEL_RUNNER=0``), ``max_num_seqs`` (default 256).
+Engine settings are named ``{eager|graphs}-mem{F}-{mp|inproc}[-v1runner][-seqs{N}][-sleep][-extl]``:
+CUDA graphs off/on (``enforce_eager``), ``gpu_memory_utilization``, vLLM's engine core in its own
+process (its default) or in this one (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, what ppoflow's ranks do),
+the V1 model runner instead of the default (``VLLM_USE_V2_MODEL_RUNNER=0``), ``max_num_seqs``
+(default 256), ``-sleep``: ``enable_sleep_mode`` (vLLM's CuMem pool) and a ``sleep(1)`` /
+``wake_up()`` before every timed generate, as ppoflow's engine sleeps between rollouts; ``-extl``: a
+one-rank torch.distributed world first and ``distributed_executor_backend="external_launcher"``, as
+ppoflow's ranks build the engine (in-process only).
 Every engine also times a prefill-only pass (``max_tokens=1``); ``decode tok/s`` is
 (tokens - prompts) / (generate s - prefill s).
 
@@ -44,6 +48,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,7 +98,9 @@ DEFAULT_VARIANTS = {
     "eager-mem0.8-mp": ["seed+lp", "noseed+lp"],
     "graphs-mem0.8-mp-v1runner": ["seed+lp", "noseed+lp"],
 }
-ENGINE_RE = re.compile(r"^(eager|graphs)-mem([0-9.]+)-(mp|inproc)(-v1runner)?(?:-seqs(\d+))?$")
+ENGINE_RE = re.compile(
+    r"^(eager|graphs)-mem([0-9.]+)-(mp|inproc)(-v1runner)?(?:-seqs(\d+))?(-sleep)?(-extl)?$"
+)
 
 
 @dataclass
@@ -104,16 +111,28 @@ class Engine:
     mp: bool
     v1runner: bool
     max_num_seqs: int
+    sleep: bool = False
+    extl: bool = False
 
     @classmethod
     def parse(cls, name: str) -> Engine:
         m = ENGINE_RE.match(name)
-        if not m:
+        if not m or (m.group(7) and m.group(3) == "mp"):
             raise ValueError(
                 f"engine setting {name!r} is not {{eager|graphs}}-mem{{F}}-{{mp|inproc}}[-v1runner][-seqs{{N}}]"
+                "[-sleep][-extl] (-extl only with inproc)"
             )
-        eager, mem, mp, v1, seqs = m.groups()
-        return cls(name, eager == "eager", float(mem), mp == "mp", bool(v1), int(seqs or 256))
+        eager, mem, mp, v1, seqs, sleep, extl = m.groups()
+        return cls(
+            name,
+            eager == "eager",
+            float(mem),
+            mp == "mp",
+            bool(v1),
+            int(seqs or 256),
+            bool(sleep),
+            bool(extl),
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -255,8 +274,12 @@ def run_worker(args: argparse.Namespace) -> None:
     )
     if gpu:
         kwargs["gpu_memory_utilization"] = eng.mem
+        kwargs["enable_sleep_mode"] = eng.sleep
     else:
         kwargs["kv_cache_memory_bytes"] = int(args.kv_cache_gib * 2**30)
+    if eng.extl:
+        _one_rank_world(gpu)
+        kwargs["distributed_executor_backend"] = "external_launcher"
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
@@ -288,23 +311,56 @@ def run_worker(args: argparse.Namespace) -> None:
         }
     )
     for v in variants:
-        best = None
+        runs = []
         for _ in range(args.repeats):
             prompt_seed += 1
             prompts = _prompts(n, plen, vocab, prompt_seed)
             params = _params(v, n, rlen, 7919 * prompt_seed)
+            if eng.sleep:
+                llm.sleep(level=1)
+                llm.wake_up()
+                llm.reset_prefix_cache()
             seconds, tokens, logprobs = _timed_generate(llm, prompts, params)
             if tokens != n * rlen:
                 raise RuntimeError(f"{eng.name} {v}: {tokens} tokens, expected {n * rlen} (ignore_eos)")
             if v.endswith("+lp") and logprobs != tokens:
                 raise RuntimeError(f"{eng.name} {v}: {logprobs} log-probs for {tokens} tokens")
-            if best is None or seconds < best:
-                best = seconds
-        _emit({"engine": eng.name, "kind": "generate", "variant": v, "seconds": best, "tokens": n * rlen})
+            runs.append(seconds)
+        _emit(
+            {
+                "engine": eng.name,
+                "kind": "generate",
+                "variant": v,
+                "seconds": min(runs),
+                "median_s": statistics.median(runs),
+                "runs": runs,
+                "tokens": n * rlen,
+            }
+        )
     sys.stdout.flush()
     if eng.mp:
         llm.llm_engine.engine_core.shutdown()
     os._exit(0)  # skip the engine's slow teardown; the driver also ends the process group
+
+
+def _one_rank_world(gpu: bool) -> None:
+    """A one-rank torch.distributed world on 127.0.0.1, as a ppoflow rank has before its engine."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    if gpu:
+        torch.cuda.set_device(0)
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=torch.device("cuda", 0))
+    else:
+        dist.init_process_group(backend="gloo")
 
 
 def _emit(record: dict) -> None:
@@ -421,12 +477,12 @@ class Driver:
             f"vLLM {first.get('vllm', '?')} offline LLM.generate on {first.get('device', '?')}: {a.shape} shape "
             f"(random weights, {a.load_format} loader), {a.prompts} prompts x ({a.prompt_len} + {a.response_len}) "
             "tokens, T=1.0, ignore_eos, processed log-probs; best of "
-            f"{a.repeats} run(s); generate s = LLM.generate wall (prefill included)"
+            f"{a.repeats} run(s) (median: the median run); generate s = LLM.generate wall (prefill included)"
         )
         self.say()
         head = (
             f"{'engine':28} {'start s':>8} {'runner':>6} {'async':>5}  {'variant':12} "
-            f"{'generate s':>10} {'tok/s':>8} {'prefill s':>9} {'decode tok/s':>12}"
+            f"{'generate s':>10} {'tok/s':>8} {'median tok/s':>12} {'prefill s':>9} {'decode tok/s':>12}"
         )
         self.say(head)
         self.say("-" * len(head))
@@ -445,6 +501,7 @@ class Driver:
             self.say(
                 f"{r['engine']:28} {s.get('seconds', float('nan')):8.1f} {runner:>6} {asyn:>5}  {r['variant']:12} "
                 f"{r['seconds']:10.3f} {r['tokens'] / r['seconds']:8.0f} "
+                f"{r['tokens'] / r.get('median_s', r['seconds']):12.0f} "
                 f"{pre if pre is not None else float('nan'):9.3f} {decode:12.0f}"
             )
         for name in self.skipped:
@@ -466,7 +523,11 @@ def _describe(rec: dict) -> str:
             f"{rec['seconds']:.3f} s = {rate:.0f} prompt tok/s"
         )
     tok_s = rec["tokens"] / rec["seconds"] if rec["seconds"] else float("nan")
-    return f"{rec['engine']}: {rec['variant']}: {rec['tokens']} tokens in {rec['seconds']:.3f} s = {tok_s:.0f} tok/s"
+    runs = ", ".join(f"{s:.3f}" for s in rec.get("runs", []))
+    return (
+        f"{rec['engine']}: {rec['variant']}: {rec['tokens']} tokens in {rec['seconds']:.3f} s = {tok_s:.0f} tok/s"
+        + (f" (runs: {runs} s)" if runs else "")
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

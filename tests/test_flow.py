@@ -107,9 +107,9 @@ def test_two_iterations_commit_manifests_files_and_metrics(base_run):
         tables = {name: read_arrow(paths.file(n, f"{name}.arrow")) for name in ARROW_FILES}
         assert tables["prompts"].num_rows == 4
         assert all(t.num_rows == 8 for name, t in tables.items() if name != "prompts")
-        assert {"responses", "response_mask", "old_log_probs", "rollout_log_probs", "uid"} <= set(
-            tables["rollout"].column_names
-        )
+        assert {"responses", "response_mask", "old_log_probs", "uid"} <= set(tables["rollout"].column_names)
+        # vLLM's own log-probs only when asked for (rollout.calculate_log_probs, off by default)
+        assert "rollout_log_probs" not in tables["rollout"].column_names
         assert {
             "token_level_scores",
             "token_level_rewards",

@@ -47,7 +47,13 @@ UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "resp
 
 def _tp2_config(model_dir: str) -> ExperimentConfig:
     data = make_config(model_dir).model_dump(mode="json")
-    data["rollout"].update(engine="vllm", tensor_model_parallel_size=2, kv_cache_gib=0.0625, max_num_seqs=16)
+    data["rollout"].update(
+        engine="vllm",
+        tensor_model_parallel_size=2,
+        kv_cache_gib=0.0625,
+        max_num_seqs=16,
+        calculate_log_probs=True,
+    )
     return ExperimentConfig.model_validate(data)
 
 

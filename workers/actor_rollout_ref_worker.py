@@ -164,7 +164,11 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         rcfg = self.cfg.rollout
         sleep_level = rcfg.sleep_level or (2 if self.is_actor else 1)
         self.sharding_manager = build_sharding_manager(
-            self.rollout, self.actor.module, loader=rcfg.weight_loader, sleep_level=sleep_level
+            self.rollout,
+            self.actor.module,
+            loader=rcfg.weight_loader,
+            sleep_level=sleep_level,
+            quiet=self.checkpoints.paused,
         )
         info: dict[str, Any] = {"engine": type(self.rollout).__name__}
         describe = getattr(self.rollout, "describe", None)

@@ -24,9 +24,9 @@ run() {
   local t; t=$(left)
   if [ "$t" -lt "$min" ]; then echo "$name: skipped, ${t}s left"; return; fi
   local s; s=$(date +%s)
-  ( export CUDA_VISIBLE_DEVICES=$gpus PPOFLOW_SLOTS_DIR=/tmp/slots-$name OUT=/root/res/$name
+  ( export CUDA_VISIBLE_DEVICES=$gpus PPOFLOW_SLOTS_DIR=/tmp/slots-$name OUT=$OUTDIR/res-$name
     mkdir -p "$OUT"; echo "# $(date -u +%FT%TZ) CUDA_VISIBLE_DEVICES=$gpus $*"; timeout -k 15 "$t" "$@" ) > "$OUTDIR/$name.log" 2>&1
   local rc=$?
   echo "$name: rc=$rc in $(( $(date +%s) - s ))s"
-  grep -E "^(iteration \(|  of which generation|  of which weight|actor update MFU|checkpoint on|generation vs|scaling vs|gpu_check:|flow run:|summary:)" "$OUTDIR/$name.log" | cut -c1-400
+  grep -E "^(rollout cycle|generation tokens/s|  best cycle|    push|    wake|    cache  weight sync|  generation  |[a-z0-9.-]+ +(seed|noseed)\+|iteration \(|  of which generation|  of which weight|actor update MFU|checkpoint on|generation vs|scaling vs|gpu_check:|flow run:|summary:)" "$OUTDIR/$name.log" | cut -c1-400
 }

@@ -63,9 +63,10 @@ class HashingStream(io.RawIOBase):
     moves the position other than appending makes the stream ``trusted = False``.
     """
 
-    def __init__(self, raw: Any):
+    def __init__(self, raw: Any, gate: threading.Event | None = None):
         super().__init__()
         self.raw = raw
+        self.gate = gate
         self.hasher = _hasher()
         self.size = 0
         self.trusted = True
@@ -74,6 +75,8 @@ class HashingStream(io.RawIOBase):
         return True
 
     def write(self, data: Any) -> int:
+        if self.gate is not None:
+            self.gate.wait()  # the owner paused the writes (see CheckpointWriter.paused)
         view = memoryview(data).cast("B")
         written = self.raw.write(view)
         n = len(view) if written is None else int(written)
@@ -107,13 +110,15 @@ class HashingFileSystem:
 
     ``records`` maps the path (as a string, after any ``rename``) to ``(size, digest)``, or to
     ``None`` when the stream could not be followed (hash the file from storage instead).
-    ``on_open(path)``, if given, is called before a file is opened for writing (fault drills).
-    Everything else is delegated to the wrapped object.
+    ``on_open(path)``, if given, is called before a file is opened for writing (fault drills);
+    ``gate``, if given, is waited on before every write (cleared: the writes pause). Everything else
+    is delegated to the wrapped object.
     """
 
-    def __init__(self, inner: Any, on_open: Any = None):
+    def __init__(self, inner: Any, on_open: Any = None, gate: threading.Event | None = None):
         self._inner = inner
         self._on_open = on_open
+        self._gate = gate
         self.records: dict[str, tuple[int, str] | None] = {}
         self._lock = threading.Lock()
 
@@ -128,7 +133,7 @@ class HashingFileSystem:
             if "w" not in mode and "a" not in mode:
                 yield stream
                 return
-            wrapped = HashingStream(stream)
+            wrapped = HashingStream(stream, self._gate)
             yield wrapped
             record = (
                 (wrapped.size, wrapped.hasher.hexdigest()) if wrapped.trusted and "a" not in mode else None

@@ -47,6 +47,7 @@ class RolloutTestWorker(Worker):
                     "temperature": c.get("temperature", 1.0),
                     "kv_cache_gib": c.get("kv_cache_gib", 0.0625),
                     "seed": c.get("seed", 0),
+                    "calculate_log_probs": c.get("calculate_log_probs", True),
                 },
                 "actor": {
                     "optim": {"lr": c.get("lr", 0.05), "weight_decay": 0.0},

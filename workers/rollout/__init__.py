@@ -105,7 +105,8 @@ def build_rollout(
 def build_sharding_manager(rollout: Rollout, actor_module: Any, **kwargs: Any):
     """``FSDPVLLMShardingManager`` for a vLLM rollout, a no-op manager for the HF rollout.
 
-    ``kwargs`` go to ``FSDPVLLMShardingManager`` (``loader``, ``sleep_level``, ``storage_options``).
+    ``kwargs`` go to ``FSDPVLLMShardingManager`` (``loader``, ``sleep_level``, ``storage_options``,
+    ``quiet``).
     """
     if getattr(rollout, "engine_name", None) == "vllm":
         from ppoflow.workers.rollout.sharding_manager import FSDPVLLMShardingManager

@@ -10,7 +10,8 @@ columns the rest of the iteration reads (docs/internals.md):
     position_ids       (B*n, P+R)  prompt positions, then last prompt position + 1, + 2, ...
     response_mask      (B*n, R)    1 on generated tokens (EOS included), 0 on padding
     rollout_log_probs  (B*n, R)    the engine's log-prob of each sampled token, after temperature
-                                   (0 on padding), float32
+                                   (0 on padding), float32; vLLM: only with
+                                   ``rollout.calculate_log_probs``
 
 Row ``i*n + j`` is sample ``j`` of prompt ``i``; non-tensor columns are repeated the same way
 (interleaved). ``meta_info`` carries ``temperature``, ``top_p``, ``top_k``, ``n``, ``do_sample``
@@ -158,7 +159,7 @@ def _position_ids(prompts, n: int) -> torch.Tensor:
 def assemble_output(
     prompts,
     responses: Sequence[Sequence[int]],
-    log_probs: Sequence[Sequence[float]],
+    log_probs: Sequence[Sequence[float]] | None,
     settings: SamplingSettings,
     pad_token_id: int,
     metrics: dict[str, float],
@@ -170,7 +171,7 @@ def assemble_output(
             ``position_ids`` and non-tensor columns.
         responses: ``B*n`` lists of generated token ids (row ``i*n + j`` = sample j of prompt i),
             each at most ``settings.response_length`` long (EOS included when it stopped there).
-        log_probs: the matching per-token log-probs.
+        log_probs: the matching per-token log-probs, or None (no ``rollout_log_probs`` column).
         pad_token_id: right-padding value of ``responses``.
         metrics: merged into ``meta_info["metrics"]``.
     """
@@ -179,20 +180,28 @@ def assemble_output(
     _check_prompts(prompts)
     n, resp_len = settings.n, settings.response_length
     bsz = len(prompts)
-    if len(responses) != bsz * n or len(log_probs) != bsz * n:
+    with_lp = log_probs is not None
+    if len(responses) != bsz * n or (with_lp and len(log_probs) != bsz * n):
         raise ValueError(
-            f"expected {bsz}*{n} responses, got {len(responses)} (and {len(log_probs)} log-prob rows)"
+            f"expected {bsz}*{n} responses, got {len(responses)}"
+            + (f" (and {len(log_probs)} log-prob rows)" if with_lp else "")
         )
     resp = torch.full((bsz * n, resp_len), pad_token_id, dtype=torch.long)
     resp_mask = torch.zeros((bsz * n, resp_len), dtype=torch.long)
     lp = torch.zeros((bsz * n, resp_len), dtype=torch.float32)
-    for i, (toks, lps) in enumerate(zip(responses, log_probs)):
+    for i, toks in enumerate(responses):
         k = len(toks)
-        if k > resp_len or len(lps) != k:
-            raise ValueError(f"response {i} has {k} tokens and {len(lps)} log-probs (limit {resp_len})")
+        lps = log_probs[i] if with_lp else None
+        if k > resp_len or (with_lp and len(lps) != k):
+            raise ValueError(
+                f"response {i} has {k} tokens"
+                + (f" and {len(lps)} log-probs" if with_lp else "")
+                + f" (limit {resp_len})"
+            )
         if k:
             resp[i, :k] = torch.as_tensor(toks, dtype=torch.long)
-            lp[i, :k] = torch.as_tensor(lps, dtype=torch.float32)
+            if with_lp:
+                lp[i, :k] = torch.as_tensor(lps, dtype=torch.float32)
             resp_mask[i, :k] = 1
     prompt_ids = prompts.batch["input_ids"].cpu().long().repeat_interleave(n, dim=0)
     prompt_mask = prompts.batch["attention_mask"].cpu().repeat_interleave(n, dim=0)
@@ -206,8 +215,9 @@ def assemble_output(
         "attention_mask": torch.cat([prompt_mask, resp_mask.to(prompt_mask.dtype)], dim=1),
         "position_ids": torch.cat([prompt_pos, resp_pos], dim=1),
         "response_mask": resp_mask,
-        "rollout_log_probs": lp,
     }
+    if with_lp:
+        tensors["rollout_log_probs"] = lp
     non_tensors = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensor_batch.items()}
     meta = {
         k: v

@@ -20,9 +20,10 @@ Loaders (``loader=``):
 Platforms (chosen with ``vllm.platforms.current_platform``):
 - CPU: no sleep mode. Entry: push (``reload_weights`` + tied-head refresh + prefix-cache reset).
   Exit: nothing to free (the KV cache is a fixed host-memory pool).
-- GPU: entry: give this process's spare cached blocks back (training left them in torch's
-  caching allocator; the engine maps its own pool) -> ``wake_up(["weights"])`` -> push ->
-  ``wake_up(["kv_cache"])``; exit ``sleep(level)``.
+- GPU: entry: give this process's spare cached blocks back if the engine's pool would not fit
+  next to them (training left them in torch's caching allocator; the engine maps its own pool;
+  :func:`~ppoflow.workers.device_memory.release_for_wake`) -> ``wake_up(["weights"])`` -> push ->
+  ``wake_up(["kv_cache"])``; exit ``sleep(level)`` (which empties torch's cache too).
 
 Sleep levels (GPU). Level 2 discards the weights and the KV cache: nothing is copied anywhere, and
 the next entry must push even if the source did not change. Level 1 discards the KV cache and
@@ -35,21 +36,24 @@ Level 1 pays off for an engine whose weights rarely change between rollouts (the
 role: no optimizer, new weights only from a checkpoint).
 
 ``last_sync_s``: seconds spent on the last entry (wake + push), 0.0 when nothing was pushed;
-``last_timing``: the last entry's ``wake_s`` (both wakes and the cache release), ``push_s``, and
-the last exit's ``sleep_s``; ``last_push``: the push's stats (source, tensors, params, bytes, load_s).
+``last_timing``: the last entry's ``wake_s`` (both wakes and the cache release), ``release_s``
+(the cache release alone), ``push_s``, and the last exit's ``sleep_s``; ``last_push``: the push's stats (source, tensors, params, bytes, load_s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ppoflow.workers.device_memory import release_cached
+from ppoflow.workers.device_memory import release_for_wake
 from ppoflow.workers.rollout import weight_sync
 
 __all__ = ["FSDPVLLMShardingManager", "NoOpShardingManager"]
@@ -89,6 +93,9 @@ class FSDPVLLMShardingManager:
             to "hf" for checkpoint sources and TP=1).
         sleep_level: GPU sleep level on exit (1 or 2); ignored on CPU.
         storage_options: fsspec options for checkpoint URLs.
+        quiet: a context-manager factory held around the entry's wake and push, e.g. the worker's
+            ``CheckpointWriter.paused`` (a background checkpoint write in the same process slows
+            the push, which is latency-bound Python, about 2x).
     """
 
     def __init__(
@@ -99,6 +106,7 @@ class FSDPVLLMShardingManager:
         loader: str = "hf",
         sleep_level: int = 2,
         storage_options: dict | None = None,
+        quiet: Callable[[], AbstractContextManager[Any]] | None = None,
     ):
         if loader not in ("hf", "dtensor"):
             raise ValueError(f"loader must be 'hf' or 'dtensor', got {loader!r}")
@@ -107,6 +115,7 @@ class FSDPVLLMShardingManager:
         self.rollout, self.module = rollout, actor_module
         self.loader, self.sleep_level = loader, sleep_level
         self.storage_options = storage_options
+        self.quiet = quiet
         self._source: tuple[str, str | None] = ("live", None)
         self._dirty = True  # the engine holds the model_path weights, not (yet) the actor's
         self._weights_lost = False  # GPU level-2 sleep discarded the engine's weights
@@ -184,22 +193,28 @@ class FSDPVLLMShardingManager:
     # ------------------------------------------------------------------ context
 
     def __enter__(self) -> FSDPVLLMShardingManager:
-        t0 = time.perf_counter()
-        pushed = False
-        if not self.rollout.cpu:
-            release_cached(torch.device("cuda", torch.cuda.current_device()))
-        self.rollout.wake_up(tags=["weights"])
-        t1 = time.perf_counter()
-        if self.needs_push:
-            self.push()
-            pushed = True
-        t2 = time.perf_counter()
-        self.rollout.wake_up(tags=["kv_cache"])
+        with self.quiet() if self.quiet is not None else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            pushed = False
+            if not self.rollout.cpu:
+                release_for_wake(torch.device("cuda", torch.cuda.current_device()))
+            t_released = time.perf_counter()
+            self.rollout.wake_up(tags=["weights"])
+            t1 = time.perf_counter()
+            if self.needs_push:
+                self.push()
+                pushed = True
+            t2 = time.perf_counter()
+            self.rollout.wake_up(tags=["kv_cache"])
         if pushed and dist.is_available() and dist.is_initialized() and self._source[0] == "checkpoint":
             dist.barrier()  # checkpoint pushes have no collectives: keep the ranks in step
         t3 = time.perf_counter()
         self.last_sync_s = t3 - t0 if pushed else 0.0
-        self.last_timing = {"wake_s": (t1 - t0) + (t3 - t2), "push_s": t2 - t1}
+        self.last_timing = {
+            "wake_s": (t1 - t0) + (t3 - t2),
+            "push_s": t2 - t1,
+            "release_s": t_released - t0,
+        }
         if pushed:
             _LOG.info(
                 "pushed %d tensors (%.1fM params) from %s in %.3f s",

@@ -307,10 +307,10 @@ class VLLMRollout(Rollout):
             top_p=s.top_p,
             top_k=s.top_k,
             max_tokens=s.response_length,
-            logprobs=0,
-            flat_logprobs=True,
             detokenize=False,
         )
+        if self.config.calculate_log_probs:
+            common.update(logprobs=0, flat_logprobs=True)
         if not s.do_sample:
             return [SamplingParams(**common)] * n_prompts
         base = (
@@ -357,18 +357,22 @@ class VLLMRollout(Rollout):
             )
         generate_s = time.perf_counter() - t0
         mine = outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz]
+        want_lp = self.config.calculate_log_probs
         responses, log_probs = [], []
         for out in mine:
             for comp in sorted(out.outputs, key=lambda c: c.index):
                 toks = list(comp.token_ids)
                 responses.append(toks)
-                log_probs.append(_sampled_log_probs(comp, toks))
+                if want_lp:
+                    log_probs.append(_sampled_log_probs(comp, toks))
         generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
         metrics = {
             "rollout/generate_s": generate_s,
             "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,
         }
-        return assemble_output(prompts, responses, log_probs, settings, self.pad_token_id, metrics)
+        return assemble_output(
+            prompts, responses, log_probs if want_lp else None, settings, self.pad_token_id, metrics
+        )
 
     def shutdown(self) -> None:
         """Keep the engine: shutting vLLM's engine core down destroys torch's default process group
