@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -195,6 +196,7 @@ def main(argv=None) -> None:
             row["write_s"] = (
                 float(res.get("write_s", float("nan"))) if isinstance(res, dict) else float("nan")
             )
+            shutil.rmtree(os.path.join(work, "ckpt"), ignore_errors=True)  # 6.5 GB each at 0.5B
         if other is not None:
             t = time.perf_counter()
             other.wait()
@@ -212,6 +214,7 @@ def main(argv=None) -> None:
     worker.save_checkpoint(os.path.join(work, "ckpt", "warm"), background=True)
     worker.wait_checkpoint()
     last_batch["ckpt_bytes"] = checkpoint_bytes(os.path.join(work, "ckpt", "warm"))
+    shutil.rmtree(os.path.join(work, "ckpt"), ignore_errors=True)
     print(f"warm-up done; checkpoint {last_batch['ckpt_bytes'] / 1e9:.2f} GB", flush=True)
 
     results: dict[str, list[dict[str, float]]] = {}
@@ -234,6 +237,8 @@ def main(argv=None) -> None:
         with open(os.path.join(out, "rollout_cycle.json"), "w") as f:
             json.dump({"args": vars(bench), "cycle_args": vars(own), "results": results}, f, indent=1)
     sys.stdout.flush()
+    if not own.workdir:
+        shutil.rmtree(work, ignore_errors=True)
     os._exit(0)  # vLLM's engine owns the process group's teardown (VLLMRollout.shutdown)
 
 

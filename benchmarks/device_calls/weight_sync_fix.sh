@@ -12,7 +12,7 @@ if [ "${PART:-a}" = a ]; then
       --cycles 5 --conditions idle write-here lp
 else
   run flow 0 250 $PY benchmarks/iteration.py $Q --ranks 1 --engine vllm --prompts 256 --log-prob-micro-batch 32 \
-      --dynamic-bsz --compile --iters 3 --reference-tokens-per-s ${REF:-45546}
+      --dynamic-bsz --compile --iters ${ITERS:-2} --reference-tokens-per-s ${REF:-28450}
   run flowsync 0 200 $PY benchmarks/iteration.py $Q --ranks 1 --engine vllm --prompts 256 --log-prob-micro-batch 32 \
-      --dynamic-bsz --iters 2 --sync-checkpoints --reference-tokens-per-s ${REF:-45546}
+      --dynamic-bsz --iters 2 --sync-checkpoints --reference-tokens-per-s ${REF:-28450}
 fi
