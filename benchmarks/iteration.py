@@ -312,6 +312,7 @@ def report(
     stages = [
         ("generate", "timing_s/generate", resp_tokens),
         ("  of which generation", "rollout/generate_s", resp_tokens),
+        ("    in the GC", "rollout/gc_s", None),
         ("  of which old log-prob", "perf/old_log_prob_s", all_tokens),
         ("  of which weight sync", "weight_sync_s", None),
         ("    wake (both tags)", "rollout/wake_s", None),

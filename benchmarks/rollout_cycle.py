@@ -50,6 +50,7 @@ STAGES = [
     ("    wake (both tags)", "rollout/wake_s"),
     ("    push", "rollout/push_s"),
     ("  generation", "rollout/generate_s"),
+    ("    of which GC", "rollout/gc_s"),
     ("  sleep", "rollout/sleep_s"),
     ("  old log-probs", "perf/old_log_prob_s"),
 ]

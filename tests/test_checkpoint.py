@@ -449,3 +449,37 @@ def test_verification_cost(run, tmp_path):
         f"\nxxh3_64: {gbs:.2f} GB/s in memory; verify_checkpoint of {total / 1e6:.1f} MB: {dt * 1e3:.1f} ms"
     )
     assert gbs > 0.2
+
+
+def test_a_paused_writer_holds_its_background_write_until_the_block_ends(run, tmp_path):
+    """CheckpointWriter.paused() (held around the weight push into vLLM): the write thread stops at
+    its first byte and waits while the block runs; afterwards the checkpoint is written whole."""
+    from ppoflow.infra.checkpoint.marker import is_complete
+    from ppoflow.infra.checkpoint.writer import CheckpointWriter
+
+    work = run["work"]
+    model = plain_model(work)
+    opt, sched = make_optim(model)
+    train_step(model, opt, sched, 1)
+    want = full_params(model)
+    url = str(tmp_path / "paused")
+    writer = CheckpointWriter()
+
+    def written() -> int:
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(url) for f in fs)
+
+    try:
+        with writer.paused():
+            with writer.paused():  # nested: the outer block still holds the write
+                writer.save(url, model, opt, sched, extra={"k": "p"}, background=True)
+            time.sleep(1.0)
+            assert written() == 0 and not is_complete(url), "the write went on while paused"
+            assert writer.pending == url
+        result = writer.wait()
+    finally:
+        writer.close()
+    assert result["bytes"] > 0 and is_complete(url)
+    assert ck.verify_checkpoint(url)["extra"] == {"k": "p"}
+    fresh = plain_model(work)
+    ck.load_checkpoint(url, fresh)
+    assert max_diff(full_params(fresh), want) == 0.0

@@ -170,6 +170,11 @@ def dp2(tiny_model, tmp_path_factory):
             _call(g, work, "generate", sample_prompts, f"seeded{i}", n=2, temperature=0.7, seed=5)
             for i in range(2)
         ]
+        g.call("set_log_probs", False)
+        rec["seeded_nolp"] = _call(
+            g, work, "generate", sample_prompts, "seeded-nolp", n=2, temperature=0.7, seed=5
+        )
+        g.call("set_log_probs", True)
         rec["hf_greedy"] = _call(
             g, work, "generate", greedy_prompts, "hf-greedy", engine="hf", do_sample=False
         )
@@ -263,6 +268,14 @@ def test_meta_seed_repeats_samples(dp2):
     assert torch.equal(first.batch["rollout_log_probs"], second.batch["rollout_log_probs"])
     resp = _responses(first)
     assert resp[:4] != resp[4:], "DP replicas must still differ"
+
+
+def test_log_probs_off_same_samples(dp2):
+    """rollout.calculate_log_probs off: the same seeded samples as with it, and no rollout_log_probs."""
+    first, off = dp2["seeded"][0], dp2["seeded_nolp"]
+    assert "rollout_log_probs" not in off.batch and "rollout_log_probs" in first.batch
+    assert torch.equal(first.batch["responses"], off.batch["responses"])
+    assert torch.equal(first.batch["response_mask"], off.batch["response_mask"])
 
 
 def test_checkpoint_push_into_dp_engines(dp2):

@@ -28,5 +28,5 @@ run() {
     mkdir -p "$OUT"; echo "# $(date -u +%FT%TZ) CUDA_VISIBLE_DEVICES=$gpus $*"; timeout -k 15 "$t" "$@" ) > "$OUTDIR/$name.log" 2>&1
   local rc=$?
   echo "$name: rc=$rc in $(( $(date +%s) - s ))s; disk free $(df -h --output=avail /tmp | tail -1), memory free $(free -g | awk '/Mem/ {print $7}') GiB"
-  grep -E "^(rollout cycle|generation tokens/s|  best cycle|    push|    wake|    cache  weight sync|  generation  |[a-z0-9.-]+ +(seed|noseed)\+|iteration \(|  of which generation|  of which weight|actor update MFU|checkpoint on|generation vs|scaling vs|gpu_check:|flow run:|summary:)" "$OUTDIR/$name.log" | cut -c1-400
+  grep -E "^(rollout cycle|generation tokens/s|  best cycle|    of which GC|    in the GC|    push|    wake|    cache  weight sync|  generation  |[a-z0-9.-]+ +(seed|noseed)\+|iteration \(|  of which generation|  of which weight|actor update MFU|checkpoint on|generation vs|scaling vs|gpu_check:|flow run:|summary:)" "$OUTDIR/$name.log" | cut -c1-400
 }

@@ -158,6 +158,12 @@ class RolloutTestWorker(Worker):
         return save_checkpoint(url, self.module)
 
     @register(Dispatch.ONE_TO_ALL)
+    def set_log_probs(self, on: bool) -> None:
+        """rollout.calculate_log_probs of the running engine (read at every generate call)."""
+        self.cfg.rollout.calculate_log_probs = on
+        assert self.rollout.config.calculate_log_probs is on
+
+    @register(Dispatch.ONE_TO_ALL)
     def use_checkpoint(self, url: str) -> None:
         self.manager.set_source_checkpoint(url)
 

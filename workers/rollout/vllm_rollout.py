@@ -65,6 +65,7 @@ import torch.distributed as dist
 from ppoflow.infra.config import RolloutConfig
 from ppoflow.workers.rollout import vllm_ipc
 from ppoflow.workers.rollout.base import Rollout, SamplingSettings, assemble_output, prompt_token_lists
+from ppoflow.workers.rollout.gc_heap import frozen_heap
 
 __all__ = [
     "VLLMRollout",
@@ -351,10 +352,10 @@ class VLLMRollout(Rollout):
         rng_devices = (
             [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
         )
-        with torch.random.fork_rng(devices=rng_devices):
-            outs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=t) for t in token_lists], params, use_tqdm=False
-            )
+        requests = [TokensPrompt(prompt_token_ids=t) for t in token_lists]
+        with frozen_heap() as gc_time, torch.random.fork_rng(devices=rng_devices):
+            t_gen = time.perf_counter()
+            outs = self.llm.generate(requests, params, use_tqdm=False)
         generate_s = time.perf_counter() - t0
         mine = outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz]
         want_lp = self.config.calculate_log_probs
@@ -369,6 +370,8 @@ class VLLMRollout(Rollout):
         metrics = {
             "rollout/generate_s": generate_s,
             "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,
+            "rollout/gc_s": gc_time.seconds,  # the collection before the freeze and any inside generate
+            "rollout/prepare_s": t_gen - t0,
         }
         return assemble_output(
             prompts, responses, log_probs if want_lp else None, settings, self.pad_token_id, metrics
