@@ -131,6 +131,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         False,
     )
     args.max_num_seqs = args.max_num_batched_tokens = args.max_token_len = None
+    args.rollout_log_probs = True  # the engine's own log-probs are what the check compares
     args.overlap, args.sync_checkpoints = (
         "none",
         False,
@@ -164,7 +165,6 @@ def run_flow(args, work: str) -> tuple[str, DrillLog]:
     data["actor"]["optim"]["lr"] = args.lr
     data["checkpoint"]["keep_last"] = None  # every iteration's weights are exported and compared
     data["rollout"]["temperature"] = 1.0
-    data["rollout"]["calculate_log_probs"] = True  # the engine's own log-probs are what it checks
     cfg = parse_config(data, source="gpu_check config")
     print(f"model: {args.preset} ({n_params / 1e6:.1f}M params, random weights)", flush=True)
     drill = DrillLog()
