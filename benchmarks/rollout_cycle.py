@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -82,34 +81,6 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.Namespace]:
     return own, bench
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_one_rank(device: str) -> None:
-    """A one-rank world as the flow's rank entry makes it (gloo for CPU tensors, NCCL on CUDA)."""
-    import torch
-    import torch.distributed as dist
-
-    for key, value in {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "PPOFLOW_DEVICE": device,
-    }.items():
-        os.environ[key] = value
-    if device == "cuda":
-        torch.cuda.set_device(0)
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=torch.device("cuda", 0))
-    else:
-        dist.init_process_group(backend="gloo")
-
-
 def make_prompts(n: int, length: int, seed: int):
     import torch
 
@@ -141,6 +112,7 @@ def main(argv=None) -> None:
     os.makedirs(work, exist_ok=True)
     import torch
     from iteration import build_model, experiment_config
+    from vllm_reference import one_rank_world
 
     from ppoflow.infra.config import parse_config
     from ppoflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
@@ -149,7 +121,8 @@ def main(argv=None) -> None:
     model_dir = os.path.join(work, "model")
     n_params = build_model(model_dir, bench.preset, bench.prompt_len + bench.response_len + 8)
     cfg = parse_config(experiment_config(bench, model_dir, os.path.join(work, "unused.parquet"), work))
-    init_one_rank(bench.device)
+    os.environ.update(LOCAL_WORLD_SIZE="1", PPOFLOW_DEVICE=bench.device)  # what the rank entry sets
+    one_rank_world(bench.device == "cuda")
     worker = ActorRolloutRefWorker({"config": cfg.model_dump(mode="json"), "role": "actor_rollout"})
     info = worker.init_model()
     print(

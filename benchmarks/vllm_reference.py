@@ -278,7 +278,7 @@ def run_worker(args: argparse.Namespace) -> None:
     else:
         kwargs["kv_cache_memory_bytes"] = int(args.kv_cache_gib * 2**30)
     if eng.extl:
-        _one_rank_world(gpu)
+        one_rank_world(gpu)
         kwargs["distributed_executor_backend"] = "external_launcher"
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
@@ -343,8 +343,9 @@ def run_worker(args: argparse.Namespace) -> None:
     os._exit(0)  # skip the engine's slow teardown; the driver also ends the process group
 
 
-def _one_rank_world(gpu: bool) -> None:
-    """A one-rank torch.distributed world on 127.0.0.1, as a ppoflow rank has before its engine."""
+def one_rank_world(gpu: bool) -> None:
+    """A one-rank torch.distributed world on 127.0.0.1, as a ppoflow rank has before its engine (gloo
+    for CPU tensors, NCCL on CUDA, as the flow's rank entry makes it)."""
     import socket
 
     import torch

@@ -298,7 +298,7 @@ class VLLMRollout(Rollout):
         dist.all_gather(parts, tensor.contiguous(), group=self._tp_group)
         return torch.cat(parts, dim=0)
 
-    def _sampling_params(self, s: SamplingSettings, n_prompts: int, meta_seed: Any) -> list:
+    def _sampling_params(self, s: SamplingSettings, n_prompts: int, meta_seed: Any, log_probs: bool) -> list:
         """One ``SamplingParams`` per prompt; sampled requests carry their own seed (see ``request_seed``)."""
         from vllm import SamplingParams
 
@@ -310,7 +310,7 @@ class VLLMRollout(Rollout):
             max_tokens=s.response_length,
             detokenize=False,
         )
-        if self.config.calculate_log_probs:
+        if log_probs:
             common.update(logprobs=0, flat_logprobs=True)
         if not s.do_sample:
             return [SamplingParams(**common)] * n_prompts
@@ -344,7 +344,8 @@ class VLLMRollout(Rollout):
                 f"{limit} (rollout.prompt_length + rollout.response_length)"
             )
         t0 = time.perf_counter()
-        params = self._sampling_params(settings, len(token_lists), prompts.meta_info.get("seed"))
+        want_lp = self.config.calculate_log_probs
+        params = self._sampling_params(settings, len(token_lists), prompts.meta_info.get("seed"), want_lp)
         self.calls += 1
         # Every request carries its own seed; the engine must not also move the rank's global RNG,
         # which checkpoints save per rank: a group rebuilt from checkpoint n-1 would otherwise save
@@ -358,7 +359,6 @@ class VLLMRollout(Rollout):
             outs = self.llm.generate(requests, params, use_tqdm=False)
         generate_s = time.perf_counter() - t0
         mine = outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz]
-        want_lp = self.config.calculate_log_probs
         responses, log_probs = [], []
         for out in mine:
             for comp in sorted(out.outputs, key=lambda c: c.index):
