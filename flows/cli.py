@@ -392,17 +392,21 @@ def _err(line: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ppoflow.flows.console import print_summary, run_with_progress
-    from ppoflow.flows.failure import print_failure, terminal
     from ppoflow.infra.config import ConfigError, load_config
     from ppoflow.infra.data import storage
 
+    # the config's own checks come first: a bad config is told at once, before the run's heavy
+    # imports and without starting a Prefect server
     if not storage.exists(args.config):
         raise CLIError(f"config {args.config} does not exist", code=2)
     try:
         cfg = load_config(args.config, _parse_overrides(args.overrides))
     except ConfigError as err:
         raise CLIError(str(err), code=2) from None
+    _prepare_run()
+    from ppoflow.flows.console import print_summary, run_with_progress
+    from ppoflow.flows.failure import print_failure, terminal
+
     with terminal(args.verbose), _interrupts(args, cfg):
         result = run_with_progress(cfg, args.iterations)
     if not result["ok"]:
@@ -417,6 +421,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ppoflow.flows.demo import run_demo
     from ppoflow.flows.failure import terminal
 
+    _prepare_run()
     with terminal(args.verbose), _interrupts(args, demo_config(local_dir(args.storage), DEFAULT_SPEC)):
         result = run_demo(args.storage, args.iterations, verbose=args.verbose)
     return 0 if result["ok"] else 1
@@ -459,7 +464,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # before the heavy imports: until the run holds something, a SIGTERM ends it at once
         exit_on_sigterm(f"ppoflow: stopped by SIGTERM while starting ({args.command} had not begun)")
-        _prepare_run()
     try:
         return COMMANDS[args.command](args)
     except CLIError as err:

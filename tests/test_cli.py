@@ -64,6 +64,19 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and "demo" in out.stdout and "export-hf" in out.stdout
 
 
+def test_a_bad_config_is_told_before_anything_starts(tmp_path):
+    """The console script, as a user runs it: the config's error, exit 2, and no temporary Prefect
+    server started and stopped for it (it used to be, which took ~10 s and printed its stop line)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "ppoflow")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {path: x}\ndata: {train_files: [x], train_batch_size: 4}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    out = subprocess.run([exe, "run", str(bad)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2, out.stderr
+    assert "train_batch_size=4 must be a multiple of actor.ppo_mini_batch_size" in out.stderr
+    assert "temporary server" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+
+
 # ------------------------------------------------------------------------------ on the demo
 
 
