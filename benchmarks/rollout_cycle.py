@@ -17,6 +17,8 @@ actor's weights, wake the KV cache, generate, sleep, then the actor's old log-pr
                   this process's writer thread while the rollout runs (the flow's actor group)
     write-other   another process writes as many bytes to the same disk meanwhile (the flow's
                   critic group writing its own checkpoint)
+    write-both    both at once: what a warm iteration of the flow with a critic overlaps its
+                  rollout with (the previous iteration's two background writes)
     lp            idle, with ``rollout.calculate_log_probs`` on (vLLM's log-probs of the samples;
                   the others run with the config's value, off unless ``--rollout-log-probs``)
 
@@ -39,7 +41,7 @@ import sys
 import tempfile
 import time
 
-CONDITIONS = ("idle", "write-here", "write-other", "lp")
+CONDITIONS = ("idle", "write-here", "write-other", "write-both", "lp")
 STAGES = [
     ("update_actor", "update_s"),
     ("checkpoint staging", "stage_s"),
@@ -149,11 +151,12 @@ def main(argv=None) -> None:
         row: dict[str, float] = {"update_s": update()}
         other = None
         worker.cfg.rollout.calculate_log_probs = condition == "lp" or bench.rollout_log_probs
-        if condition == "write-here":
+        here = condition in ("write-here", "write-both")
+        if here:
             t = time.perf_counter()
             worker.save_checkpoint(os.path.join(work, "ckpt", f"c{next(ckpts)}"), background=True)
             row["stage_s"] = time.perf_counter() - t
-        elif condition == "write-other":
+        if condition in ("write-other", "write-both"):
             size = last_batch.get("ckpt_bytes", 6 << 30)
             other = subprocess.Popen(
                 [sys.executable, "-c", _WRITER, os.path.join(work, "other.bin"), str(size)]
@@ -163,7 +166,7 @@ def main(argv=None) -> None:
         out = worker.generate_sequences(make_prompts(bench.prompts, bench.prompt_len, next(seeds)))
         row["rollout_call_s"] = time.perf_counter() - t
         row.update({k: float(v) for k, v in out.meta_info["metrics"].items() if isinstance(v, (int, float))})
-        if condition == "write-here":
+        if here:
             t = time.perf_counter()
             res = worker.wait_checkpoint() or {}
             row["write_left_s"] = time.perf_counter() - t
@@ -174,7 +177,7 @@ def main(argv=None) -> None:
         if other is not None:
             t = time.perf_counter()
             other.wait()
-            row["write_left_s"] = time.perf_counter() - t
+            row["write_left_s"] = row.get("write_left_s", 0.0) + time.perf_counter() - t
         out.batch["advantages"] = torch.randn(
             out.batch["responses"].shape, generator=torch.Generator().manual_seed(0)
         )
