@@ -5,5 +5,6 @@ runtime/     the rank runtime: worker groups on torch's launcher, control channe
 experiment/  experiment state on storage: manifest, lock, metrics, plots, TensorBoard
 checkpoint/  sharded DCP checkpoints of the trained models, and export to Hugging Face
 config.py    the experiment config (one pydantic tree)
+hub.py       hub ids among model paths, and whether the Hugging Face hub can be reached
 rewards.py   rule rewards by data source, and custom reward functions by import path
 """

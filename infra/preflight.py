@@ -12,7 +12,9 @@ What is checked, and what it costs (independent of the dataset's size):
 
 - storage: the experiment directory is writable (one small file written, read back, removed);
 - models: ``model.path`` and the critic's and reward model's paths are model directories (a
-  ``config.json`` and weight files) or hub ids transformers can resolve; the tokenizer loads;
+  ``config.json`` and weight files) or hub ids transformers can resolve; the tokenizer loads; with
+  a hub id, one connection to the hub first (``ppoflow.infra.hub``): where it cannot be reached the
+  problem is said at once, not after a minute of ``huggingface_hub``'s retries;
 - data: each of ``data.train_files`` is a readable parquet whose schema has ``data.prompt_key``,
   ``data_source`` and, with rule rewards, ``reward_model.ground_truth`` (the footer only); the
   first :data:`~ppoflow.infra.preflight_data.SAMPLE_ROWS` rows of each file hold prompts of the right shape, a data source
@@ -41,6 +43,7 @@ from ppoflow.infra.checkpoint.sharded import CheckpointError, verify_checkpoint
 from ppoflow.infra.config import ExperimentConfig, ModelConfig
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.hub import cached_on_this_machine, hub_unreachable, is_hub_id
 from ppoflow.infra.preflight_data import check_data, check_reward
 
 __all__ = [
@@ -157,7 +160,24 @@ def _model_paths(cfg: ExperimentConfig) -> list[tuple[str, ModelConfig]]:
     return out
 
 
-def _check_models(cfg: ExperimentConfig, c: Checks) -> None:
+def _hub_problem(where: str, path: str, unreachable: str) -> tuple[str, str, str]:
+    """The problem of hub id ``path`` when the hub cannot be reached (instead of a minute of retries)."""
+    if cached_on_this_machine(path):
+        return (
+            where,
+            f"a hub id, and {unreachable}; it is in this machine's Hugging Face cache",
+            "set HF_HUB_OFFLINE=1 to load it from the cache without asking the hub "
+            "(transformers retries each file for ~25 s first)",
+        )
+    return (
+        where,
+        f"a hub id that is not in this machine's Hugging Face cache, and {unreachable}",
+        "download it where the hub is reachable (`hf download ORG/NAME --local-dir DIR`) and point "
+        "the path at that directory, or set HTTPS_PROXY",
+    )
+
+
+def _check_models(cfg: ExperimentConfig, c: Checks, unreachable: str | None) -> None:
     fix = "point it at a Hugging Face model directory (config.json and weight files) or a hub id"
     for name, model in _model_paths(cfg):
         path = model.path
@@ -169,8 +189,11 @@ def _check_models(cfg: ExperimentConfig, c: Checks) -> None:
             else:
                 c.ok(f"{name}: {path}")
             continue
-        if os.path.exists(path) or path.startswith((".", "/", "~")) or path.count("/") != 1:
+        if not is_hub_id(path):
             c.problem(f"{name}={path}", "no such directory", fix)
+            continue
+        if unreachable is not None:
+            c.problem(*_hub_problem(f"{name}={path}", path, unreachable))
             continue
         try:
             from transformers import AutoConfig
@@ -213,11 +236,23 @@ def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> Prefl
     t0 = time.perf_counter()
     c = Checks()
     _check_storage(cfg, c)
-    _check_models(cfg, c)
+    hub_ids = [m.path for _, m in _model_paths(cfg) if is_hub_id(m.path)]
+    if is_hub_id(cfg.model.tokenizer):
+        hub_ids.append(cfg.model.tokenizer)
+    unreachable = hub_unreachable() if hub_ids else None
+    _check_models(cfg, c, unreachable)
     tokenizer = None
     try:
-        tokenizer = load_tokenizer()
-        c.ok(f"tokenizer: {cfg.model.tokenizer}")
+        if unreachable is not None and is_hub_id(cfg.model.tokenizer):
+            if cfg.model.tokenizer != cfg.model.path:  # else model.path's problem says it all
+                c.problem(
+                    *_hub_problem(
+                        f"model.tokenizer_path={cfg.model.tokenizer}", cfg.model.tokenizer, unreachable
+                    )
+                )
+        else:
+            tokenizer = load_tokenizer()
+            c.ok(f"tokenizer: {cfg.model.tokenizer}")
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
         c.problem(
             f"model.tokenizer_path={cfg.model.tokenizer}",

@@ -257,3 +257,63 @@ def test_the_config_names_the_truncation_values(tmp_path, model_dir):
     assert (
         json.loads(make_config(tmp_path, model_dir, ["x"]).model_dump_json())["data"]["truncation"] == "left"
     )
+
+
+HUB_PROBE = """
+import sys
+from tests.test_preflight import make_config, tokenizer_of
+from ppoflow.infra.preflight import PreflightError, preflight
+tmp, model, data = sys.argv[1:4]
+import pathlib
+cfg = make_config(pathlib.Path(tmp), model, [data])
+try:
+    preflight(cfg, lambda: tokenizer_of(cfg.model.tokenizer))
+except PreflightError as err:
+    print(err)
+"""
+
+
+def test_a_hub_id_where_the_hub_cannot_be_reached_is_named_at_once(tmp_path):
+    """A hub id on a machine that cannot reach the hub (here: an endpoint on a closed local port):
+    one problem per model saying so, with the fix, instead of huggingface_hub's minute of retries
+    that ends in its own OSError; a model already in the cache gets the HF_HUB_OFFLINE fix."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a local port that nothing listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path / "hf"
+    snapshot = home / "hub" / "models--org--cached" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (home / "hub" / "models--org--cached" / "refs").mkdir()
+    (home / "hub" / "models--org--cached" / "refs" / "main").write_text("abc")
+    data = write(tmp_path / "train.parquet", rows(["1+2"] * 4))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HTTP", "http", "ALL_PROXY"))}
+    env.update(HF_HOME=str(home), HF_ENDPOINT=f"http://127.0.0.1:{port}", PYTHONPATH=os.getcwd())
+    said = {}
+    for model in ("org/missing", "org/cached"):
+        out = subprocess.run(
+            [sys.executable, "-c", HUB_PROBE, str(tmp_path / model.split("/")[1]), model, data],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert out.returncode == 0, out.stderr
+        said[model] = out.stdout
+        print(out.stdout)
+    unreachable = f"http://127.0.0.1:{port} cannot be reached from this machine"
+    missing = said["org/missing"]
+    assert (
+        f"model.path=org/missing: a hub id that is not in this machine's Hugging Face cache, and {unreachable}"
+        in missing
+    )
+    assert "hf download ORG/NAME --local-dir DIR" in missing
+    cached = said["org/cached"]
+    assert f"model.path=org/cached: a hub id, and {unreachable} (" in cached
+    assert "); it is in this machine's Hugging Face cache. Fix: set HF_HUB_OFFLINE=1" in cached
+    for text in said.values():  # one problem for the model (the tokenizer is the same id), no retry noise
+        assert "tokenizer" not in text and "Retrying" not in text and "couldn't connect" not in text
