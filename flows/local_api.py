@@ -16,7 +16,8 @@ three differences in how its process is started:
 - its output goes to a log file instead of the terminal (``server.log_path``; removed when the
   server stops), so Prefect's server-side messages (telemetry, database retries) do not mix with
   the run's; a server that fails to start shows its last lines in the error. Usage telemetry is
-  off.
+  off, and the client side's INFO lines about it (its start, "Stopping temporary server on ...")
+  stay out of the terminal too.
 
 Prefect keeps doing the rest (port choice, health wait, the ``atexit`` stop). The CLI starts the
 server in the background as soon as it knows it will run a flow, so its start-up overlaps the
@@ -28,11 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ppoflow.infra.runtime.control import block_until_exit
@@ -91,7 +94,8 @@ def _server_class() -> type:
 
         def _start(self, timeout: int | None) -> None:
             try:
-                super().start(timeout)
+                with _quiet_server_logger():
+                    super().start(timeout)
             except Exception as exc:
                 tail = ""
                 if self.log_path is not None:
@@ -105,12 +109,27 @@ def _server_class() -> type:
                 ) from exc
 
         def stop(self) -> None:
-            super().stop()
+            with _quiet_server_logger():
+                super().stop()
             if self.log_path is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(self.log_path)
 
     return OwnedEphemeralServer
+
+
+@contextlib.contextmanager
+def _quiet_server_logger() -> Iterator[None]:
+    """Prefect's INFO lines about the temporary server ("Stopping temporary server on ...", how
+    to run a dedicated one) stay out of the terminal: the user never started a server."""
+    from prefect.server.api.server import subprocess_server_logger as logger
+
+    level = logger.level
+    logger.setLevel(max(logging.WARNING, level))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def own_ephemeral_server(start_now: bool = True) -> Any:

@@ -31,7 +31,14 @@ from tests.test_slots import free_by_flock
 pytestmark = pytest.mark.slow
 
 PPOFLOW = os.path.join(os.path.dirname(sys.executable), "ppoflow")
-NOISE = ("Traceback", "database is locked", "EventsWorker", "Still processing items", "continue training:")
+NOISE = (
+    "Traceback",
+    "database is locked",
+    "EventsWorker",
+    "Still processing items",
+    "continue training:",
+    "temporary server",
+)
 
 
 @pytest.fixture(scope="module")
