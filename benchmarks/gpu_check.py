@@ -155,7 +155,7 @@ class DrillLog(logging.Handler):
 def run_flow(args, work: str) -> tuple[str, DrillLog]:
     """Model, prompts, config; iterations 1-2 in one flow run, 3 in another (unless ``--no-resume``).
     Returns the experiment URL and the drill log."""
-    from ppoflow.flows.ppo import install_sigterm_handler, ppo
+    from ppoflow.flows.ppo import install_stop_handlers, ppo
     from ppoflow.infra.config import parse_config
 
     model_dir, data_url = os.path.join(work, "model"), os.path.join(work, "prompts.parquet")
@@ -170,7 +170,7 @@ def run_flow(args, work: str) -> tuple[str, DrillLog]:
     drill = DrillLog()
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).addHandler(drill)
-    install_sigterm_handler()
+    install_stop_handlers()
     for iterations in (2, 1) if args.resume else (2,):
         t0 = time.perf_counter()
         ppo(cfg, iterations=iterations)

@@ -396,7 +396,7 @@ def main(argv=None) -> None:
     # a fresh PREFECT_HOME migrates its database first: on a busy machine that outlasts the 20 s default
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry (offline)
-    from ppoflow.flows.ppo import install_sigterm_handler, ppo
+    from ppoflow.flows.ppo import install_stop_handlers, ppo
     from ppoflow.infra.config import parse_config
 
     model_dir = os.path.join(work, "model")
@@ -411,7 +411,7 @@ def main(argv=None) -> None:
         f"built model ({n_params / 1e6:.1f}M params) and prompts in {time.perf_counter() - t0:.1f} s",
         flush=True,
     )
-    install_sigterm_handler()
+    install_stop_handlers()
     from gpu_report import DeviceMemorySampler
 
     sampler = DeviceMemorySampler().start() if args.device == "cuda" else None

@@ -370,15 +370,15 @@ def _rerun(args: argparse.Namespace) -> str:
 
 @contextlib.contextmanager
 def _interrupts(args: argparse.Namespace, cfg: Any) -> Iterator[None]:
-    """From here on a SIGTERM raises, as Ctrl-C does, so that the run's cleanup runs; on either,
-    say what was left behind (the flow's cleanup already ran), then go on exiting. The run's heavy
-    imports happen first, while a SIGTERM still ends the process at once (``flows.signals``)."""
-    import ppoflow.flows.ppo  # noqa: F401 - torch, Prefect, the tasks: imported before SIGTERM raises
+    """From here on SIGTERM and Ctrl-C raise, so that the run's cleanup runs; on either, say what
+    was left behind (the flow's cleanup already ran), then go on exiting. The run's heavy imports
+    happen first, while either still ends the process at once (``flows.signals``)."""
+    import ppoflow.flows.ppo  # noqa: F401 - torch, Prefect, the tasks: imported before signals raise
     from ppoflow.flows.failure import committed, print_interrupted
-    from ppoflow.flows.signals import Terminated, install_sigterm_handler
+    from ppoflow.flows.signals import Terminated, install_stop_handlers
 
     started, before = time.time(), committed(cfg)
-    install_sigterm_handler()
+    install_stop_handlers()
     try:
         yield
     except (KeyboardInterrupt, Terminated) as exc:
@@ -460,10 +460,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ppoflow`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
     if args.command in ("demo", "run"):
-        from ppoflow.flows.signals import exit_on_sigterm
+        from ppoflow.flows.signals import exit_while_starting
 
-        # before the heavy imports: until the run holds something, a SIGTERM ends it at once
-        exit_on_sigterm(f"ppoflow: stopped by SIGTERM while starting ({args.command} had not begun)")
+        # before the heavy imports: until the run holds something, SIGTERM or Ctrl-C ends it at once
+        exit_while_starting(args.command)
     try:
         return COMMANDS[args.command](args)
     except CLIError as err:

@@ -44,7 +44,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from ppoflow.flows.schedule import needs_reference, pending_roles, run_iterations
-from ppoflow.flows.signals import Terminated, install_sigterm_handler
+from ppoflow.flows.signals import Terminated, install_stop_handlers
 from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.lock import ExperimentLock
@@ -55,7 +55,7 @@ from ppoflow.infra.runtime.slots import device_slots
 from ppoflow.tasks import init_experiment, preflight
 from ppoflow.tasks.runtime import RunContext, open_run, worker_groups
 
-__all__ = ["ppo", "resolve_config", "install_sigterm_handler", "Terminated", "needs_reference"]
+__all__ = ["ppo", "resolve_config", "install_stop_handlers", "Terminated", "needs_reference"]
 
 
 def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
@@ -171,5 +171,5 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    install_sigterm_handler()
+    install_stop_handlers()
     ppo(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)

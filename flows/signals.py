@@ -1,8 +1,8 @@
-"""SIGTERM that ends a run the way Ctrl-C does: cleanly, fast, and never half-way through an import.
+"""SIGTERM and Ctrl-C that end a run cleanly, fast, and never half-way through an import.
 
 Python's default SIGTERM action kills the process without running ``finally`` blocks or atexit
 hooks; Prefect's handler (installed while a flow runs) raises its ``TerminationSignal`` and then
-re-sends the signal to the handler that was there before. With :func:`install_sigterm_handler`
+re-sends the signal to the handler that was there before. With :func:`install_stop_handlers`
 that handler raises :class:`Terminated`, a ``SystemExit``: the flow kills its worker groups,
 releases the experiment lock and the device slots, the temporary Prefect server is stopped, and
 the process exits with status 143.
@@ -14,13 +14,17 @@ C++ calls back into Python) it became a C++ exception and the process aborted (`
 after throwing an instance of 'pybind11::error_already_set'``, exit -6); inside a library's import
 that catches everything, the signal was swallowed and the run went on to commit. So:
 
-- :func:`exit_on_sigterm`, for the start of a command, before it holds anything: SIGTERM prints
-  one line and ends the process at once (``os._exit``, status 143). Nothing needs releasing yet;
-  the temporary Prefect server's process ends with its parent (``ppoflow.flows.local_api``).
-- :func:`install_sigterm_handler`, for the rest: a SIGTERM that arrives in the middle of an import
-  is re-sent to this process 0.1 s later until it lands outside one, then raises.
+A Ctrl-C (SIGINT, Python's ``KeyboardInterrupt``) lands the same way. So, for both:
 
-This module imports nothing heavy, so the CLI installs its handler before it imports torch,
+- :func:`exit_while_starting`, for the start of a command, before it holds anything: the signal
+  prints one line and ends the process at once (``os._exit``, status 143 or 130). Nothing needs
+  releasing yet; the temporary Prefect server's process ends with its parent
+  (``ppoflow.flows.local_api``).
+- :func:`install_stop_handlers`, for the rest: SIGTERM raises :class:`Terminated` and Ctrl-C
+  ``KeyboardInterrupt``, except in the middle of an import: then the signal is re-sent to this
+  process 0.1 s later, until it lands outside one.
+
+This module imports nothing heavy, so the CLI installs its handlers before it imports torch,
 Prefect or vLLM.
 """
 
@@ -32,13 +36,14 @@ import threading
 from types import FrameType
 from typing import Any
 
-__all__ = ["Terminated", "exit_on_sigterm", "install_sigterm_handler"]
+__all__ = ["Terminated", "exit_while_starting", "install_stop_handlers"]
 
-RESEND_S = 0.1  # how long a SIGTERM that arrived mid-import waits before it is tried again
+RESEND_S = 0.1  # how long a signal that arrived mid-import waits before it is tried again
+STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
 
 class Terminated(SystemExit):
-    """SIGTERM, as raised by the handler of :func:`install_sigterm_handler` (exit status 143)."""
+    """SIGTERM, as raised by the handler of :func:`install_stop_handlers` (exit status 143)."""
 
 
 def _importing(frame: FrameType | None) -> bool:
@@ -50,53 +55,60 @@ def _importing(frame: FrameType | None) -> bool:
     return False
 
 
-_resend_lock = threading.RLock()  # re-entrant: a second SIGTERM may run the handler inside the first
-_resend_pending = False
+_resend_lock = threading.RLock()  # re-entrant: a second signal may run a handler inside the first
+_resend_pending: set[int] = set()
 
 
 def _resend(signum: int) -> None:
-    global _resend_pending
     with _resend_lock:
-        _resend_pending = False
+        _resend_pending.discard(signum)
     os.kill(os.getpid(), signum)
 
 
 def _resend_later(signum: int) -> None:
     """Send ``signum`` to this process again in :data:`RESEND_S` (once, however often it is asked)."""
-    global _resend_pending
     with _resend_lock:
-        if _resend_pending:
+        if signum in _resend_pending:
             return
-        _resend_pending = True
+        _resend_pending.add(signum)
     timer = threading.Timer(RESEND_S, _resend, args=(signum,))
     timer.daemon = True
     timer.start()
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
+def _raise_stop(signum: int, frame: Any) -> None:
     if _importing(frame):
         _resend_later(signum)
         return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Terminated(128 + signum)
 
 
-def install_sigterm_handler() -> None:
-    """Make SIGTERM raise :class:`Terminated`, outside imports (module docstring). Call it before
-    running a flow in a process you own (the CLI, the demo, tests, benchmarks); main thread only."""
-    signal.signal(signal.SIGTERM, _raise_terminated)
+def install_stop_handlers() -> None:
+    """Make SIGTERM raise :class:`Terminated` and Ctrl-C ``KeyboardInterrupt``, outside imports
+    (module docstring). Call it before running a flow in a process you own (the CLI, the demo,
+    tests, benchmarks); main thread only."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _raise_stop)
 
 
-def exit_on_sigterm(message: str) -> None:
-    """Until the next :func:`install_sigterm_handler`, SIGTERM writes ``message`` to stderr and
-    ends the process at once with status 143, running no cleanup: for a command's start, while
-    it holds nothing (module docstring). Main thread only."""
-    line = (message.rstrip("\n") + "\n").encode()
+def exit_while_starting(what: str) -> None:
+    """Until :func:`install_stop_handlers`, SIGTERM or Ctrl-C writes "ppoflow: stopped by
+    SIGTERM while starting (``what`` had not begun)" to stderr and ends the process at once with
+    status 143 or 130, running no cleanup: for a command's start, while it holds nothing (module
+    docstring). Main thread only."""
+    lines = {
+        signum: f"ppoflow: stopped by {name} while starting ({what} had not begun)\n".encode()
+        for signum, name in STOP_SIGNALS.items()
+    }
 
     def _exit_now(signum: int, frame: Any) -> None:
         try:
-            os.write(2, line)
+            os.write(2, lines[signum])
         except OSError:
             pass
         os._exit(128 + signum)
 
-    signal.signal(signal.SIGTERM, _exit_now)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _exit_now)

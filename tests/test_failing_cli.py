@@ -220,15 +220,19 @@ def test_sigterm_while_starting_and_while_waiting_for_slots(cli, flow_config, tm
     paths = ExperimentPaths.of(cfg)
     config = write_config(tmp_path, cfg)
 
-    # SIGTERM while it is still importing and starting (mostly imports: a signal raised inside one
-    # of torch's once aborted the process, exit -6), and just as the flow begins
-    for delay in (1.0, 3.0, 5.0):
+    # SIGTERM (or Ctrl-C) while it is still importing and starting (mostly imports: a signal raised
+    # inside one of torch's once aborted the process, exit -6), and just as the flow begins
+    for delay, sig, name in (
+        (1.0, signal.SIGTERM, "SIGTERM"),
+        (3.0, signal.SIGINT, "Ctrl-C"),
+        (5.0, signal.SIGTERM, "SIGTERM"),
+    ):
         run = cli("run", config)
         time.sleep(delay)
-        tree, rc, took = signal_and_time(run, signal.SIGTERM)
-        print(f"\nSIGTERM {delay:.0f} s after start: exit {rc} after {took:.1f} s\n{run.text()}")
-        assert rc == 143 and took < 20 and gone_within(tree, 10) == {}
-        assert "ppoflow: stopped by SIGTERM" in run.text() and "Traceback" not in run.text()
+        tree, rc, took = signal_and_time(run, sig)
+        print(f"\n{name} {delay:.0f} s after start: exit {rc} after {took:.1f} s\n{run.text()}")
+        assert rc == 128 + sig and took < 20 and gone_within(tree, 10) == {}
+        assert f"ppoflow: stopped by {name}" in run.text() and "Traceback" not in run.text()
 
     slots = tmp_path / "slots"
     env = {
