@@ -236,10 +236,8 @@ def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> Prefl
     t0 = time.perf_counter()
     c = Checks()
     _check_storage(cfg, c)
-    hub_ids = [m.path for _, m in _model_paths(cfg) if is_hub_id(m.path)]
-    if is_hub_id(cfg.model.tokenizer):
-        hub_ids.append(cfg.model.tokenizer)
-    unreachable = hub_unreachable() if hub_ids else None
+    uses_hub = is_hub_id(cfg.model.tokenizer) or any(is_hub_id(m.path) for _, m in _model_paths(cfg))
+    unreachable = hub_unreachable() if uses_hub else None
     _check_models(cfg, c, unreachable)
     tokenizer = None
     try:
