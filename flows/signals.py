@@ -12,9 +12,8 @@ is mostly imports. Raised inside one it was seen to go wrong twice (measured wit
 at 0.1-7 s after start, on a loaded 2-core machine): inside ``import torch.distributed`` (torch's
 C++ calls back into Python) it became a C++ exception and the process aborted (``terminate called
 after throwing an instance of 'pybind11::error_already_set'``, exit -6); inside a library's import
-that catches everything, the signal was swallowed and the run went on to commit. So:
-
-A Ctrl-C (SIGINT, Python's ``KeyboardInterrupt``) lands the same way. So, for both:
+that catches everything, the signal was swallowed and the run went on to commit. A Ctrl-C
+(SIGINT, Python's ``KeyboardInterrupt``) lands the same way. So, for both:
 
 - :func:`exit_while_starting`, for the start of a command, before it holds anything: the signal
   prints one line and ends the process at once (``os._exit``, status 143 or 130). Nothing needs
