@@ -283,6 +283,23 @@ def commit_interval(rows: list[dict], before: dict | None) -> float:
     return sum(gaps) / len(gaps) if gaps else float("nan")
 
 
+def generation_lines(rows: list[dict]) -> list[str]:
+    """Each iteration's generation (the cold one first) with the CPU it got: decoding is CPU-bound
+    Python, so its seconds follow the decoding thread's CPU time and how busy the host was."""
+    parts = []
+    for r in rows:
+        if "rollout/generate_s" not in r:
+            continue
+        part = f"{r['rollout/generate_s']:.3f} s"
+        if "perf/rollout_thread_cpu_s" in r:
+            part += f" (thread CPU {r['perf/rollout_thread_cpu_s']:.3f} s"
+            if "perf/rollout_host_busy" in r:
+                part += f", host busy {r['perf/rollout_host_busy']:.0%}, stolen {r['perf/rollout_host_steal']:.1%}"
+            part += ")"
+        parts.append(part)
+    return ["generation per iteration (first one cold): " + "; ".join(parts)] if parts else []
+
+
 def report(
     args, rows: list[dict], n_params: int, extra: list[str] = (), before: dict | None = None
 ) -> tuple[str, dict]:
@@ -430,7 +447,8 @@ def main(argv=None) -> None:
     for n in range(1, args.iters + 2):
         with open(os.path.join(exp, "iterations", f"{n:06d}", "metrics.json")) as f:
             rows.append(json.load(f))
-    text, run = report(args, rows[1:], n_params, sampler.lines() if sampler else [], before=rows[0])
+    extra = [*generation_lines(rows), *(sampler.lines() if sampler else [])]
+    text, run = report(args, rows[1:], n_params, extra, before=rows[0])
     print(text)
     print("summary: " + json.dumps(run))
     out = os.environ.get("OUT")

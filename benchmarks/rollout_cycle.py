@@ -52,6 +52,7 @@ STAGES = [
     ("    push", "rollout/push_s"),
     ("  generation", "rollout/generate_s"),
     ("    of which GC", "rollout/gc_s"),
+    ("    decoding thread's CPU", "perf/rollout_thread_cpu_s"),
     ("  sleep", "rollout/sleep_s"),
     ("  old log-probs", "perf/old_log_prob_s"),
 ]
@@ -204,7 +205,9 @@ def main(argv=None) -> None:
                 f"  {condition:12} generation {r.get('rollout/generate_s', 0):.3f} s "
                 f"({r.get('rollout/tokens_per_s', 0):.0f} tok/s), weight sync {r.get('rollout/weight_sync_s', 0):.3f} s "
                 f"(release {r.get('rollout/release_s', 0):.3f}, wake {r.get('rollout/wake_s', 0):.3f}, "
-                f"push {r.get('rollout/push_s', 0):.3f})",
+                f"push {r.get('rollout/push_s', 0):.3f}); decoding thread's CPU "
+                f"{r.get('perf/rollout_thread_cpu_s', 0):.3f} s, host busy {r.get('perf/rollout_host_busy', 0):.0%} "
+                f"stolen {r.get('perf/rollout_host_steal', 0):.1%}",
                 flush=True,
             )
     print(report(bench, own, results))

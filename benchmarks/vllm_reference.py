@@ -56,6 +56,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ppoflow.infra.host_cpu import CpuUse, cpu_use
+
 SHAPES = {
     # Qwen2.5-0.5B's shape (494M parameters)
     "qwen2.5-0.5b": dict(
@@ -221,13 +223,15 @@ def _params(variant: str, n: int, max_tokens: int, seed_base: int):
     return [SamplingParams(seed=seed_base + i if seeded else None, **common) for i in range(n)]
 
 
-def _timed_generate(llm, prompts, params) -> tuple[float, int, int]:
+def _timed_generate(llm, prompts, params) -> tuple[float, int, int, CpuUse]:
+    """Wall seconds, sampled tokens, log-probs, and the CPU the call got (as ppoflow's rollout reports it)."""
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    with cpu_use() as cpu:
+        outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
     logprobs = sum(len(c.logprobs) for o in outs for c in o.outputs if c.logprobs is not None)
-    return seconds, tokens, logprobs
+    return seconds, tokens, logprobs, cpu
 
 
 def _engine_facts(llm) -> dict:
@@ -297,7 +301,7 @@ def run_worker(args: argparse.Namespace) -> None:
         prompt_seed += 1
         llm.generate(_prompts(n, plen, vocab, prompt_seed), _params(v, n, 8, 0), use_tqdm=False)
     prompt_seed += 1
-    seconds, tokens, _ = _timed_generate(
+    seconds, tokens, _, _ = _timed_generate(
         llm, _prompts(n, plen, vocab, prompt_seed), _params(variants[0], n, 1, 0)
     )
     _emit(
@@ -311,7 +315,7 @@ def run_worker(args: argparse.Namespace) -> None:
         }
     )
     for v in variants:
-        runs = []
+        runs, cpus = [], []
         for _ in range(args.repeats):
             prompt_seed += 1
             prompts = _prompts(n, plen, vocab, prompt_seed)
@@ -320,12 +324,13 @@ def run_worker(args: argparse.Namespace) -> None:
                 llm.sleep(level=1)
                 llm.wake_up()
                 llm.reset_prefix_cache()
-            seconds, tokens, logprobs = _timed_generate(llm, prompts, params)
+            seconds, tokens, logprobs, cpu = _timed_generate(llm, prompts, params)
             if tokens != n * rlen:
                 raise RuntimeError(f"{eng.name} {v}: {tokens} tokens, expected {n * rlen} (ignore_eos)")
             if v.endswith("+lp") and logprobs != tokens:
                 raise RuntimeError(f"{eng.name} {v}: {logprobs} log-probs for {tokens} tokens")
             runs.append(seconds)
+            cpus.append(cpu)
         _emit(
             {
                 "engine": eng.name,
@@ -334,6 +339,9 @@ def run_worker(args: argparse.Namespace) -> None:
                 "seconds": min(runs),
                 "median_s": statistics.median(runs),
                 "runs": runs,
+                "thread_cpu_s": [c.thread_cpu_s for c in cpus],
+                "host_busy": [c.host_busy for c in cpus],
+                "host_steal": [c.host_steal for c in cpus],
                 "tokens": n * rlen,
             }
         )
@@ -525,9 +533,13 @@ def _describe(rec: dict) -> str:
         )
     tok_s = rec["tokens"] / rec["seconds"] if rec["seconds"] else float("nan")
     runs = ", ".join(f"{s:.3f}" for s in rec.get("runs", []))
+    cpu = ", ".join(f"{s:.3f}" for s in rec.get("thread_cpu_s", []))
+    busy = ", ".join("?" if b is None else f"{b:.0%}" for b in rec.get("host_busy", []))
+    steal = ", ".join("?" if b is None else f"{b:.1%}" for b in rec.get("host_steal", []))
     return (
         f"{rec['engine']}: {rec['variant']}: {rec['tokens']} tokens in {rec['seconds']:.3f} s = {tok_s:.0f} tok/s"
         + (f" (runs: {runs} s)" if runs else "")
+        + (f"; the calling thread's CPU: {cpu} s; host busy {busy}, stolen {steal}" if cpu else "")
     )
 
 

@@ -6,5 +6,6 @@ experiment/  experiment state on storage: manifest, lock, metrics, plots, Tensor
 checkpoint/  sharded DCP checkpoints of the trained models, and export to Hugging Face
 config.py    the experiment config (one pydantic tree)
 hub.py       hub ids among model paths, and whether the Hugging Face hub can be reached
+host_cpu.py  the CPU a stretch of work got: the thread's own, the host's busy and stolen shares
 rewards.py   rule rewards by data source, and custom reward functions by import path
 """

@@ -242,7 +242,12 @@ def test_output_columns(dp2):
     assert list(out.non_tensor_batch["uid"]) == list(prompts.non_tensor_batch["uid"])
     meta = out.meta_info
     assert (meta["n"], meta["do_sample"], meta["temperature"]) == (1, False, 1.0)
-    assert meta["metrics"]["rollout/tokens_per_s"] > 0 and meta["metrics"]["rollout/generate_s"] > 0
+    m = meta["metrics"]
+    assert m["rollout/tokens_per_s"] > 0 and m["rollout/generate_s"] > 0
+    # the CPU the engine's decoding got: the calling thread's seconds within the generate call's wall
+    # time, the host's busy share of its CPUs over it (the decoding thread itself made it non-zero)
+    assert 0 < m["perf/rollout_thread_cpu_s"] <= m["rollout/generate_s"] + 0.05
+    assert 0 < m["perf/rollout_host_busy"] <= 1 and 0 <= m["perf/rollout_host_steal"] <= 1
 
 
 def test_sampling_n_and_dp_replicas(dp2):

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ppoflow.infra.config import RolloutConfig
+from ppoflow.infra.host_cpu import cpu_use
 from ppoflow.workers.rollout.base import Rollout, SamplingSettings, assemble_output
 
 __all__ = ["HFRollout"]
@@ -128,7 +129,8 @@ class HFRollout(Rollout):
             base = prompts.meta_info.get("seed")
             base = self.config.seed * 1_000_003 + self.calls if base is None else int(base)
             torch.manual_seed((base * 7_919 + self.rank) % (2**63 - 1))
-            out = self._generate(input_ids=ids, attention_mask=mask, **kwargs)
+            with cpu_use() as cpu:
+                out = self._generate(input_ids=ids, attention_mask=mask, **kwargs)
         generate_s = time.perf_counter() - t0
         self.calls += 1
         if isinstance(self.module, FSDPModule):
@@ -160,5 +162,6 @@ class HFRollout(Rollout):
         metrics = {
             "rollout/generate_s": generate_s,
             "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,
+            **cpu.metrics("perf/rollout_"),
         }
         return assemble_output(prompts, responses, log_probs, s, self.pad_token_id, metrics)

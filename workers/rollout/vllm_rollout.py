@@ -63,6 +63,7 @@ import torch
 import torch.distributed as dist
 
 from ppoflow.infra.config import RolloutConfig
+from ppoflow.infra.host_cpu import cpu_use
 from ppoflow.workers.rollout import vllm_ipc
 from ppoflow.workers.rollout.base import Rollout, SamplingSettings, assemble_output, prompt_token_lists
 from ppoflow.workers.rollout.gc_heap import frozen_heap
@@ -356,7 +357,8 @@ class VLLMRollout(Rollout):
         requests = [TokensPrompt(prompt_token_ids=t) for t in token_lists]
         with frozen_heap() as gc_time, torch.random.fork_rng(devices=rng_devices):
             t_gen = time.perf_counter()
-            outs = self.llm.generate(requests, params, use_tqdm=False)
+            with cpu_use() as cpu:  # decoding is CPU-bound Python: what CPU it got (infra/host_cpu.py)
+                outs = self.llm.generate(requests, params, use_tqdm=False)
         generate_s = time.perf_counter() - t0
         mine = outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz]
         responses, log_probs = [], []
@@ -372,6 +374,7 @@ class VLLMRollout(Rollout):
             "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,
             "rollout/gc_s": gc_time.seconds,  # the collection before the freeze and any inside generate
             "rollout/prepare_s": t_gen - t0,
+            **cpu.metrics("perf/rollout_"),
         }
         return assemble_output(
             prompts, responses, log_probs if want_lp else None, settings, self.pad_token_id, metrics
