@@ -1,9 +1,8 @@
 # Where ppoflow's generation and weight sync lose time against plain vLLM (issue 11; run 2026-12-01:
-# docs/bench/engine_gap_h200.log), on an otherwise
-# idle one-GPU machine: plain vLLM as measured before and with ppoflow's engine settings (sleep mode
-# + external launcher), with and without log-probs; then the flow's own actor worker, cycle by cycle
-# (benchmarks/rollout_cycle.py: idle, a checkpoint written behind it by this process or another one,
-# log-probs off); then the real flow if time is left.
+# docs/bench/engine_gap_h200.log), on an otherwise idle one-GPU machine: plain vLLM as measured before and
+# with ppoflow's engine settings (sleep mode + external launcher), with and without log-probs; then the flow's
+# own actor worker, cycle by cycle (benchmarks/rollout_cycle.py: idle, a checkpoint written behind it by this
+# process or another one, log-probs off); then the real flow if time is left.
 #   BUDGET=560 bash benchmarks/device_calls/engine_gap.sh      (one call, after the bundle calls)
 BUDGET=${BUDGET:-560}; source benchmarks/device_calls/common.sh
 setup

@@ -1,7 +1,8 @@
 # Issue 11 (run 2026-12-01: PART=a docs/bench/weight_sync_fix_h200.log, PART=b
-# docs/bench/iteration_h200_quickstart_nolp.log), after the fixes of this round (log-probs off by default, the checkpoint write paused during
-# the weight push, torch's cache kept when the engine fits next to it, no collective on one-rank
-# meshes): plain vLLM, 5 runs with and without log-probs, then the flow's actor worker cycle by cycle.
+# docs/bench/iteration_h200_quickstart_nolp.log), after the fixes of this round (log-probs off by default, the
+# checkpoint write paused during the weight push, torch's cache kept when the engine fits next to it, no
+# collective on one-rank meshes): plain vLLM, 5 runs with and without log-probs, then the flow's actor worker
+# cycle by cycle.
 #   BUDGET=560 PART=a bash benchmarks/device_calls/weight_sync_fix.sh    (after the bundle calls)
 #   BUDGET=560 PART=b bash ...                                          (the flow itself, next call)
 BUDGET=${BUDGET:-560}; source benchmarks/device_calls/common.sh
