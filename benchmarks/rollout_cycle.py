@@ -21,12 +21,22 @@ actor's weights, wake the KV cache, generate, sleep, then the actor's old log-pr
                   rollout with (the previous iteration's two background writes)
     lp            idle, with ``rollout.calculate_log_probs`` on (vLLM's log-probs of the samples;
                   the others run with the config's value, off unless ``--rollout-log-probs``)
+    plain         idle, but the rollout is vLLM's own ``LLM.generate`` on the worker's engine (inside
+                  the same sharding manager: weights pushed, engine woken, put to sleep after), the
+                  requests as ``vllm_reference.py`` makes them (seed each, T=1, ``ignore_eos``), no
+                  ppoflow code between: beside ``idle`` it prices ppoflow's rollout against vLLM on
+                  one engine in one process, cycle by cycle, whatever the machine does meanwhile
+
+The conditions take turns (cycle 1 of each, then cycle 2 of each, ...), so a machine that speeds up
+or slows down during the run moves them all alike; before every generation the core's and the GPU's
+speed are probed (``speed_probes.py``) and printed with it.
 
     python benchmarks/rollout_cycle.py --preset qwen2.5-0.5b --device cuda --prompts 256 \\
         --prompt-len 512 --response-len 256 --micro-batch 32 --log-prob-micro-batch 32 --dynamic-bsz
 
 Every flag but ``--cycles``, ``--conditions`` and ``--workdir`` is ``benchmarks/iteration.py``'s (one
-rank). Prints one table: median seconds per stage and condition, generation tokens/s.
+rank). Prints one table: median seconds per stage and condition, generation tokens/s, and with ``idle``
+and ``plain`` both run, ppoflow's tokens/s over vLLM's cycle by cycle.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ import sys
 import tempfile
 import time
 
-CONDITIONS = ("idle", "write-here", "write-other", "write-both", "lp")
+CONDITIONS = ("idle", "write-here", "write-other", "write-both", "lp", "plain")
 STAGES = [
     ("update_actor", "update_s"),
     ("checkpoint staging", "stage_s"),
@@ -115,9 +125,11 @@ def main(argv=None) -> None:
     os.makedirs(work, exist_ok=True)
     import torch
     from iteration import build_model, experiment_config
+    from speed_probes import describe, probe
     from vllm_reference import one_rank_world
 
     from ppoflow.infra.config import parse_config
+    from ppoflow.infra.host_cpu import cpu_use
     from ppoflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 
     t0 = time.perf_counter()
@@ -125,7 +137,8 @@ def main(argv=None) -> None:
     n_params = build_model(model_dir, bench.preset, bench.prompt_len + bench.response_len + 8)
     cfg = parse_config(experiment_config(bench, model_dir, os.path.join(work, "unused.parquet"), work))
     os.environ.update(LOCAL_WORLD_SIZE="1", PPOFLOW_DEVICE=bench.device)  # what the rank entry sets
-    one_rank_world(bench.device == "cuda")
+    gpu = bench.device == "cuda"
+    one_rank_world(gpu)
     worker = ActorRolloutRefWorker({"config": cfg.model_dump(mode="json"), "role": "actor_rollout"})
     info = worker.init_model()
     print(
@@ -148,8 +161,40 @@ def main(argv=None) -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - t
 
+    def plain(row: dict[str, float]) -> dict[str, float]:
+        """vLLM's own generate on the worker's engine, woken and filled with the actor's weights by
+        the worker's sharding manager as the rollout is."""
+        from vllm.inputs import TokensPrompt
+        from vllm_reference import _params
+
+        seed = next(seeds)
+        ids = make_prompts(bench.prompts, bench.prompt_len, seed).batch["input_ids"]
+        requests = [TokensPrompt(prompt_token_ids=r) for r in ids.tolist()]
+        params = _params("seed+nolp", bench.prompts, bench.response_len, 7919 * seed)
+        t = time.perf_counter()
+        with worker.sharding_manager:
+            t_gen = time.perf_counter()
+            with cpu_use() as cpu:
+                outs = worker.rollout.llm.generate(requests, params, use_tqdm=False)
+            seconds = time.perf_counter() - t_gen
+        row["rollout_call_s"] = time.perf_counter() - t
+        tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        row.update(
+            {
+                "rollout/generate_s": seconds,
+                "rollout/tokens_per_s": tokens / seconds,
+                "rollout/weight_sync_s": worker.sharding_manager.last_sync_s,
+                **{f"rollout/{k}": v for k, v in worker.sharding_manager.last_timing.items()},
+                **cpu.metrics("perf/rollout_"),
+            }
+        )
+        return row
+
     def cycle(condition: str) -> dict[str, float]:
         row: dict[str, float] = {"update_s": update()}
+        row.update({f"probe/{k}": v for k, v in probe(gpu).items()})
+        if condition == "plain":
+            return plain(row)
         other = None
         worker.cfg.rollout.calculate_log_probs = condition == "lp" or bench.rollout_log_probs
         here = condition in ("write-here", "write-both")
@@ -195,19 +240,19 @@ def main(argv=None) -> None:
     shutil.rmtree(os.path.join(work, "ckpt"), ignore_errors=True)
     print(f"warm-up done; checkpoint {last_batch['ckpt_bytes'] / 1e9:.2f} GB", flush=True)
 
-    results: dict[str, list[dict[str, float]]] = {}
-    for condition in own.conditions:
-        rows = results.setdefault(condition, [])
-        for _ in range(own.cycles):
-            rows.append(cycle(condition))
-            r = rows[-1]
+    results: dict[str, list[dict[str, float]]] = {c: [] for c in own.conditions}
+    for _ in range(own.cycles):
+        for condition in own.conditions:  # in turns: drift of the machine moves every condition alike
+            results[condition].append(cycle(condition))
+            r = results[condition][-1]
             print(
                 f"  {condition:12} generation {r.get('rollout/generate_s', 0):.3f} s "
                 f"({r.get('rollout/tokens_per_s', 0):.0f} tok/s), weight sync {r.get('rollout/weight_sync_s', 0):.3f} s "
                 f"(release {r.get('rollout/release_s', 0):.3f}, wake {r.get('rollout/wake_s', 0):.3f}, "
                 f"push {r.get('rollout/push_s', 0):.3f}); decoding thread's CPU "
                 f"{r.get('perf/rollout_thread_cpu_s', 0):.3f} s, host busy {r.get('perf/rollout_host_busy', 0):.0%} "
-                f"stolen {r.get('perf/rollout_host_steal', 0):.1%}",
+                f"stolen {r.get('perf/rollout_host_steal', 0):.1%}; before it: "
+                + describe({k.removeprefix("probe/"): v for k, v in r.items() if k.startswith("probe/")}),
                 flush=True,
             )
     print(report(bench, own, results))
@@ -246,6 +291,22 @@ def report(bench, own, results: dict[str, list[dict[str, float]]]) -> str:
         max((r.get("rollout/tokens_per_s", 0.0) for r in results[c]), default=float("nan")) for c in conds
     ]
     lines.append(f"{'  best cycle':28}" + "".join(f"{b:13.0f}" for b in best))
+    for label, key, fmt in (
+        ("core before (Mit/s)", "probe/python_mops", "13.1f"),
+        ("GPU before (TFLOP/s)", "probe/gpu_tflops", "13.0f"),
+        ("GPU copy before (GB/s)", "probe/gpu_copy_gbs", "13.0f"),
+    ):
+        if any(key in r for c in conds for r in results[c]):
+            lines.append(f"{label:28}" + "".join(f"{med(results[c], key):{fmt}}" for c in conds))
+    if "idle" in results and "plain" in results:
+        pairs = [
+            a["rollout/tokens_per_s"] / b["rollout/tokens_per_s"]
+            for a, b in zip(results["idle"], results["plain"], strict=False)
+        ]
+        lines.append(
+            f"ppoflow's rollout / vLLM's generate, same engine, cycle by cycle: {', '.join(f'{x:.2f}' for x in pairs)}"
+            f" (median {statistics.median(pairs):.2f}x)"
+        )
     return "\n".join(lines)
 
 

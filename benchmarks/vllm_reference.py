@@ -56,6 +56,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from speed_probes import describe, probe
+
 from ppoflow.infra.host_cpu import CpuUse, cpu_use
 
 SHAPES = {
@@ -315,11 +317,12 @@ def run_worker(args: argparse.Namespace) -> None:
         }
     )
     for v in variants:
-        runs, cpus = [], []
+        runs, cpus, probes = [], [], []
         for _ in range(args.repeats):
             prompt_seed += 1
             prompts = _prompts(n, plen, vocab, prompt_seed)
             params = _params(v, n, rlen, 7919 * prompt_seed)
+            probes.append(probe(gpu))  # the core's and the GPU's speed just before (speed_probes.py)
             if eng.sleep:
                 llm.sleep(level=1)
                 llm.wake_up()
@@ -342,6 +345,7 @@ def run_worker(args: argparse.Namespace) -> None:
                 "thread_cpu_s": [c.thread_cpu_s for c in cpus],
                 "host_busy": [c.host_busy for c in cpus],
                 "host_steal": [c.host_steal for c in cpus],
+                "probes": probes,
                 "tokens": n * rlen,
             }
         )
@@ -536,10 +540,12 @@ def _describe(rec: dict) -> str:
     cpu = ", ".join(f"{s:.3f}" for s in rec.get("thread_cpu_s", []))
     busy = ", ".join("?" if b is None else f"{b:.0%}" for b in rec.get("host_busy", []))
     steal = ", ".join("?" if b is None else f"{b:.1%}" for b in rec.get("host_steal", []))
+    probes = rec.get("probes", [])
     return (
         f"{rec['engine']}: {rec['variant']}: {rec['tokens']} tokens in {rec['seconds']:.3f} s = {tok_s:.0f} tok/s"
         + (f" (runs: {runs} s)" if runs else "")
         + (f"; the calling thread's CPU: {cpu} s; host busy {busy}, stolen {steal}" if cpu else "")
+        + (f"; before each: {'; '.join(describe(p) for p in probes)}" if probes else "")
     )
 
 

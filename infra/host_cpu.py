@@ -5,9 +5,11 @@ machines of one kind (one H200, 16 cores; 2026-12-01) plain vLLM's median run at
 2.51 s on one and 1.71 s on the other, and the same flow's driver spent 1.8 s against 5.3 s of CPU
 bookkeeping per iteration. These figures tell the cases apart in a rollout's metrics:
 
-- ``thread_cpu_s``: CPU seconds of the calling thread (``time.thread_time``). Near the wall time:
-  the thread ran all the time (CPU-bound); well below it: it waited (for the GPU, for the GIL, or
-  for a CPU the host gave to someone else).
+- ``thread_cpu_s``: CPU seconds of the calling thread (``time.thread_time``). Well below the wall
+  time: the thread waited (for the GIL, or for a CPU the host gave to someone else). Near it: the
+  thread never slept, which on a GPU does not mean CPU-bound: CUDA's default schedule spins in a
+  synchronize while the GPU works (it did on the H200: 2.196-2.207 s of CPU in 2.196-2.207 s runs);
+  ``benchmarks/speed_probes.py`` times the core and the GPU themselves.
 - ``host_busy``: share of all CPUs' time the host spent running anything (user, nice, system, irq,
   softirq) over the stretch, from ``/proc/stat``; ``host_steal``: share the hypervisor gave to other
   guests (a virtual machine's noisy neighbours). Both None where there is no ``/proc/stat``.
