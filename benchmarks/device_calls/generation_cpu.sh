@@ -1,4 +1,4 @@
-# Issue 11's open figure (not run yet): the flow's generation against plain vLLM on one machine, with the CPU each
+# Issue 11 (run 2026-12-01: docs/bench/generation_h200_cpu.log): the flow's generation against plain vLLM on one machine, with the CPU each
 # got. Plain vLLM with ppoflow's engine settings runs before and after the flow (host drift shows as a change
 # between the two), every run and iteration printing the decoding thread's CPU seconds and the host's busy and
 # stolen shares (infra/host_cpu.py); then the actor worker alone, idle and with both checkpoint writes behind it.

@@ -1,4 +1,4 @@
-# Issue 11's open figure, paired: ppoflow's rollout and vLLM's own LLM.generate take turns on one engine
+# Issue 11 (run 2026-12-01: docs/bench/generation_h200_paired.log), paired: ppoflow's rollout and vLLM's own LLM.generate take turns on one engine
 # in one process (rollout_cycle.py --conditions idle plain), with the core's and the GPU's speed probed
 # before every generation (speed_probes.py); then plain vLLM alone in its own process, probed the same way.
 #   BUDGET=540 bash benchmarks/device_calls/generation_paired.sh   (after the bundle calls)
