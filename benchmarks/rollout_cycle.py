@@ -129,7 +129,6 @@ def main(argv=None) -> None:
     from vllm_reference import one_rank_world
 
     from ppoflow.infra.config import parse_config
-    from ppoflow.infra.host_cpu import cpu_use
     from ppoflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 
     t0 = time.perf_counter()
@@ -165,7 +164,7 @@ def main(argv=None) -> None:
         """vLLM's own generate on the worker's engine, woken and filled with the actor's weights by
         the worker's sharding manager as the rollout is."""
         from vllm.inputs import TokensPrompt
-        from vllm_reference import _params
+        from vllm_reference import _params, _timed_generate
 
         seed = next(seeds)
         ids = make_prompts(bench.prompts, bench.prompt_len, seed).batch["input_ids"]
@@ -173,12 +172,8 @@ def main(argv=None) -> None:
         params = _params("seed+nolp", bench.prompts, bench.response_len, 7919 * seed)
         t = time.perf_counter()
         with worker.sharding_manager:
-            t_gen = time.perf_counter()
-            with cpu_use() as cpu:
-                outs = worker.rollout.llm.generate(requests, params, use_tqdm=False)
-            seconds = time.perf_counter() - t_gen
+            seconds, tokens, _, cpu = _timed_generate(worker.rollout.llm, requests, params)
         row["rollout_call_s"] = time.perf_counter() - t
-        tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
         row.update(
             {
                 "rollout/generate_s": seconds,
