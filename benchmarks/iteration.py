@@ -284,8 +284,8 @@ def commit_interval(rows: list[dict], before: dict | None) -> float:
 
 
 def generation_lines(rows: list[dict]) -> list[str]:
-    """Each iteration's generation (the cold one first) with the CPU it got: decoding is CPU-bound
-    Python, so its seconds follow the decoding thread's CPU time and how busy the host was."""
+    """Each iteration's generation (the cold one first) with the CPU it got: the decoding thread's CPU
+    seconds and how busy the host was (``infra/host_cpu.py`` says what they can and cannot tell)."""
     parts = []
     for r in rows:
         if "rollout/generate_s" not in r:

@@ -29,7 +29,8 @@ actor's weights, wake the KV cache, generate, sleep, then the actor's old log-pr
 
 The conditions take turns (cycle 1 of each, then cycle 2 of each, ...), so a machine that speeds up
 or slows down during the run moves them all alike; before every generation the core's and the GPU's
-speed are probed (``speed_probes.py``) and printed with it.
+speed are probed (``speed_probes.py``) and printed with it. The GPU probe empties torch's cache
+after itself, so "cache release" has nothing left to release on a GPU.
 
     python benchmarks/rollout_cycle.py --preset qwen2.5-0.5b --device cuda --prompts 256 \\
         --prompt-len 512 --response-len 256 --micro-batch 32 --log-prob-micro-batch 32 --dynamic-bsz

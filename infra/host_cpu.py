@@ -1,9 +1,10 @@
 """How much CPU a stretch of work got: the host's CPUs (busy, stolen) and the calling thread's own.
 
-vLLM's decode loop is CPU-bound Python, so a rollout's speed follows the CPU it gets. On two
-machines of one kind (one H200, 16 cores; 2026-12-01) plain vLLM's median run at one shape took
-2.51 s on one and 1.71 s on the other, and the same flow's driver spent 1.8 s against 5.3 s of CPU
-bookkeeping per iteration. These figures tell the cases apart in a rollout's metrics:
+A decode step of vLLM at a small model's shape is mostly Python on one thread, so a rollout's speed
+follows the CPU it gets: on machines of one kind (one H200, 16 cores; 2026-12-01) plain vLLM's median
+run at one shape took 2.51 s on one and 1.71 s on another, and its tokens/s followed the speed of a
+probed core (``benchmarks/speed_probes.py``). In a rollout's metrics these figures show a host that
+was busy or stolen from:
 
 - ``thread_cpu_s``: CPU seconds of the calling thread (``time.thread_time``). Well below the wall
   time: the thread waited (for the GIL, or for a CPU the host gave to someone else). Near it: the

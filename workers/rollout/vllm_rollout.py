@@ -357,7 +357,7 @@ class VLLMRollout(Rollout):
         requests = [TokensPrompt(prompt_token_ids=t) for t in token_lists]
         with frozen_heap() as gc_time, torch.random.fork_rng(devices=rng_devices):
             t_gen = time.perf_counter()
-            with cpu_use() as cpu:  # decoding is CPU-bound Python: what CPU it got (infra/host_cpu.py)
+            with cpu_use() as cpu:  # what CPU the decoding got (infra/host_cpu.py)
                 outs = self.llm.generate(requests, params, use_tqdm=False)
         generate_s = time.perf_counter() - t0
         mine = outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz]
