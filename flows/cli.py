@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--logdir", default=None, help="where the event file goes (default: <experiment>/tensorboard)"
     )
 
-    from ppoflow.infra.runtime.agent import add_arguments as add_agent_arguments
+    from ppoflow.infra.remote.agent.node_agent import add_arguments as add_agent_arguments
 
     p = sub.add_parser(
         "agent",
@@ -428,7 +428,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from ppoflow.infra.runtime.agent import run_agent
+    from ppoflow.infra.remote.agent.node_agent import run_agent
 
     return run_agent(args)
 

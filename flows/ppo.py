@@ -19,7 +19,7 @@ Checkpoints are written in the background: ``commit n`` waits for them while ite
 
 Around the iterations: the experiment lock (no two runs of one experiment overlap), the
 ``preflight`` task (data, models, reward function, storage and checkpoints checked before anything
-starts), the machine's device slots (``ppoflow.infra.runtime.slots``: file locks that free themselves when
+starts), the machine's device slots (``ppoflow.infra.remote.driver.slots``: file locks that free themselves when
 their holder dies), and the run's worker groups, started when first needed, kept across the
 iterations, shut down at the end; on Ctrl-C or SIGTERM killed at once.
 
@@ -51,7 +51,7 @@ from ppoflow.infra.experiment.lock import ExperimentLock
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_identity, read_manifest
 from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend_markdown
 from ppoflow.infra.experiment.plots import plot_metrics
-from ppoflow.infra.runtime.slots import device_slots
+from ppoflow.infra.remote.driver.slots import device_slots
 from ppoflow.tasks import init_experiment, preflight
 from ppoflow.tasks.runtime import RunContext, open_run, worker_groups
 

@@ -31,7 +31,7 @@ from ppoflow.infra.experiment.manifest import (
 )
 from ppoflow.infra.experiment.metrics import throughput_metrics
 from ppoflow.infra.experiment.retention import apply_retention
-from ppoflow.infra.runtime.faults import maybe_fail
+from ppoflow.infra.faults import maybe_fail
 from ppoflow.tasks.receipts import IterationReceipts, Receipt
 from ppoflow.tasks.runtime import get_run
 from ppoflow.tasks.step import TASK_OPTIONS, task_logs

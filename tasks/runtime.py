@@ -19,7 +19,7 @@ Checkpoints written in the background are tracked in :attr:`RunContext.writes`
 (:meth:`RunContext.materialize`): load the previous checkpoint, rerun the update, save.
 
 With ``resources.launch: rendezvous`` the groups' ranks run on ``rendezvous.nnodes`` nodes: the
-context opens the run's :class:`~ppoflow.infra.runtime.cluster.ClusterHub` (the control endpoint
+context opens the run's :class:`~ppoflow.infra.remote.driver.hub.ClusterHub` (the control endpoint
 the nodes' ``ppoflow agent`` processes dial, and the c10d rendezvous store) with the first group,
 gives every group (and every rebuild) its own rendezvous id ``<run>-<role>-<start>`` and a scratch
 space under ``<experiment>/scratch/``, and closes the hub after the groups at the end of the run.
@@ -44,16 +44,16 @@ from ppoflow.infra.checkpoint.marker import CheckpointError, IncompleteCheckpoin
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
-from ppoflow.infra.runtime import faults
-from ppoflow.infra.runtime.cluster import ClusterHub
-from ppoflow.infra.runtime.cluster_key import load_cluster_key
-from ppoflow.infra.runtime.dispatch import Dispatch, registered_methods
-from ppoflow.infra.runtime.launch import RankFailure, WorkerGroup, WorkerGroupDead
-from ppoflow.infra.runtime.launchers import Launcher
-from ppoflow.infra.runtime.rendezvous import RendezvousLauncher
+from ppoflow.infra import faults
+from ppoflow.infra.remote.driver.hub import ClusterHub
+from ppoflow.infra.remote.cluster_key import load_cluster_key
+from ppoflow.infra.remote.dispatch import Dispatch, registered_methods
+from ppoflow.infra.remote.driver.group import RankFailure, WorkerGroup, WorkerGroupDead
+from ppoflow.infra.remote.driver.launchers import Launcher
+from ppoflow.infra.remote.driver.rendezvous import RendezvousLauncher
 from ppoflow.tasks.checkpoints import Writes
 from ppoflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
-from ppoflow.workers.base import Worker
+from ppoflow.infra.remote.rank.worker import Worker
 from ppoflow.workers.critic_worker import CriticWorker
 from ppoflow.workers.reward_model_worker import RewardModelWorker
 

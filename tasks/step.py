@@ -12,7 +12,7 @@ becomes the Prefect task ``values(run: str, n: int, rollout, critic_checkpoint) 
 1. looks up the flow run's :class:`~ppoflow.tasks.runtime.RunContext` by ``run``;
 2. returns the stored receipt if iteration ``n`` of this task already finished with the same
    inputs (resume; see :mod:`ppoflow.tasks.receipts`);
-3. fires ``PPOFLOW_FAULT`` drills before and after the work (``ppoflow.infra.runtime.faults``);
+3. fires ``PPOFLOW_FAULT`` drills before and after the work (``ppoflow.infra.faults``);
 4. routes the rank output of ``roles`` into the task's log, and times the body;
 5. holds each group the body uses (``step.worker``) until the body ends;
 6. writes the receipt (with the body's wall time and inputs) once the outputs are complete.
@@ -44,8 +44,8 @@ from ppoflow.infra.experiment.lock import ExperimentLocked
 from ppoflow.infra.experiment.manifest import ExperimentPaths, ManifestConflict, now_iso
 from ppoflow.infra.preflight import PreflightError
 from ppoflow.infra.rewards import RewardError
-from ppoflow.infra.runtime import faults
-from ppoflow.infra.runtime.launch import RankFailure
+from ppoflow.infra import faults
+from ppoflow.infra.remote.driver.group import RankFailure
 from ppoflow.tasks.receipts import R, Receipt, find_receipt, input_stamps, write_receipt
 from ppoflow.tasks.runtime import RunClosed, RunContext, WorkerHandle, get_run
 

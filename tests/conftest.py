@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session", autouse=True)
 def _session_device_slots(tmp_path_factory):
     """The session's runs (and the processes they start) share device slots among themselves, not
-    with other ppoflow runs on the machine (``ppoflow.infra.runtime.slots``)."""
+    with other ppoflow runs on the machine (``ppoflow.infra.remote.driver.slots``)."""
     import os
 
     os.environ["PPOFLOW_SLOTS_DIR"] = str(tmp_path_factory.mktemp("device-slots"))

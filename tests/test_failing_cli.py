@@ -208,7 +208,7 @@ def test_sigkill_mid_iteration_leaves_nothing_and_the_next_run_commits_the_same(
 HOLDER = """
 import time
 from tests.test_slots import config
-from ppoflow.infra.runtime.slots import device_slots
+from ppoflow.infra.remote.driver.slots import device_slots
 with device_slots(config(), print, run_id="the-holder"):
     print("HELD", flush=True)
     time.sleep(600)

@@ -21,7 +21,7 @@ import pytest
 
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
-from ppoflow.infra.runtime import faults
+from ppoflow.infra import faults
 from tests.support.experiments import assert_same_commit
 from tests.support.processes import descendants
 from tests.test_flow_resume import attempts
@@ -101,7 +101,7 @@ def test_nan_reward_fails_at_once_and_a_dead_rank_is_retried(
 
 def test_a_deterministic_error_inside_a_rank_is_permanent_a_dead_rank_is_not():
     from ppoflow.infra.data.prompts import DataError
-    from ppoflow.infra.runtime.launch import RankFailure, WorkerGroup
+    from ppoflow.infra.remote.driver.group import RankFailure, WorkerGroup
     from ppoflow.tasks.step import is_permanent
 
     errors = {}

@@ -13,7 +13,7 @@ from ppoflow.infra.experiment.metrics import (
     reduce_rank_metrics,
     trend_markdown,
 )
-from ppoflow.infra.runtime import faults
+from ppoflow.infra import faults
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +36,7 @@ def test_task_entries_can_name_an_iteration(monkeypatch):
 
 
 def test_rank_points_fire_on_their_rank_once_or_always(monkeypatch):
-    from ppoflow.infra.runtime.rank_entry import parse_faults
+    from ppoflow.infra.remote.rank.entry import parse_faults
 
     spec = "rank_raise:checkpoint_write:1,rank_raise:checkpoint_write:0:always"
     assert parse_faults(spec) == {
@@ -149,8 +149,8 @@ def test_retry_rule_fails_deterministic_errors_at_once_and_retries_the_rest():
     from ppoflow.infra.experiment.manifest import IdentityMismatch
     from ppoflow.infra.preflight import PreflightError, Problem
     from ppoflow.infra.rewards import RewardError
-    from ppoflow.infra.runtime.control import error_types
-    from ppoflow.infra.runtime.launch import RankFailure
+    from ppoflow.infra.remote.control import error_types
+    from ppoflow.infra.remote.driver.group import RankFailure
     from ppoflow.tasks.step import retryable
 
     def failed(exc):

@@ -1,4 +1,4 @@
-"""FSDP workers on real gloo ranks (ppoflow.infra.runtime.launch.WorkerGroup), tiny Qwen2, float32.
+"""FSDP workers on real gloo ranks (ppoflow.infra.remote.driver.group.WorkerGroup), tiny Qwen2, float32.
 
 Checked against a single process without FSDP, written plainly here:
 - ``compute_log_prob`` (2 ranks) == ``log_softmax(logits / T)`` of a plain HF forward, within 1e-5;

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.runtime.control import pid_alive
-from ppoflow.infra.runtime.launch import Dispatch, RankFailure, WorkerGroup, WorkerGroupDead
+from ppoflow.infra.remote.control import pid_alive
+from ppoflow.infra.remote.driver.group import Dispatch, RankFailure, WorkerGroup, WorkerGroupDead
 from tests.toy_workers import ToyWorker, double_plus
 
 pytestmark = pytest.mark.slow
@@ -90,7 +90,7 @@ def group(lines, marker):
 
 # ---------------------------------------------------------------------- control plane
 def test_dispatch_registry():
-    from ppoflow.infra.runtime.dispatch import dispatch_mode_of, register
+    from ppoflow.infra.remote.dispatch import dispatch_mode_of, register
 
     assert dispatch_mode_of(ToyWorker, "info") is Dispatch.ONE_TO_ALL
     assert dispatch_mode_of(ToyWorker, "double") is Dispatch.DP_COMPUTE_PROTO
@@ -334,7 +334,7 @@ def test_worker_constructor_failure_fails_start():
 DRIVER = """
 import json, os, sys
 sys.path.insert(0, {root!r})
-from ppoflow.infra.runtime.launch import WorkerGroup
+from ppoflow.infra.remote.driver.group import WorkerGroup
 g = WorkerGroup("tests.toy_workers:ToyWorker", nprocs=2, config={{}}).start()
 print(json.dumps(g.pids + [g.launcher_pid]), flush=True)
 os._exit(3)  # die without shutdown, finalizers or atexit

@@ -21,10 +21,10 @@ import torch
 
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.runtime.cluster import ClusterHub, NodesMissing
-from ppoflow.infra.runtime.control import RankFailure, connect, recv_json, send_json
-from ppoflow.infra.runtime.launch import WorkerGroup
-from ppoflow.infra.runtime.rendezvous import RendezvousLauncher
+from ppoflow.infra.remote.driver.hub import ClusterHub, NodesMissing
+from ppoflow.infra.remote.control import RankFailure, connect, recv_json, send_json
+from ppoflow.infra.remote.driver.group import WorkerGroup
+from ppoflow.infra.remote.driver.rendezvous import RendezvousLauncher
 from tests.support.nodes import KEY, Agents
 from tests.support.ports import free_port
 from tests.toy_workers import double_plus

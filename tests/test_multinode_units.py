@@ -9,11 +9,11 @@ import time
 import pytest
 
 from ppoflow.infra.config import ConfigError, ExperimentConfig, parse_config
-from ppoflow.infra.runtime import faults
-from ppoflow.infra.runtime.agent import node_rank_from_env
-from ppoflow.infra.runtime.cluster import ClusterHub, NodesMissing
-from ppoflow.infra.runtime.cluster_key import ClusterKeyError, load_cluster_key
-from ppoflow.infra.runtime.control import connect, recv_json, rendezvous_torchrun_command, send_json
+from ppoflow.infra import faults
+from ppoflow.infra.remote.agent.node_agent import node_rank_from_env
+from ppoflow.infra.remote.driver.hub import ClusterHub, NodesMissing
+from ppoflow.infra.remote.cluster_key import ClusterKeyError, load_cluster_key
+from ppoflow.infra.remote.control import connect, recv_json, rendezvous_torchrun_command, send_json
 
 KEY = "k" * 40
 
@@ -152,7 +152,7 @@ def test_the_torchrun_line_of_a_node_carries_no_secret():
     cmd = rendezvous_torchrun_command(2, 8, "driver:29400", "ab12-actor-1", 300, "10.0.0.2", "/tmp/logs")
     assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[-2:] == [
         "-m",
-        "ppoflow.infra.runtime.rank_entry",
+        "ppoflow.infra.remote.rank.entry",
     ]
     for arg in (
         "--nnodes=2",

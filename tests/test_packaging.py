@@ -44,7 +44,7 @@ def test_wheel_puts_only_ppoflow_at_the_top_level(tmp_path):
         "ppoflow/workers/rollout/vllm_rollout.py",
         "ppoflow/algos/advantages.py",
         "ppoflow/infra/data/dataproto.py",
-        "ppoflow/infra/runtime/rank_entry.py",
+        "ppoflow/infra/remote/rank/entry.py",
         "ppoflow/infra/experiment/manifest.py",
         "ppoflow/infra/checkpoint/sharded.py",
         "ppoflow/demo/task.py",
@@ -60,7 +60,7 @@ def test_no_bare_top_level_modules_import():
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     out = subprocess.run(
-        [sys.executable, "-c", "import ppoflow.flows.ppo, ppoflow.infra.runtime.rank_entry; print('ok')"],
+        [sys.executable, "-c", "import ppoflow.flows.ppo, ppoflow.infra.remote.rank.entry; print('ok')"],
         cwd="/",
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""Device slots (``ppoflow.infra.runtime.slots``): file locks that a dead holder cannot keep.
+"""Device slots (``ppoflow.infra.remote.driver.slots``): file locks that a dead holder cannot keep.
 
 The reference for "free" is the kernel's own view: a plain ``flock`` taken here on the slot file.
 """
@@ -16,7 +16,7 @@ import time
 import pytest
 
 from ppoflow.infra.config import ConfigError, parse_config
-from ppoflow.infra.runtime.slots import device_slots, slot_holders
+from ppoflow.infra.remote.driver.slots import device_slots, slot_holders
 
 
 def config(device: str = "cpu", nprocs: int = 2):
@@ -90,7 +90,7 @@ def test_a_second_run_waits_names_the_holder_and_starts_when_freed(slots_env):
 HOLDER = """
 import sys, time
 from tests.test_slots import config
-from ppoflow.infra.runtime.slots import device_slots
+from ppoflow.infra.remote.driver.slots import device_slots
 with device_slots(config(), print, run_id="doomed"):
     print("HELD", flush=True)
     time.sleep(600)

@@ -130,7 +130,7 @@ def tiny_model(tmp_path_factory):
 
 
 def _group(model_dir: str, lines: list, **cfg):
-    from ppoflow.infra.runtime.launch import WorkerGroup
+    from ppoflow.infra.remote.driver.group import WorkerGroup
 
     config = {
         "model_path": model_dir,

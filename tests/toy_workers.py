@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 
 
 def double_plus(x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ with role one of
     rollout             rollout engine + an FSDP copy of the policy (no optimizer) for old log-probs
     ref                 frozen reference only
 
-Driver-callable methods (see ``ppoflow.infra.runtime.launch.WorkerGroup.call``):
+Driver-callable methods (see ``ppoflow.infra.remote.driver.group.WorkerGroup.call``):
 
     init_model()                              ONE_TO_ALL   -> per-rank {role, mesh, params, seconds}
     generate_sequences(prompts)               DP_COMPUTE_PROTO -> rollout + "old_log_probs"
@@ -46,7 +46,7 @@ import torch
 from ppoflow.infra.config import ExperimentConfig, FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor import DataParallelPPOActor
-from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.device_memory import GIB, PeakMemory, engine_pool_bytes, resident_gib
 from ppoflow.workers.fsdp_utils import (

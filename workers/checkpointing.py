@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ppoflow.infra.checkpoint.writer import CheckpointWriter
-from ppoflow.workers.base import Dispatch, register
+from ppoflow.infra.remote.rank.worker import Dispatch, register
 
 if TYPE_CHECKING:
     from ppoflow.infra.config import ExperimentConfig

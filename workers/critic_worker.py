@@ -25,7 +25,7 @@ import torch
 
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor_rollout_ref_worker import parse_worker_config
-from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.critic import DataParallelPPOCritic
 from ppoflow.workers.device_memory import PeakMemory, release_cached, resident_gib

@@ -65,7 +65,7 @@ from ppoflow.infra.checkpoint.marker import (
 )
 from ppoflow.infra.checkpoint.state import MODEL, OPTIM, collect, enc, rng_state
 from ppoflow.infra.data import storage
-from ppoflow.infra.runtime import faults
+from ppoflow.infra import faults
 
 __all__ = ["CheckpointWriter", "dcp_call", "make_reader", "make_writer", "FAULT_POINT"]
 

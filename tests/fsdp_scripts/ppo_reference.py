@@ -13,7 +13,7 @@ import torch
 from ppoflow.algos import agg_loss, compute_policy_loss, compute_value_loss, kl_penalty
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.runtime.launch import WorkerGroup
+from ppoflow.infra.remote.driver.group import WorkerGroup
 
 ACTOR = "ppoflow.workers.actor_rollout_ref_worker:ActorRolloutRefWorker"
 CRITIC = "ppoflow.workers.critic_worker:CriticWorker"

@@ -1,6 +1,6 @@
 """A small worker for tests/test_vllm_rollout.py: an FSDP2 policy + a rollout engine in each rank.
 
-Driven through ``ppoflow.infra.runtime.launch.WorkerGroup``:
+Driven through ``ppoflow.infra.remote.driver.group.WorkerGroup``:
 
     init_model()                      FSDP2 PolicyLM (tied tiny Qwen2), AdamW, rollout, manager
     perturb(seed)                     one optimizer step on a random-target loss; source := live
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ppoflow.workers.base import Dispatch, Worker, register
+from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 
 
 class RolloutTestWorker(Worker):

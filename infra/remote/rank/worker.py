@@ -1,6 +1,6 @@
-"""The base class of every worker that runs inside the ranks of a ``ppoflow.infra.runtime.launch.WorkerGroup``.
+"""The base class of every worker that runs inside the ranks of a ``ppoflow.infra.remote.driver.group.WorkerGroup``.
 
-    from ppoflow.workers.base import Worker, register, Dispatch
+    from ppoflow.infra.remote.rank.worker import Worker, register, Dispatch
 
     class MyWorker(Worker):
         def __init__(self, config: dict):
@@ -10,7 +10,7 @@
         @register(Dispatch.DP_COMPUTE_PROTO)
         def compute_values(self, data: DataProto, **kwargs) -> DataProto | dict | None: ...
 
-Calling convention inside a rank (what ``ppoflow.infra.runtime.rank_entry`` does for you):
+Calling convention inside a rank (what ``ppoflow.infra.remote.rank.entry`` does for you):
 - The worker is built once per group with the JSON config dict the driver passed to the group;
   torch.distributed is already initialised (gloo on CPU, nccl on CUDA).
 - ONE_TO_ALL / RANK_ZERO methods get the JSON ``*args, **kwargs`` of the driver call and return
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ppoflow.infra.runtime.dispatch import Dispatch, register
+from ppoflow.infra.remote.dispatch import Dispatch, register
 
 __all__ = ["Worker", "register", "Dispatch"]
 

@@ -31,8 +31,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ppoflow.infra.data import storage
-from ppoflow.infra.runtime.cluster import AgentLink, ClusterHub
-from ppoflow.infra.runtime.launchers import Launcher
+from ppoflow.infra.remote.driver.hub import AgentLink, ClusterHub
+from ppoflow.infra.remote.driver.launchers import Launcher
 
 __all__ = ["RendezvousLauncher"]
 

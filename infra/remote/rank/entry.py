@@ -1,4 +1,4 @@
-"""Entry point of one rank of a ``ppoflow.infra.runtime.launch.WorkerGroup`` (run as ``torchrun ... -m ppoflow.infra.runtime.rank_entry``).
+"""Entry point of one rank of a ``ppoflow.infra.remote.driver.group.WorkerGroup`` (run as ``torchrun ... -m ppoflow.infra.remote.rank.entry``).
 
 The driver (``WorkerGroup``) starts torchrun with these environment variables:
 
@@ -58,8 +58,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppoflow.infra.runtime.control import block_until_exit, error_types
-from ppoflow.infra.runtime.dispatch import Dispatch, dispatch_mode_of, registered_methods
+from ppoflow.infra.remote.control import block_until_exit, error_types
+from ppoflow.infra.remote.dispatch import Dispatch, dispatch_mode_of, registered_methods
 
 FAULT_EXIT_CODE = 17
 

@@ -4,7 +4,7 @@ A flow run whose ``resources.launch`` is ``rendezvous`` opens one :class:`Cluste
 ``tasks/runtime.py``, when its first worker group starts) and closes it when the run ends:
 
 - a TCP listener on ``bind_host:control_port``; every connection passes the mutual HMAC handshake
-  with the cluster key (``ppoflow.infra.runtime.cluster_key``) before a byte of JSON is read, then
+  with the cluster key (``ppoflow.infra.remote.cluster_key``) before a byte of JSON is read, then
   says what it is: an agent (``{type: agent, node, nnodes, host, pid}``) or a rank
   (``{type: hello, group, rank, ...}``, handed to that group's launcher);
 - the c10d rendezvous store (a ``TCPStore`` on ``bind_host:rdzv_port``) that every group's torchrun agents
@@ -14,7 +14,7 @@ A flow run whose ``resources.launch`` is ``rendezvous`` opens one :class:`Cluste
   every node has an agent (:meth:`wait_for_agents`), naming the missing nodes when time runs out.
 
 Agents (``ppoflow agent``, started on each node by Slurm, Kubernetes or by hand) dial in and stay
-connected for the run; ``ppoflow.infra.runtime.rendezvous.RendezvousLauncher`` asks them to start
+connected for the run; ``ppoflow.infra.remote.driver.rendezvous.RendezvousLauncher`` asks them to start
 and kill a group's torchrun. When the hub closes, every agent sees its link end and kills what it
 still runs.
 """
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from ppoflow.infra.runtime.control import ControlListener, RankFailure, authenticate, recv_json, send_json
+from ppoflow.infra.remote.control import ControlListener, RankFailure, authenticate, recv_json, send_json
 
 __all__ = ["ClusterHub", "AgentLink", "ClusterError", "NodesMissing", "set_keepalive", "hang_up"]
 

@@ -1,4 +1,4 @@
-"""Driver-side plumbing of ``ppoflow.infra.runtime.launch.WorkerGroup``: the control listener, the output pump,
+"""Driver-side plumbing of ``ppoflow.infra.remote.driver.group.WorkerGroup``: the control listener, the output pump,
 JSON messages and killing a launched process group.
 
 - ``torchrun_command`` / ``rank_env``: how the ranks are launched and what they are told.
@@ -79,7 +79,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def torchrun_command(nprocs: int, log_dir: str) -> list[str]:
-    """torchrun on this host, N ranks of ``ppoflow.infra.runtime.rank_entry``, no restarts, output teed with a
+    """torchrun on this host, N ranks of ``ppoflow.infra.remote.rank.entry``, no restarts, output teed with a
     ``[rankN]:`` prefix (see ``rank_env``) and copied to per-rank files under ``log_dir``."""
     return [
         sys.executable,
@@ -93,7 +93,7 @@ def torchrun_command(nprocs: int, log_dir: str) -> list[str]:
         "--log-dir",
         log_dir,
         "-m",
-        "ppoflow.infra.runtime.rank_entry",
+        "ppoflow.infra.remote.rank.entry",
     ]
 
 
@@ -127,7 +127,7 @@ def rendezvous_torchrun_command(
         "--log-dir",
         log_dir,
         "-m",
-        "ppoflow.infra.runtime.rank_entry",
+        "ppoflow.infra.remote.rank.entry",
     ]
 
 
@@ -139,7 +139,7 @@ def rank_env(
     device: str,
     local_world: int,
 ) -> dict[str, str]:
-    """The environment of torchrun and its ranks: ``env`` plus what ``ppoflow.infra.runtime.rank_entry``
+    """The environment of torchrun and its ranks: ``env`` plus what ``ppoflow.infra.remote.rank.entry``
     reads (the driver's control address and authkey, the worker class, the device). The caller adds
     ``PPOFLOW_DRIVER_PID``: the local process whose death ends the ranks. ``local_world`` is the
     number of ranks on this host (it sets the default CPU threads per rank)."""
@@ -328,10 +328,10 @@ def processes_with_env(**pairs: str) -> list[int]:
 
 
 def _is_rank(pid: int) -> bool:
-    """True if ``pid`` runs ``ppoflow.infra.runtime.rank_entry`` (guards against a recycled pid)."""
+    """True if ``pid`` runs ``ppoflow.infra.remote.rank.entry`` (guards against a recycled pid)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"ppoflow.infra.runtime.rank_entry" in f.read()
+            return b"ppoflow.infra.remote.rank.entry" in f.read()
     except OSError:
         return False
 
@@ -350,7 +350,7 @@ def kill_process_group(proc: subprocess.Popen, rank_pids: list[int] = (), wait_s
     torchrun starts each rank in a session of its own, so killing torchrun's process group is
     not enough: each descendant's process group is killed too (a rank's group holds whatever it
     spawned, e.g. engine subprocesses), and so are the ranks of ``rank_pids`` that are still
-    running ``ppoflow.infra.runtime.rank_entry`` (they may have been reparented if torchrun already exited).
+    running ``ppoflow.infra.remote.rank.entry`` (they may have been reparented if torchrun already exited).
 
     The wait matters on GPUs: a killed rank gives its device memory back only when it has exited
     (a rank stuck in an NCCL collective after a peer died takes a moment to tear its CUDA context

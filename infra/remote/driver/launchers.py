@@ -12,7 +12,7 @@ where they run. A launcher owns the rest:
 - ``release()`` kills whatever is left, closes every handle and removes the scratch space.
 
 Two launchers: :class:`LocalLauncher` here (``torchrun --standalone`` as a child of this process,
-all ranks on this host) and ``ppoflow.infra.runtime.cluster.RendezvousLauncher`` (ranks on several
+all ranks on this host) and ``ppoflow.infra.remote.driver.hub.RendezvousLauncher`` (ranks on several
 hosts, started by per-node agents through a c10d rendezvous).
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ppoflow.infra.runtime.control import (
+from ppoflow.infra.remote.control import (
     ControlListener,
     OutputPump,
     kill_process_group,
@@ -91,7 +91,7 @@ class Launcher:
 
 class LocalLauncher(Launcher):
     """``python -m torch.distributed.run --standalone --nproc-per-node=N ... -m
-    ppoflow.infra.runtime.rank_entry`` in a session of its own (so the whole group can be killed
+    ppoflow.infra.remote.rank.entry`` in a session of its own (so the whole group can be killed
     as one), ranks connecting to a listener on 127.0.0.1 with a random authkey, DataProto chunks
     in a temp directory under ``scratch_dir`` (default: the system temp dir)."""
 

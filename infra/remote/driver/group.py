@@ -7,11 +7,11 @@ commands from the driver process (a Prefect task, a test, a script).
         url = group.call("compute_values", rollout_url, out_url=values_url, micro_batch=4)
 
 How it works:
-- ``start()`` has the group's launcher start the ranks (``ppoflow.infra.runtime.launchers``): by
+- ``start()`` has the group's launcher start the ranks (``ppoflow.infra.remote.driver.launchers``): by
   default ``LocalLauncher``, which opens a control listener on 127.0.0.1 with a random authkey and
   runs ``python -m torch.distributed.run --standalone --nproc-per-node=N --max-restarts=0 --tee 3
-  -m ppoflow.infra.runtime.rank_entry`` in its own session (so the whole group can be killed as
-  one); or ``ppoflow.infra.runtime.cluster.RendezvousLauncher``, whose per-node agents run torchrun
+  -m ppoflow.infra.remote.rank.entry`` in its own session (so the whole group can be killed as
+  one); or ``ppoflow.infra.remote.driver.hub.RendezvousLauncher``, whose per-node agents run torchrun
   with a c10d rendezvous so the ranks span hosts. Each rank initialises torch.distributed (gloo on
   CPU, nccl on CUDA), connects back, says hello, receives the config JSON over the link and builds
   the worker (imported by its "module:Class" string).
@@ -21,7 +21,7 @@ How it works:
   links (EOF = dead rank) and the launcher (torchrun's pidfd; the agents' links). Data never
   travels on the link: a DP_COMPUTE_PROTO call moves DataProto chunks as Arrow files in the
   group's scratch space (a temp dir, or a storage URL every node reads when ranks span hosts).
-  See ``ppoflow.infra.runtime.dispatch.Dispatch`` for the modes and ``ppoflow.infra.runtime.rank_entry`` for the rank side.
+  See ``ppoflow.infra.remote.dispatch.Dispatch`` for the modes and ``ppoflow.infra.remote.rank.entry`` for the rank side.
 - Failures: a rank that raises sends its traceback; the driver waits ``grace_s`` for the others
   (they may be stuck in a collective), kills the process group and raises ``RankFailure``. A rank
   that dies (EOF, torchrun exits, a node's agent is lost) gets the group killed and
@@ -48,9 +48,9 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ppoflow.infra.data import storage
-from ppoflow.infra.runtime.control import RankFailure, WorkerGroupDead, recv_json, send_json
-from ppoflow.infra.runtime.dispatch import Dispatch, merge_results, split_proto
-from ppoflow.infra.runtime.launchers import Launcher, LocalLauncher
+from ppoflow.infra.remote.control import RankFailure, WorkerGroupDead, recv_json, send_json
+from ppoflow.infra.remote.dispatch import Dispatch, merge_results, split_proto
+from ppoflow.infra.remote.driver.launchers import Launcher, LocalLauncher
 
 __all__ = ["WorkerGroup", "RankFailure", "WorkerGroupDead", "Dispatch"]
 
@@ -74,7 +74,7 @@ class _Resources:
 
 
 class WorkerGroup:
-    """N ranks of ``worker`` ("module:Class", a ``ppoflow.workers.base.Worker`` subclass) under torchrun.
+    """N ranks of ``worker`` ("module:Class", a ``ppoflow.infra.remote.rank.worker.Worker`` subclass) under torchrun.
 
     Args:
         worker: import path "module:Class" of the worker (imported in the ranks only).
@@ -90,7 +90,7 @@ class WorkerGroup:
         start_timeout_s: how long ``start`` waits for all ranks to connect (after the launcher
             started them).
         call_timeout_s: optional limit for one call (None: wait as long as the ranks live).
-        launcher: how the ranks are started (``ppoflow.infra.runtime.launchers``); default a
+        launcher: how the ranks are started (``ppoflow.infra.remote.driver.launchers``); default a
             ``LocalLauncher`` of ``nprocs`` ranks on this host.
     """
 

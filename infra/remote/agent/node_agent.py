@@ -11,7 +11,7 @@ starts and kills worker groups through it: for each group the agent runs
 
     python -m torch.distributed.run --nnodes=N --nproc-per-node=M --rdzv-backend=c10d
         --rdzv-endpoint=<driver>:<rdzv_port> --rdzv-id=<group id> --max-restarts=0 ...
-        -m ppoflow.infra.runtime.rank_entry
+        -m ppoflow.infra.remote.rank.entry
 
 streams its output to the driver (the Prefect task's log shows it) and reports its exit status.
 
@@ -43,9 +43,9 @@ import time
 from multiprocessing.connection import AuthenticationError, Connection
 from typing import Any
 
-from ppoflow.infra.runtime.cluster import PROTOCOL, set_keepalive
-from ppoflow.infra.runtime.cluster_key import ENV_KEY, ENV_KEY_FILE, ClusterKeyError, load_cluster_key
-from ppoflow.infra.runtime.control import (
+from ppoflow.infra.remote.driver.hub import PROTOCOL, set_keepalive
+from ppoflow.infra.remote.cluster_key import ENV_KEY, ENV_KEY_FILE, ClusterKeyError, load_cluster_key
+from ppoflow.infra.remote.control import (
     connect,
     kill_process_group,
     processes_with_env,
