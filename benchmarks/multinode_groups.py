@@ -32,10 +32,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from ppoflow.infra.data.dataproto import DataProto  # noqa: E402
-from ppoflow.infra.remote.driver.hub import ClusterHub  # noqa: E402
-from ppoflow.infra.remote.control import RankFailure, processes_with_env  # noqa: E402
 from ppoflow.infra.remote.driver.group import WorkerGroup  # noqa: E402
+from ppoflow.infra.remote.driver.hub import ClusterHub  # noqa: E402
 from ppoflow.infra.remote.driver.rendezvous import RendezvousLauncher  # noqa: E402
+from ppoflow.infra.remote.errors import RankFailure  # noqa: E402
+from ppoflow.infra.remote.procs import processes_with_env  # noqa: E402
 from tests.toy_workers import double_plus  # noqa: E402
 
 

@@ -27,7 +27,7 @@ from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.lock import ExperimentLocked
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.preflight import rollback_hint
-from ppoflow.infra.remote.driver.group import RankFailure
+from ppoflow.infra.remote.errors import RankFailure
 from ppoflow.tasks.step import is_permanent
 
 __all__ = [

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ppoflow.infra.remote.control import block_until_exit
+from ppoflow.infra.remote.procs import block_until_exit
 
 __all__ = ["own_ephemeral_server"]
 

@@ -53,7 +53,7 @@ from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend
 from ppoflow.infra.experiment.plots import plot_metrics
 from ppoflow.infra.remote.driver.slots import device_slots
 from ppoflow.tasks import init_experiment, preflight
-from ppoflow.tasks.runtime import RunContext, open_run, worker_groups
+from ppoflow.tasks.run import RunContext, open_run, worker_groups
 
 __all__ = ["ppo", "resolve_config", "install_stop_handlers", "Terminated", "needs_reference"]
 
@@ -151,7 +151,7 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
             with device_slots(cfg, logger.info, run_id=key, wait_log=logger.warning):
                 with worker_groups(key):  # the ranks free the devices before the slots are released
                     if manifest is None:
-                        ctx.prestart(
+                        ctx.groups.prestart(
                             pending_roles(ctx, 1)
                             if iterations
                             else ["actor"] + (["critic"] if cfg.critic.enable else [])

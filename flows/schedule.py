@@ -51,7 +51,7 @@ from ppoflow.tasks import (
     values,
 )
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, IterationReceipts, R, Receipt
-from ppoflow.tasks.runtime import RunContext
+from ppoflow.tasks.run import RunContext
 
 __all__ = ["Start", "run_iterations", "needs_reference", "pending_roles"]
 
@@ -194,7 +194,7 @@ def run_iterations(
         for i in range(iterations):
             n = start.iteration + 1
             started = time.time()
-            ctx.prestart(pending_roles(ctx, n))
+            ctx.groups.prestart(pending_roles(ctx, n))
             data = data or _submit_data(ctx, n, start)
             gen, scored, adv = data.receipts()
             after = Start(

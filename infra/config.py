@@ -531,7 +531,9 @@ class ExperimentConfig(_Section):
         if self.resources.launch != "rendezvous":
             return self
         root = self.storage.root
-        proto = root.split("://", 1)[0].lower() if "://" in root else "file"
+        from ppoflow.infra.data.storage import protocol_of
+
+        proto = protocol_of(root)
         if proto == "memory":
             raise ValueError(
                 f"storage.root={root!r} lives in one process; a multi-node run "

@@ -49,6 +49,7 @@ __all__ = [
     "maybe_fail",
     "rank_fault_env",
     "note_rank_failure",
+    "rank_entries",
     "rank_point",
     "reset",
 ]
@@ -148,6 +149,13 @@ def note_rank_failure(method: str | None) -> None:
         for f in _current():
             if f.kind in RANK_KINDS and f.target == method:
                 _fired.add(f.text)
+
+
+def rank_entries() -> set[tuple[str, str, int]]:
+    """Rank side: the ``(kind, method, rank)`` of the rank entries in this process's
+    ``PPOFLOW_FAULT`` (a group's ranks get only the entries not yet spent, see
+    :func:`rank_fault_env`); method starts are fired by the rank entry."""
+    return {(f.kind, f.target, int(f.where)) for f in _current() if f.kind in RANK_KINDS}
 
 
 def rank_point(point: str) -> None:

@@ -11,7 +11,7 @@
     update_critic    -> checkpoints/critic/n
     commit           -> metrics.json, manifest n
 
-``ppoflow.tasks.runtime`` holds the flow-run-scoped worker groups the tasks look up by run key.
+``ppoflow.tasks.run`` holds the flow-run-scoped state (worker groups, inputs) the tasks look up by run key.
 """
 
 from ppoflow.tasks.advantage import advantage

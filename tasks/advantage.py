@@ -85,7 +85,7 @@ def advantage(
     for receipt in scored:
         batch = batch.union(DataProto.load(receipt.output(receipt.task)))
     mask = batch.batch["response_mask"]
-    scores = _token_level_scores(cfg, batch, step.ctx.tokenizer)
+    scores = _token_level_scores(cfg, batch, step.ctx.inputs.tokenizer)
     metrics: dict[str, float] = {}
     new_kl = kl_coef
     if cfg.algorithm.use_kl_in_reward:

@@ -33,7 +33,7 @@ from ppoflow.infra.experiment.metrics import throughput_metrics
 from ppoflow.infra.experiment.retention import apply_retention
 from ppoflow.infra.faults import maybe_fail
 from ppoflow.tasks.receipts import IterationReceipts, Receipt
-from ppoflow.tasks.runtime import get_run
+from ppoflow.tasks.run import get_run
 from ppoflow.tasks.step import TASK_OPTIONS, task_logs
 
 __all__ = ["init_experiment", "commit", "iteration_metrics"]
@@ -67,10 +67,10 @@ def init_experiment(run: str) -> Manifest:
             url = checkpoints[role] = paths.checkpoint(role, 0)
             if is_complete(url):
                 continue  # saved by an earlier attempt; a group that needs it loads it
-            worker = ctx.worker(role, None, progress=logger.info)
+            worker = ctx.groups.worker(role, None, progress=logger.info)
             # weights and the fresh optimizer's settings only: it has no state yet
             worker.save_checkpoint(url, extra={"iteration": 0, "experiment": cfg.storage.experiment})
-            ctx.set_state(role, url)
+            ctx.groups.set_state(role, url)
     manifest = initial_manifest(
         cfg, paths, checkpoints["actor"], checkpoints["critic"], kl_coef=cfg.algorithm.kl_ctrl.kl_coef
     )
@@ -104,7 +104,7 @@ def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, f
     wanted = {role: receipts.checkpoint(role) for role in ("actor", "critic")}
     wanted = {role: url for role, url in wanted.items() if url is not None}
     with ThreadPoolExecutor(max_workers=len(wanted) or 1, thread_name_prefix="ppoflow-commit") as pool:
-        jobs = [pool.submit(ctx.materialize, role, url, logger.info) for role, url in wanted.items()]
+        jobs = [pool.submit(ctx.groups.materialize, role, url, logger.info) for role, url in wanted.items()]
         for job in jobs:
             job.result()
     for role, url in wanted.items():

@@ -37,13 +37,13 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
     """
     cfg, ctx, n = step.cfg, step.ctx, step.n
     progress = create_progress_artifact(0.0, description=f"iteration {n}: generation")
-    rows, next_cursor = ctx.dataset.take(
+    rows, next_cursor = ctx.inputs.dataset.take(
         cursor, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
     )
     seed = iteration_seed(cfg.seed, cfg.rollout.seed, n)
-    prompts, stats = ctx.dataset.tokenize(
+    prompts, stats = ctx.inputs.dataset.tokenize(
         rows,
-        ctx.tokenizer,
+        ctx.inputs.tokenizer,
         prompt_length=cfg.rollout.prompt_length,
         apply_chat_template=cfg.data.apply_chat_template,
         meta_info={"iteration": n, "seed": seed},

@@ -16,7 +16,7 @@ from typing import Any
 from prefect import task
 
 from ppoflow.infra.preflight import preflight as run_checks
-from ppoflow.tasks.runtime import get_run
+from ppoflow.tasks.run import get_run
 from ppoflow.tasks.step import TASK_OPTIONS, task_logs
 
 __all__ = ["preflight"]
@@ -27,7 +27,7 @@ def preflight(run: str) -> dict[str, Any]:
     """Check the run's experiment before anything starts; returns ``{passed, notes, seconds}``."""
     ctx = get_run(run)
     with task_logs(ctx) as logger:
-        report = run_checks(ctx.cfg, lambda: ctx.tokenizer)
+        report = run_checks(ctx.cfg, lambda: ctx.inputs.tokenizer)
         for line in report.passed:
             logger.info(f"ok  {line}")
         for note in report.notes:

@@ -9,7 +9,7 @@
 
 becomes the Prefect task ``values(run: str, n: int, rollout, critic_checkpoint) -> Receipt`` that
 
-1. looks up the flow run's :class:`~ppoflow.tasks.runtime.RunContext` by ``run``;
+1. looks up the flow run's :class:`~ppoflow.tasks.run.RunContext` by ``run``;
 2. returns the stored receipt if iteration ``n`` of this task already finished with the same
    inputs (resume; see :mod:`ppoflow.tasks.receipts`);
 3. fires ``PPOFLOW_FAULT`` drills before and after the work (``ppoflow.infra.faults``);
@@ -37,17 +37,18 @@ from typing import Any, Generic
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.sharded import CorruptCheckpointError, IncompleteCheckpointError
 from ppoflow.infra.config import ConfigError, ExperimentConfig
 from ppoflow.infra.data.prompts import DataError
 from ppoflow.infra.experiment.lock import ExperimentLocked
 from ppoflow.infra.experiment.manifest import ExperimentPaths, ManifestConflict, now_iso
 from ppoflow.infra.preflight import PreflightError
+from ppoflow.infra.remote.driver.handle import WorkerHandle
+from ppoflow.infra.remote.errors import RankFailure
 from ppoflow.infra.rewards import RewardError
-from ppoflow.infra import faults
-from ppoflow.infra.remote.driver.group import RankFailure
 from ppoflow.tasks.receipts import R, Receipt, find_receipt, input_stamps, write_receipt
-from ppoflow.tasks.runtime import RunClosed, RunContext, WorkerHandle, get_run
+from ppoflow.tasks.run import RunClosed, RunContext, get_run
 
 __all__ = [
     "ppo_task",
@@ -168,14 +169,14 @@ class Step(Generic[R]):
         (None: any), as a handle whose methods are the worker class's ``@register`` methods. The
         task holds the group until it ends (no other task changes its state meanwhile)."""
         if role not in self.held:
-            self.ctx.acquire(role)
+            self.ctx.groups.acquire(role)
             self.held.append(role)
-        return self.ctx.worker(role, state, progress=self.logger.info)
+        return self.ctx.groups.worker(role, state, progress=self.logger.info)
 
     def release(self) -> None:
         """Let go of the groups :meth:`worker` held (the decorator calls it)."""
         while self.held:
-            self.ctx.release(self.held.pop())
+            self.ctx.groups.release(self.held.pop())
 
     def receipt(self, **fields: Any) -> R:
         """This task's receipt for iteration ``n`` (the decorator adds the timing)."""

@@ -35,15 +35,15 @@ def _update(
     ctx, checkpoint = step.ctx, step.paths.checkpoint(role, step.n)
     background = step.cfg.checkpoint.async_save
     worker = step.worker(role, previous)
-    ctx.set_state(role, None)  # the live module leaves checkpoint n-1 from here on
+    ctx.groups.set_state(role, None)  # the live module leaves checkpoint n-1 from here on
     data = advantages.output("advantages")
     metrics = reduce_rank_metrics(getattr(worker, method)(data))
     extra = {"iteration": step.n, "experiment": step.cfg.storage.experiment}
     with Timer() as save:
         per_rank = worker.save_checkpoint(checkpoint, extra=extra, background=background)
-    ctx.set_state(role, checkpoint)
+    ctx.groups.set_state(role, checkpoint)
     lineage = Lineage(role, checkpoint, previous, method, data, extra)
-    ctx.writes.started(lineage, ctx.current_group(role), background=background)
+    ctx.writes.started(lineage, ctx.groups.current_group(role), background=background)
     metrics[f"timing_s/save_checkpoint_{role}"] = save.seconds
     metrics[f"timing_s/checkpoint_wait_{role}"] = max(float(r.get("waited_s", 0.0)) for r in per_rank)
     return step.receipt(checkpoints={role: checkpoint}, metrics=metrics)

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ppoflow.infra import faults
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
-from ppoflow.infra import faults
 from tests.support.experiments import assert_same_commit
 from tests.support.processes import descendants
 from tests.test_flow_resume import attempts

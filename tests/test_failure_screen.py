@@ -16,8 +16,7 @@ from ppoflow.infra.config import parse_config
 from ppoflow.infra.data.prompts import DataError
 from ppoflow.infra.experiment.lock import ExperimentLock
 from ppoflow.infra.experiment.manifest import ExperimentPaths
-from ppoflow.infra.remote.control import error_types
-from ppoflow.infra.remote.driver.group import RankFailure
+from ppoflow.infra.remote.errors import RankFailure, error_types
 from tests.support.experiments import commit_tiny_iterations
 
 RERUN = "ppoflow run exp.yaml --iterations 2"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ppoflow.infra import faults
 from ppoflow.infra.experiment.metrics import (
     compute_data_metrics,
     headline_line,
@@ -13,7 +14,6 @@ from ppoflow.infra.experiment.metrics import (
     reduce_rank_metrics,
     trend_markdown,
 )
-from ppoflow.infra import faults
 
 
 @pytest.fixture(autouse=True)
@@ -36,10 +36,9 @@ def test_task_entries_can_name_an_iteration(monkeypatch):
 
 
 def test_rank_points_fire_on_their_rank_once_or_always(monkeypatch):
-    from ppoflow.infra.remote.rank.entry import parse_faults
-
     spec = "rank_raise:checkpoint_write:1,rank_raise:checkpoint_write:0:always"
-    assert parse_faults(spec) == {
+    monkeypatch.setenv(faults.ENV_VAR, spec)
+    assert faults.rank_entries() == {
         ("rank_raise", "checkpoint_write", 1),
         ("rank_raise", "checkpoint_write", 0),
     }
@@ -148,9 +147,8 @@ def test_retry_rule_fails_deterministic_errors_at_once_and_retries_the_rest():
     from ppoflow.infra.experiment.lock import ExperimentLocked
     from ppoflow.infra.experiment.manifest import IdentityMismatch
     from ppoflow.infra.preflight import PreflightError, Problem
+    from ppoflow.infra.remote.errors import RankFailure, error_types
     from ppoflow.infra.rewards import RewardError
-    from ppoflow.infra.remote.control import error_types
-    from ppoflow.infra.remote.driver.group import RankFailure
     from ppoflow.tasks.step import retryable
 
     def failed(exc):

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.remote.control import pid_alive
 from ppoflow.infra.remote.driver.group import Dispatch, RankFailure, WorkerGroup, WorkerGroupDead
+from ppoflow.infra.remote.procs import pid_alive
 from tests.toy_workers import ToyWorker, double_plus
 
 pytestmark = pytest.mark.slow
@@ -110,7 +110,9 @@ def test_one_to_all_runs_on_every_rank(group):
     assert [r["pid"] for r in out] == group.pids
     assert out[0]["config"]["answer"] == 42
     assert out[0]["threads"] == max(1, (os.cpu_count() or 1) // 2)
-    assert group.layout == [{"dp_rank": r, "dp_size": 2, "is_output_rank": True} for r in (0, 1)]
+    assert [e.model_dump() for e in group.layout] == [
+        {"dp_rank": r, "dp_size": 2, "is_output_rank": True} for r in (0, 1)
+    ]
 
 
 def test_json_args_and_rank_zero(group):

@@ -21,10 +21,12 @@ import torch
 
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.remote.driver.hub import ClusterHub, NodesMissing
-from ppoflow.infra.remote.control import RankFailure, connect, recv_json, send_json
 from ppoflow.infra.remote.driver.group import WorkerGroup
+from ppoflow.infra.remote.driver.hub import ClusterHub, NodesMissing
 from ppoflow.infra.remote.driver.rendezvous import RendezvousLauncher
+from ppoflow.infra.remote.errors import RankFailure
+from ppoflow.infra.remote.links import connect
+from ppoflow.infra.remote.protocol import PROTOCOL, AgentHello, Exited, Kill, Start, Welcome, receive, send
 from tests.support.nodes import KEY, Agents
 from tests.support.ports import free_port
 from tests.toy_workers import double_plus
@@ -86,7 +88,7 @@ def test_a_group_spans_two_agents_and_dp_equals_the_plain_function(cluster, s3_s
         info = group.call("info")
         assert [r["world_size"] for r in info] == [2, 2] and [r["allreduce"] for r in info] == [3.0, 3.0]
         # each rank runs under its own node's agent (PPOFLOW_AGENT_PID in its environment)
-        nodes = {rank: hello["node"] for rank, hello in group.hellos.items()}
+        nodes = {rank: hello.node for rank, hello in group.hellos.items()}
         assert sorted(nodes.values()) == [0, 1]
         for rank, node in nodes.items():
             env = open(f"/proc/{group.pids[rank]}/environ", "rb").read().split(b"\0")
@@ -116,7 +118,7 @@ def test_a_group_spans_two_agents_and_dp_equals_the_plain_function(cluster, s3_s
 def test_a_killed_agent_fails_the_call_within_seconds_naming_its_node(cluster, tmp_path):
     hub, agents = cluster
     group = make_group(hub, "lost-1", str(tmp_path)).start()
-    ranks_on_1 = sorted(r for r, h in group.hellos.items() if h["node"] == 1)
+    ranks_on_1 = sorted(r for r, h in group.hellos.items() if h.node == 1)
     died: dict[str, float] = {}
     killer = threading.Timer(1.0, lambda: died.update(at=agents.kill(1)))
     killer.start()
@@ -140,7 +142,7 @@ def test_a_killed_agent_fails_the_call_within_seconds_naming_its_node(cluster, t
 def test_node_exit_drill_loses_the_node_of_that_rank(cluster, tmp_path):
     hub, agents = cluster
     group = make_group(hub, "drill-1", str(tmp_path), env={"PPOFLOW_FAULT": "node_exit:echo:1"}).start()
-    node = group.hellos[1]["node"]
+    node = group.hellos[1].node
     with pytest.raises(RankFailure) as info:
         group.call("echo", 1)
     assert str(info.value).startswith(f"node {node} (host ") and "was lost" in str(info.value)
@@ -177,20 +179,20 @@ def test_a_node_whose_torchrun_never_reaches_the_rendezvous(tmp_path):
     agents = Agents(hub.control_address, tmp_path)
     host, port = hub.control_address.rsplit(":", 1)
     ghost = connect((host, int(port)), KEY.encode())
-    orders: list[dict] = []
+    orders: list[Start | Kill] = []
 
     def stand_in() -> None:  # takes orders, starts nothing, confirms kills
         try:
             while True:
-                orders.append(recv_json(ghost))
-                if orders[-1]["type"] == "kill":
-                    send_json(ghost, {"type": "exited", "group": orders[-1]["group"], "status": -9})
+                orders.append(receive(ghost, Start, Kill))
+                if isinstance(orders[-1], Kill):
+                    send(ghost, Exited(group=orders[-1].group, status=-9))
         except (EOFError, OSError):
             pass
 
     try:
-        send_json(ghost, {"type": "agent", "protocol": 1, "node": 1, "nnodes": 2, "host": "ghost", "pid": 1})
-        assert recv_json(ghost)["type"] == "welcome"
+        send(ghost, AgentHello(protocol=PROTOCOL, node=1, nnodes=2, host="ghost", pid=1))
+        receive(ghost, Welcome)
         threading.Thread(target=stand_in, daemon=True).start()
         agents.start(0)
         group = make_group(hub, "stuck-1", str(tmp_path), join_timeout_s=5.0)

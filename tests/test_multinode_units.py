@@ -8,12 +8,14 @@ import time
 
 import pytest
 
-from ppoflow.infra.config import ConfigError, ExperimentConfig, parse_config
 from ppoflow.infra import faults
+from ppoflow.infra.config import ConfigError, ExperimentConfig, parse_config
 from ppoflow.infra.remote.agent.node_agent import node_rank_from_env
-from ppoflow.infra.remote.driver.hub import ClusterHub, NodesMissing
 from ppoflow.infra.remote.cluster_key import ClusterKeyError, load_cluster_key
-from ppoflow.infra.remote.control import connect, recv_json, rendezvous_torchrun_command, send_json
+from ppoflow.infra.remote.driver.hub import ClusterHub, NodesMissing
+from ppoflow.infra.remote.links import connect
+from ppoflow.infra.remote.procs import rendezvous_torchrun_command
+from ppoflow.infra.remote.protocol import PROTOCOL, AgentHello, Refused, Welcome, receive, send
 
 KEY = "k" * 40
 
@@ -114,11 +116,9 @@ def dial(hub: ClusterHub, key: str = KEY):
     return connect((host, int(port)), key.encode(), timeout=5)
 
 
-def agent_hello(conn, node, nnodes=2, protocol=1) -> dict:
-    send_json(
-        conn, {"type": "agent", "protocol": protocol, "node": node, "nnodes": nnodes, "host": "h", "pid": 9}
-    )
-    return recv_json(conn)
+def agent_hello(conn, node, nnodes=2, protocol=PROTOCOL) -> Welcome | Refused:
+    send(conn, AgentHello(protocol=protocol, node=node, nnodes=nnodes, host="h", pid=9))
+    return receive(conn, Welcome, Refused)
 
 
 def test_the_endpoint_refuses_other_keys_and_misconfigured_agents(hub):
@@ -126,13 +126,13 @@ def test_the_endpoint_refuses_other_keys_and_misconfigured_agents(hub):
 
     with pytest.raises(AuthenticationError):
         dial(hub, key="another-key-of-enough-length")
-    assert agent_hello(dial(hub), node=2)["reason"].startswith("its node rank 2 is not in 0..1")
-    assert "started for 3 nodes" in agent_hello(dial(hub), node=0, nnodes=3)["reason"]
-    assert "protocol 7" in agent_hello(dial(hub), node=0, protocol=7)["reason"]
+    assert agent_hello(dial(hub), node=2).reason.startswith("its node rank 2 is not in 0..1")
+    assert "started for 3 nodes" in agent_hello(dial(hub), node=0, nnodes=3).reason
+    assert "protocol 7" in agent_hello(dial(hub), node=0, protocol=7).reason
     first = dial(hub)
-    assert agent_hello(first, node=0)["type"] == "welcome"
+    assert isinstance(agent_hello(first, node=0), Welcome)
     again = agent_hello(dial(hub), node=0)
-    assert again["type"] == "refused" and again["retry"] and "already served" in again["reason"]
+    assert isinstance(again, Refused) and again.retry and "already served" in again.reason
     t0 = time.monotonic()
     with pytest.raises(NodesMissing) as info:
         hub.wait_for_agents(1.0)

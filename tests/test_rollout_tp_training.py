@@ -70,7 +70,7 @@ def test_tp2_rollout_then_update_over_both_ranks(tiny):
         infos = group.call("init_model")
         engine = [(i["rollout"]["tp_size"], i["rollout"]["dp_size"]) for i in infos]
         assert engine == [(2, 1), (2, 1)], engine  # one TP=2 replica over both ranks
-        assert [(e["dp_rank"], e["dp_size"]) for e in group.layout] == [(0, 2), (1, 2)]
+        assert [(e.dp_rank, e.dp_size) for e in group.layout] == [(0, 2), (1, 2)]
 
         gen = DataProto.load(
             group.call("generate_sequences", prompts_url, out_url=os.path.join(tmp, "tp2-rollout.arrow"))

@@ -45,8 +45,8 @@ import torch
 
 from ppoflow.infra.config import ExperimentConfig, FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
+from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.device_memory import GIB, PeakMemory, engine_pool_bytes, resident_gib
 from ppoflow.workers.fsdp_utils import (

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.workers.actor_rollout_ref_worker import parse_worker_config
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
+from ppoflow.workers.actor_rollout_ref_worker import parse_worker_config
 from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.critic import DataParallelPPOCritic
 from ppoflow.workers.device_memory import PeakMemory, release_cached, resident_gib

@@ -83,7 +83,7 @@ class CheckpointWriteFailed(CheckpointError):
 
 def options(url: str, storage_options: dict | None) -> dict:
     """The fsspec options ``ppoflow.infra.data.storage`` would use for ``url`` (defaults + per-call)."""
-    proto = url.split("://", 1)[0].lower() if "://" in url else "file"
+    proto = storage.protocol_of(url)
     opts = {
         **(storage.get_default_storage_options("s3") if proto == "s3a" else {}),
         **storage.get_default_storage_options(proto),

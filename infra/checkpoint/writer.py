@@ -51,6 +51,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ppoflow.infra import faults
 from ppoflow.infra.checkpoint._dist import all_gather_json, barrier, rank_world
 from ppoflow.infra.checkpoint.integrity import ALGORITHM, HashingFileSystem, hash_bytes, hash_file
 from ppoflow.infra.checkpoint.marker import (
@@ -65,7 +66,6 @@ from ppoflow.infra.checkpoint.marker import (
 )
 from ppoflow.infra.checkpoint.state import MODEL, OPTIM, collect, enc, rng_state
 from ppoflow.infra.data import storage
-from ppoflow.infra import faults
 
 __all__ = ["CheckpointWriter", "dcp_call", "make_reader", "make_writer", "FAULT_POINT"]
 

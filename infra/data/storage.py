@@ -77,7 +77,8 @@ def get_default_storage_options(protocol: str) -> dict:
     return dict(_DEFAULT_OPTIONS.get(protocol.rstrip(":/").lower(), {}))
 
 
-def _protocol_of(url: str) -> str:
+def protocol_of(url: str) -> str:
+    """The fsspec protocol of ``url`` (``s3``, ``memory``, ...; ``file`` for a plain path)."""
     if "://" in url:
         return url.split("://", 1)[0].lower()
     return "file"
@@ -90,7 +91,7 @@ def url_to_fs(url: str, storage_options: dict | None = None) -> tuple[fsspec.Abs
     absolute.
     """
     url = os.fspath(url)
-    options = {**get_default_storage_options(_protocol_of(url)), **(storage_options or {})}
+    options = {**get_default_storage_options(protocol_of(url)), **(storage_options or {})}
     return fsspec.core.url_to_fs(url, **options)
 
 

@@ -16,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ppoflow.infra.remote.control import pid_alive, processes_with_env
+from ppoflow.infra.remote.procs import pid_alive, processes_with_env
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-cluster-key-" + "0123456789abcdef" * 2

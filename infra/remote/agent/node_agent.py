@@ -43,16 +43,28 @@ import time
 from multiprocessing.connection import AuthenticationError, Connection
 from typing import Any
 
-from ppoflow.infra.remote.driver.hub import PROTOCOL, set_keepalive
 from ppoflow.infra.remote.cluster_key import ENV_KEY, ENV_KEY_FILE, ClusterKeyError, load_cluster_key
-from ppoflow.infra.remote.control import (
-    connect,
+from ppoflow.infra.remote.links import connect, set_keepalive
+from ppoflow.infra.remote.procs import (
     kill_process_group,
     processes_with_env,
     rank_env,
-    recv_json,
     rendezvous_torchrun_command,
-    send_json,
+)
+from ppoflow.infra.remote.protocol import (
+    PROTOCOL,
+    AgentError,
+    AgentHello,
+    Exited,
+    Kill,
+    Output,
+    ProtocolError,
+    Refused,
+    Start,
+    Started,
+    Welcome,
+    receive,
+    send,
 )
 
 __all__ = ["Agent", "add_arguments", "run_agent", "node_rank_from_env"]
@@ -158,26 +170,31 @@ class Agent:
         self._conn = conn
         try:
             set_keepalive(conn)
-            self._send(
-                {
-                    "type": "agent",
-                    "protocol": PROTOCOL,
-                    "node": self.node,
-                    "nnodes": self.nnodes,
-                    "host": socket.gethostname(),
-                    "pid": os.getpid(),
-                }
+            hello = AgentHello(
+                protocol=PROTOCOL,
+                node=self.node,
+                nnodes=self.nnodes,
+                host=socket.gethostname(),
+                pid=os.getpid(),
             )
-            reply = recv_json(conn) if conn.poll(30.0) else {"type": "refused", "reason": "no reply"}
-            if reply.get("type") != "welcome":
-                return ("retry" if reply.get("retry") else "refused"), str(reply.get("reason", reply))
-            self.say(f"serving the driver at {reply.get('driver')}")
+            self._send(hello)
+            reply: Welcome | Refused = (
+                receive(conn, Welcome, Refused) if conn.poll(30.0) else Refused(reason="no reply")
+            )
+            if isinstance(reply, Refused):
+                return ("retry" if reply.retry else "refused"), reply.reason
+            self.say(f"serving the driver at {reply.driver}")
             while True:
-                order = recv_json(conn)
-                if order.get("type") == "start":
+                order = receive(conn, Start, Kill)
+                if isinstance(order, Start):
                     self._start_group(order)
-                elif order.get("type") == "kill":
-                    self._kill_group(str(order.get("group")))
+                else:
+                    self._kill_group(order.group)
+        except ProtocolError as err:
+            self.say(
+                f"the driver sent a message this agent does not understand ({err}); same ppoflow version?"
+            )
+            return "refused", str(err)
         except (EOFError, OSError):
             self.say("the driver's link ended")
             return "ended", ""
@@ -186,25 +203,23 @@ class Agent:
             conn.close()
             self.kill_all()
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: AgentHello | Started | Output | Exited | AgentError) -> None:
         with self._send_lock:
             if self._conn is not None:
                 try:
-                    send_json(self._conn, msg)
+                    send(self._conn, msg)
                 except OSError:
                     pass  # the reader sees the link end and cleans up
 
     # ------------------------------------------------------------------ groups
-    def _start_group(self, order: dict[str, Any]) -> None:
-        gid = str(order["group"])
+    def _start_group(self, order: Start) -> None:
+        gid = order.group
         try:
-            host, _, port = str(order["driver_addr"]).rpartition(":")
-            nproc = int(order["nproc_per_node"])
+            host, _, port = order.driver_addr.rpartition(":")
+            nproc = order.nproc_per_node
             env = {k: v for k, v in os.environ.items() if k not in (ENV_KEY, ENV_KEY_FILE)}
-            env.update({str(k): str(v) for k, v in (order.get("env") or {}).items()})
-            env = rank_env(
-                env, (host, int(port)), self.key, str(order["worker"]), str(order["device"]), nproc
-            )
+            env.update(order.env)
+            env = rank_env(env, (host, int(port)), self.key, order.worker, order.device, nproc)
             env.update(
                 {
                     "PPOFLOW_DRIVER_PID": str(os.getpid()),  # the ranks exit when this agent dies
@@ -215,11 +230,11 @@ class Agent:
             )
             log_dir = tempfile.mkdtemp(prefix=f"ppoflow-{gid}-")
             cmd = rendezvous_torchrun_command(
-                nnodes=int(order["nnodes"]),
+                nnodes=order.nnodes,
                 nproc_per_node=nproc,
-                endpoint=str(order["rdzv_endpoint"]),
+                endpoint=order.rdzv_endpoint,
                 run_id=gid,
-                join_timeout_s=float(order.get("join_timeout_s", 300)),
+                join_timeout_s=order.join_timeout_s,
                 local_addr=self.advertise_addr,
                 log_dir=log_dir,
             )
@@ -232,22 +247,20 @@ class Agent:
                 start_new_session=True,
             )
         except Exception as err:  # noqa: BLE001 - reported to the driver, which fails the group
-            self._send({"type": "error", "group": gid, "error": f"{type(err).__name__}: {err}"})
+            self._send(AgentError(group=gid, error=f"{type(err).__name__}: {err}"))
             return
         group = _Group(gid, proc, log_dir)
         with self._lock:
             self._groups[gid] = group
         self.say(f"started group {gid}: torchrun pid {proc.pid}")
-        self._send({"type": "started", "group": gid, "pid": proc.pid})
+        self._send(Started(group=gid, pid=proc.pid))
         group.pump = threading.Thread(target=self._pump, args=(group,), name=f"ppoflow-{gid}", daemon=True)
         group.pump.start()
 
     def _pump(self, group: _Group) -> None:
         """Forward torchrun's output line by line; report its exit; clean up after it."""
         for raw in iter(group.proc.stdout.readline, b""):
-            self._send(
-                {"type": "output", "group": group.gid, "line": raw.decode("utf-8", "replace").rstrip()}
-            )
+            self._send(Output(group=group.gid, line=raw.decode("utf-8", "replace").rstrip()))
         group.proc.stdout.close()
         status = group.proc.wait()
         self._kill_stragglers(group.gid)
@@ -258,7 +271,7 @@ class Agent:
             self._groups.pop(group.gid, None)
         shutil.rmtree(group.log_dir, ignore_errors=True)
         self.say(f"group {group.gid} ended (status {status})")
-        self._send({"type": "exited", "group": group.gid, "status": status})
+        self._send(Exited(group=group.gid, status=status))
 
     @staticmethod
     def _mine(gid: str) -> list[int]:

@@ -1,7 +1,7 @@
 """WorkerGroup: a persistent group of N ranks (torchrun) running one worker class, driven by JSON
 commands from the driver process (a Prefect task, a test, a script).
 
-    with WorkerGroup("ppoflow.workers.fsdp_workers:ActorRolloutRefWorker", nprocs=2, config=cfg,
+    with WorkerGroup("ppoflow.workers.actor_rollout_ref_worker:ActorRolloutRefWorker", nprocs=2, config=cfg,
                      device="cpu", log=logger.info) as group:
         group.call("init_model")                               # -> [rank0 result, rank1 result]
         url = group.call("compute_values", rollout_url, out_url=values_url, micro_batch=4)
@@ -11,13 +11,14 @@ How it works:
   default ``LocalLauncher``, which opens a control listener on 127.0.0.1 with a random authkey and
   runs ``python -m torch.distributed.run --standalone --nproc-per-node=N --max-restarts=0 --tee 3
   -m ppoflow.infra.remote.rank.entry`` in its own session (so the whole group can be killed as
-  one); or ``ppoflow.infra.remote.driver.hub.RendezvousLauncher``, whose per-node agents run torchrun
+  one); or ``ppoflow.infra.remote.driver.rendezvous.RendezvousLauncher``, whose per-node agents run torchrun
   with a c10d rendezvous so the ranks span hosts. Each rank initialises torch.distributed (gloo on
   CPU, nccl on CUDA), connects back, says hello, receives the config JSON over the link and builds
-  the worker (imported by its "module:Class" string).
+  the worker (imported by its "module:Class" string); the messages are
+  :mod:`ppoflow.infra.remote.protocol`'s.
 - Rank output (stdout and stderr, prefixed ``[rankN]:``) is streamed line by line to ``log``; the
   last 200 lines go into error messages.
-- ``call`` sends one JSON command per rank and waits for every reply while watching the ranks'
+- ``call`` sends one command per rank and waits for every reply while watching the ranks'
   links (EOF = dead rank) and the launcher (torchrun's pidfd; the agents' links). Data never
   travels on the link: a DP_COMPUTE_PROTO call moves DataProto chunks as Arrow files in the
   group's scratch space (a temp dir, or a storage URL every node reads when ranks span hosts).
@@ -25,10 +26,10 @@ How it works:
 - Failures: a rank that raises sends its traceback; the driver waits ``grace_s`` for the others
   (they may be stuck in a collective), kills the process group and raises ``RankFailure``. A rank
   that dies (EOF, torchrun exits, a node's agent is lost) gets the group killed and
-  ``RankFailure`` with the launcher's account and the output tail within about a second. A failed group is dead: later calls raise ``WorkerGroupDead``.
+  ``RankFailure`` with the launcher's account and the output tail within about a second. A
+  failed group is dead: later calls raise ``WorkerGroupDead``.
 - Ranks exit by themselves when the driver process (or their node's agent) dies: they watch its
-  pid; a finalizer
-  (also run at interpreter exit) kills a group that was never shut down.
+  pid; a finalizer (also run at interpreter exit) kills a group that was never shut down.
 
 Fault injection for chaos tests: pass ``env={"PPOFLOW_FAULT": "rank_exit:<method>:<rank>"}`` (the
 rank calls ``os._exit(17)`` at the start of that method) or ``"rank_raise:<method>:<rank>"`` (it
@@ -48,9 +49,22 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ppoflow.infra.data import storage
-from ppoflow.infra.remote.control import RankFailure, WorkerGroupDead, recv_json, send_json
-from ppoflow.infra.remote.dispatch import Dispatch, merge_results, split_proto
+from ppoflow.infra.remote.dispatch import Dispatch
+from ppoflow.infra.remote.driver.dp_split import merge_results, split_proto
 from ppoflow.infra.remote.driver.launchers import Launcher, LocalLauncher
+from ppoflow.infra.remote.errors import RankFailure, WorkerGroupDead
+from ppoflow.infra.remote.protocol import (
+    Call,
+    Hello,
+    Init,
+    Layout,
+    ProtocolError,
+    Ready,
+    Reply,
+    Shutdown,
+    receive,
+    send,
+)
 
 __all__ = ["WorkerGroup", "RankFailure", "WorkerGroupDead", "Dispatch"]
 
@@ -119,16 +133,16 @@ class WorkerGroup:
             raise ValueError(f"nprocs={nprocs} but the launcher starts {launcher.nprocs} ranks")
         self.worker, self.nprocs, self.device = worker, int(nprocs), device
         self.config = dict(config or {})
-        self._config_json = json.dumps(self.config)  # fail early on a non-JSON config
+        self._init = Init(config=self.config)  # fails early on a config that is not JSON
         self.log = log or _LOG.info
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.grace_s = float(grace_s)
         self.start_timeout_s, self.call_timeout_s = float(start_timeout_s), call_timeout_s
         self.launcher = launcher
         self.pids: list[int] = []  # rank pids, by rank (from the hellos)
-        self.hellos: dict[int, dict[str, Any]] = {}  # rank -> its hello (pid, node, host, ...)
-        self.methods: dict[str, Dispatch] = {}
-        self.layout: list[dict[str, Any]] = []  # per rank: dp_rank, dp_size, is_output_rank
+        self.hellos: dict[int, Hello] = {}  # rank -> its hello (pid, node, host, ...)
+        self.methods: dict[str, Dispatch] = {}  # the worker class's @register table, from the ranks
+        self.layout: list[Layout] = []  # per rank: dp_rank, dp_size, is_output_rank
         self.start_s: float | None = None
         self._res = _Resources(launcher)
         self._finalizer = weakref.finalize(self, _Resources.release, self._res)
@@ -182,9 +196,11 @@ class WorkerGroup:
         if placement:
             self.log(f"[ppoflow] {placement}")
         for conn in self._res.conns:
-            conn.send_bytes(b'{"type": "init", "config": ' + self._config_json.encode() + b"}")
+            send(conn, self._init)
         ready = self._collect("__init__", None)
-        self.methods = {k: Dispatch(v) for k, v in ready[0]["methods"].items()}
+        first = ready[0]
+        assert isinstance(first, Ready)
+        self.methods = {k: Dispatch(v) for k, v in first.methods.items()}
         self._update_layout(ready)
         self.start_s = time.monotonic() - t0
 
@@ -217,10 +233,10 @@ class WorkerGroup:
             if got is not None:
                 conn, hello = got
                 self._res.conns.append(conn)
-                by_rank[int(hello["rank"])] = conn
-                self.hellos[int(hello["rank"])] = hello
+                by_rank[hello.rank] = conn
+                self.hellos[hello.rank] = hello
         self._res.conns = [by_rank[r] for r in range(self.nprocs)]
-        self.pids = [int(self.hellos[r]["pid"]) for r in range(self.nprocs)]
+        self.pids = [self.hellos[r].pid for r in range(self.nprocs)]
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Ask the ranks to exit cleanly (worker.shutdown(), free, barrier, destroy the process
@@ -231,7 +247,7 @@ class WorkerGroup:
                 cid = next(self._ids)
                 try:
                     for conn in self._res.conns:
-                        send_json(conn, {"type": "shutdown", "id": cid})
+                        send(conn, Shutdown(id=cid))
                     exited = self.launcher.wait(timeout_s)
                 except OSError:
                     exited = False
@@ -255,10 +271,10 @@ class WorkerGroup:
         for rank, conn in enumerate(self._res.conns):
             try:
                 while conn.poll(0):
-                    msg = recv_json(conn)
-                    if msg.get("ok") is False:
-                        self.log(f"[ppoflow] rank {rank} shutdown: {msg.get('error')}")
-            except (EOFError, OSError):
+                    msg = receive(conn, Reply)
+                    if not msg.ok and msg.failure is not None:
+                        self.log(f"[ppoflow] rank {rank} shutdown: {msg.failure.error}")
+            except (EOFError, OSError, ProtocolError):
                 pass
 
     def __enter__(self) -> WorkerGroup:
@@ -296,9 +312,9 @@ class WorkerGroup:
                 return self._call_dp(cid, method, args, kwargs, out_url)
             if out_url is not None:
                 raise TypeError(f"out_url is only for DP_COMPUTE_PROTO methods; {method} is {mode.value}")
-            msg = {"type": "call", "id": cid, "method": method, "args": list(args), "kwargs": kwargs}
+            msg = Call(id=cid, method=method, args=list(args), kwargs=kwargs)
             replies = self._round_trip(method, [msg] * self.nprocs)
-            results = [replies[r]["result"] for r in range(self.nprocs)]
+            results = [replies[r].result for r in range(self.nprocs)]
             return results if mode is Dispatch.ONE_TO_ALL else results[0]
 
     def _call_dp(
@@ -314,15 +330,14 @@ class WorkerGroup:
         try:
             split = split_proto(args[0], self.nprocs, self.layout, call_dir)
             msgs = [
-                {
-                    "type": "call",
-                    "id": cid,
-                    "method": method,
-                    "args": list(args[1:]),
-                    "kwargs": kwargs,
-                    "in_url": split.in_urls[r],
-                    "out_url": storage.join(call_dir, f"out-rank{r}.arrow"),
-                }
+                Call(
+                    id=cid,
+                    method=method,
+                    args=list(args[1:]),
+                    kwargs=kwargs,
+                    in_url=split.in_urls[r],
+                    out_url=storage.join(call_dir, f"out-rank{r}.arrow"),
+                )
                 for r in range(self.nprocs)
             ]
             layout = self.layout  # the layout the data was split with
@@ -342,12 +357,12 @@ class WorkerGroup:
         except (OSError, ValueError) as err:  # leftovers are only disk space; say so and go on
             self.log(f"[ppoflow] could not remove {url}: {err}")
 
-    def _round_trip(self, method: str, msgs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    def _round_trip(self, method: str, msgs: list[Call]) -> dict[int, Reply]:
         """Send one command per rank, collect every reply (raising RankFailure), update the layout."""
         try:
             for rank, (conn, msg) in enumerate(zip(self._res.conns, msgs)):
                 try:
-                    send_json(conn, msg)
+                    send(conn, msg)
                 except OSError:
                     self._fail(
                         f"{self._rank_name(rank)} is gone (link closed)",
@@ -356,42 +371,29 @@ class WorkerGroup:
                         with_tail=True,
                         settle=True,
                     )
-            replies = self._collect(method, msgs[0]["id"])
+            replies = self._collect(method, msgs[0].id)
         except RankFailure:
             raise
         except BaseException:  # e.g. KeyboardInterrupt / cancellation: ranks are mid-call
             self._die(f"an interrupted call of {method!r}")
             raise
         self._update_layout(replies)
-        return replies
+        return {r: msg for r, msg in replies.items() if isinstance(msg, Reply)}
 
-    def _collect(self, method: str, cid: int | None) -> dict[int, dict[str, Any]]:
-        """One reply per rank. Watches the links (EOF: dead rank) and the launcher (torchrun's
-        pidfd, the agents' links); after the first error reply waits ``grace_s`` for the rest, then
-        kills the group."""
+    def _collect(self, method: str, cid: int | None) -> dict[int, Reply | Ready]:
+        """One reply per rank (:class:`Ready` after init, :class:`Reply` after a call). Watches the
+        links (EOF: dead rank) and the launcher (torchrun's pidfd, the agents' links); after the
+        first error reply waits ``grace_s`` for the rest, then kills the group."""
         conns = self._res.conns
         rank_of = {id(c): r for r, c in enumerate(conns)}
         pending = set(range(self.nprocs))
-        replies: dict[int, dict[str, Any]] = {}
+        replies: dict[int, Reply | Ready] = {}
         first_error: tuple[int, float] | None = None
         t0 = time.monotonic()
         while pending:
-            timeout = 1.0
-            if first_error is not None:
-                timeout = first_error[1] + self.grace_s - time.monotonic()
-                if timeout <= 0:
-                    break
-            if self.call_timeout_s is not None:
-                left = t0 + self.call_timeout_s - time.monotonic()
-                if left <= 0:
-                    self._fail(
-                        f"{method} did not finish within {self.call_timeout_s} s "
-                        f"(ranks still busy: {sorted(pending)})",
-                        None,
-                        method,
-                        with_tail=True,
-                    )
-                timeout = min(timeout, left)
+            timeout = self._wait_budget(method, pending, first_error, t0)
+            if timeout is None:
+                break
             watch: list[Any] = [conns[r] for r in sorted(pending)]
             if self.launcher.event_fd is not None:
                 watch.append(self.launcher.event_fd)
@@ -399,24 +401,12 @@ class WorkerGroup:
                 if isinstance(obj, int):
                     continue  # the launcher has news: handled below, after the links are drained
                 rank = rank_of[id(obj)]
-                try:
-                    msg = recv_json(obj)
-                except (EOFError, OSError):
-                    if first_error is not None:  # report the traceback of the first error
-                        pending.discard(rank)
-                        continue
-                    self._fail(
-                        f"{self._rank_name(rank)} died during {method!r} (its link closed)",
-                        rank,
-                        method,
-                        with_tail=True,
-                        settle=True,
-                    )
-                if cid is not None and msg.get("id") != cid:
-                    continue  # a late reply to an earlier command; cannot happen, but be safe
-                replies[rank] = msg
+                msg = self._receive(obj, rank, method, cid, first_error is not None)
                 pending.discard(rank)
-                if not msg.get("ok") and first_error is None:
+                if msg is None:
+                    continue
+                replies[rank] = msg
+                if not msg.ok and first_error is None:
                     first_error = (rank, time.monotonic())
             cause = self.launcher.failure() if pending else None
             if cause is not None:
@@ -429,28 +419,80 @@ class WorkerGroup:
                     with_tail=True,
                 )
         if first_error is not None:
-            rank = first_error[0]
-            msg = replies[rank]
-            stuck = f" (ranks {sorted(pending)} still busy after {self.grace_s} s)" if pending else ""
+            self._fail_raised(method, first_error[0], replies[first_error[0]], pending)
+        return replies
+
+    def _wait_budget(
+        self, method: str, pending: set[int], first_error: tuple[int, float] | None, t0: float
+    ) -> float | None:
+        """How long the next wait for replies may take: 1 s, less near the grace period after a
+        first error (None: it is over) or the call's time limit (which fails the call)."""
+        timeout = 1.0
+        if first_error is not None:
+            timeout = first_error[1] + self.grace_s - time.monotonic()
+            if timeout <= 0:
+                return None
+        if self.call_timeout_s is not None:
+            left = t0 + self.call_timeout_s - time.monotonic()
+            if left <= 0:
+                self._fail(
+                    f"{method} did not finish within {self.call_timeout_s} s "
+                    f"(ranks still busy: {sorted(pending)})",
+                    None,
+                    method,
+                    with_tail=True,
+                )
+            timeout = min(timeout, left)
+        return timeout
+
+    def _receive(
+        self, conn: Connection, rank: int, method: str, cid: int | None, after_error: bool
+    ) -> Reply | Ready | None:
+        """The reply of ``rank`` to call ``cid`` (:class:`Ready` to the init). A closed link kills
+        the group, unless another rank already raised (its traceback is what gets reported: None)."""
+        try:
+            msg = receive(conn, Ready) if cid is None else receive(conn, Reply)
+        except (EOFError, OSError, ProtocolError) as err:
+            if after_error:
+                return None
+            what = "sent a message that is not a reply" if isinstance(err, ProtocolError) else "died"
             self._fail(
-                f"rank {rank} raised in {method!r}: {msg.get('error')}{stuck}\n"
-                f"--- rank {rank} traceback ---\n{msg.get('traceback', '').rstrip()}",
+                f"{self._rank_name(rank)} {what} during {method!r} ({err or 'its link closed'})",
                 rank,
                 method,
-                with_tail=False,
-                error_types=tuple(msg.get("error_types") or ()),
+                with_tail=True,
+                settle=True,
             )
-        return replies
+        if isinstance(msg, Reply) and msg.id != cid:
+            raise ProtocolError(f"rank {rank} answered call {msg.id} while call {cid} ({method}) was pending")
+        return msg
+
+    def _fail_raised(self, method: str, rank: int, msg: Reply | Ready, pending: set[int]) -> None:
+        """Raise the RankFailure of ``rank``, which reported an exception (``msg.failure``)."""
+        failure = msg.failure
+        error, trace = (failure.error, failure.traceback) if failure else ("(no details)", "")
+        stuck = f" (ranks {sorted(pending)} still busy after {self.grace_s} s)" if pending else ""
+        self._fail(
+            f"rank {rank} raised in {method!r}: {error}{stuck}\n--- rank {rank} traceback ---\n{trace.rstrip()}",
+            rank,
+            method,
+            with_tail=False,
+            error_types=tuple(failure.error_types) if failure else (),
+        )
 
     def _rank_name(self, rank: int) -> str:
         """``rank 1 (pid 123)``, with the node it ran on when the group spans nodes."""
-        hello = self.hellos.get(rank, {})
-        where = f", node {hello['node']}" if self.launcher.names_nodes and "node" in hello else ""
-        return f"rank {rank} (pid {hello.get('pid', '?')}{where})"
+        hello = self.hellos.get(rank)
+        if hello is None:
+            return f"rank {rank}"
+        where = f", node {hello.node}" if self.launcher.names_nodes else ""
+        return f"rank {rank} (pid {hello.pid}{where})"
 
-    def _update_layout(self, replies: dict[int, dict[str, Any]]) -> None:
-        keys = ("dp_rank", "dp_size", "is_output_rank")
-        self.layout = [{k: replies[r][k] for k in keys} for r in range(self.nprocs)]
+    def _update_layout(self, replies: dict[int, Reply] | dict[int, Reply | Ready]) -> None:
+        layout = [replies[r].layout for r in range(self.nprocs)]
+        if any(entry is None for entry in layout):
+            raise ProtocolError(f"a rank's reply carries no layout: {layout}")
+        self.layout = [entry for entry in layout if entry is not None]
 
     # ------------------------------------------------------------------ failure
     def _fail(

@@ -1,7 +1,7 @@
 """The driver's side of a multi-node run: one control endpoint for the node agents and the ranks.
 
 A flow run whose ``resources.launch`` is ``rendezvous`` opens one :class:`ClusterHub` (in
-``tasks/runtime.py``, when its first worker group starts) and closes it when the run ends:
+``ppoflow.tasks.run.groups``, when its first worker group starts) and closes it when the run ends:
 
 - a TCP listener on ``bind_host:control_port``; every connection passes the mutual HMAC handshake
   with the cluster key (``ppoflow.infra.remote.cluster_key``) before a byte of JSON is read, then
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import datetime
-import os
 import socket
 import threading
 import time
@@ -32,11 +31,27 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from ppoflow.infra.remote.control import ControlListener, RankFailure, authenticate, recv_json, send_json
+from ppoflow.infra.remote.errors import RankFailure
+from ppoflow.infra.remote.links import ControlListener, authenticate, hang_up, set_keepalive
+from ppoflow.infra.remote.protocol import (
+    PROTOCOL,
+    AgentError,
+    AgentHello,
+    Exited,
+    Hello,
+    Output,
+    ProtocolError,
+    Refused,
+    Started,
+    Welcome,
+    receive,
+    send,
+)
 
-__all__ = ["ClusterHub", "AgentLink", "ClusterError", "NodesMissing", "set_keepalive", "hang_up"]
+__all__ = ["ClusterHub", "AgentLink", "AgentReport", "ClusterError", "NodesMissing"]
 
-PROTOCOL = 1
+#: What an agent reports about one of its groups.
+AgentReport = Started | Output | Exited | AgentError
 
 
 class ClusterError(RuntimeError):
@@ -50,37 +65,9 @@ class NodesMissing(RankFailure):
 class GroupSink(Protocol):
     """What the hub tells a group's launcher (``RendezvousLauncher`` implements it)."""
 
-    def on_rank(self, conn: Connection, hello: dict[str, Any]) -> None: ...
-    def on_agent_message(self, link: AgentLink, msg: dict[str, Any]) -> None: ...
+    def on_rank(self, conn: Connection, hello: Hello) -> None: ...
+    def on_agent_message(self, link: AgentLink, msg: AgentReport) -> None: ...
     def on_agent_lost(self, link: AgentLink) -> None: ...
-
-
-def set_keepalive(conn: Connection, idle_s: int = 10, interval_s: int = 5, count: int = 3) -> None:
-    """TCP keepalive on a link, so a host that vanishes (power, network) without closing its
-    sockets is noticed in about ``idle_s + interval_s * count`` seconds, not hours."""
-    sock = socket.socket(fileno=os.dup(conn.fileno()))
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for opt, value in (("TCP_KEEPIDLE", idle_s), ("TCP_KEEPINTVL", interval_s), ("TCP_KEEPCNT", count)):
-            if hasattr(socket, opt):
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
-    finally:
-        sock.close()
-
-
-def hang_up(conn: Connection) -> None:
-    """Shut a link's socket down both ways: a thread blocked reading it wakes up with EOF (a plain
-    close does not wake it), and the peer sees the link end."""
-    try:
-        sock = socket.socket(fileno=os.dup(conn.fileno()))
-    except OSError:
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.close()
 
 
 @dataclass(eq=False)
@@ -99,11 +86,11 @@ class AgentLink:
     def name(self) -> str:
         return f"node {self.node} (host {self.host}, agent pid {self.pid})"
 
-    def send(self, msg: dict[str, Any]) -> bool:
-        """Send one message; False if the link is gone."""
+    def send(self, msg: Any) -> bool:
+        """Send one message (a :mod:`~ppoflow.infra.remote.protocol` model); False if the link is gone."""
         with self.send_lock:
             try:
-                send_json(self.conn, msg)
+                send(self.conn, msg)
                 return True
             except OSError:
                 return False
@@ -259,51 +246,46 @@ class ClusterHub:
         try:
             if not conn.poll(10.0):
                 raise EOFError
-            msg = recv_json(conn)
-        except (EOFError, OSError, ValueError):
+            msg = receive(conn, AgentHello, Hello)
+        except (EOFError, OSError, ProtocolError) as err:
+            if isinstance(err, ProtocolError):
+                self._refuse(f"a connection from {who} did not say what it is: {err}")
             conn.close()
             return
-        kind = msg.get("type") if isinstance(msg, dict) else None
-        if kind == "agent":
+        if isinstance(msg, AgentHello):
             self._add_agent(conn, msg, who)
-        elif kind == "hello":
-            with self._cond:
-                sink = self._groups.get(str(msg.get("group")))
-            if sink is None:  # a straggler of a group that was killed: it exits on EOF
-                conn.close()
-            else:
-                sink.on_rank(conn, msg)
-        else:
+            return
+        with self._cond:
+            sink = self._groups.get(msg.group)
+        if sink is None:  # a straggler of a group that was killed: it exits on EOF
             conn.close()
+        else:
+            sink.on_rank(conn, msg)
 
-    def _add_agent(self, conn: Connection, msg: dict[str, Any], who: str) -> None:
-        node, nnodes = msg.get("node"), msg.get("nnodes")
+    def _add_agent(self, conn: Connection, msg: AgentHello, who: str) -> None:
+        node, nnodes = msg.node, msg.nnodes
         reason = None
-        if msg.get("protocol") != PROTOCOL:
-            reason = (
-                f"it speaks protocol {msg.get('protocol')}, this driver {PROTOCOL} (same ppoflow version?)"
-            )
-        elif not isinstance(node, int) or not 0 <= node < self.nnodes:
+        if msg.protocol != PROTOCOL:
+            reason = f"it speaks protocol {msg.protocol}, this driver {PROTOCOL} (same ppoflow version?)"
+        elif not 0 <= node < self.nnodes:
             reason = f"its node rank {node!r} is not in 0..{self.nnodes - 1} (resources.rendezvous.nnodes={self.nnodes})"
         elif nnodes is not None and nnodes != self.nnodes:
             reason = (
                 f"it was started for {nnodes} nodes; this run's resources.rendezvous.nnodes is {self.nnodes}"
             )
-        link = AgentLink(
-            node if isinstance(node, int) else -1, str(msg.get("host")), int(msg.get("pid") or 0), who, conn
-        )
+        link = AgentLink(node, msg.host, msg.pid, who, conn)
         with self._cond:
             old = self._agents.get(link.node)
             if reason is None and old is not None and old.lost is None:
                 reason = f"node {node} is already served by {old.name}"
             if reason is None:  # welcome first: no order may reach the agent before it
                 set_keepalive(conn)
-                link.send({"type": "welcome", "driver": self.control_address, "protocol": PROTOCOL})
+                link.send(Welcome(driver=self.control_address))
                 self._agents[link.node] = link
                 self._cond.notify_all()
         if reason is not None:
             try:  # a node already served may be this agent's own ghost, not yet seen to be gone
-                send_json(conn, {"type": "refused", "reason": reason, "retry": "already served" in reason})
+                send(conn, Refused(reason=reason, retry="already served" in reason))
             except OSError:
                 pass
             conn.close()
@@ -318,11 +300,11 @@ class ClusterHub:
         """Route an agent's messages to their groups until its link ends; then tell every group."""
         while True:
             try:
-                msg = recv_json(link.conn)
-            except (EOFError, OSError, ValueError):
+                msg = receive(link.conn, Started, Output, Exited, AgentError)
+            except (EOFError, OSError, ProtocolError):
                 break
             with self._cond:
-                sink = self._groups.get(str(msg.get("group")))
+                sink = self._groups.get(msg.group)
             if sink is not None:
                 sink.on_agent_message(link, msg)
         link.lost = "its agent's link closed (the agent ended, or its host went away)"

@@ -24,17 +24,10 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
-from ppoflow.infra.remote.control import (
-    ControlListener,
-    OutputPump,
-    kill_process_group,
-    rank_env,
-    recv_json,
-    torchrun_command,
-    wait_pidfd,
-)
+from ppoflow.infra.remote.links import ControlListener
+from ppoflow.infra.remote.procs import OutputPump, kill_process_group, rank_env, torchrun_command, wait_pidfd
+from ppoflow.infra.remote.protocol import Hello, ProtocolError, receive
 
 __all__ = ["Launcher", "LocalLauncher"]
 
@@ -54,7 +47,7 @@ class Launcher:
         variables for its ranks (on top of the environment of the process that runs them)."""
         raise NotImplementedError
 
-    def poll_hello(self, timeout: float) -> tuple[Connection, dict[str, Any]] | None:
+    def poll_hello(self, timeout: float) -> tuple[Connection, Hello] | None:
         """The next rank link and its hello, or None within ``timeout``; ``EOFError`` if a rank
         closed its link before saying hello."""
         raise NotImplementedError
@@ -79,11 +72,11 @@ class Launcher:
         """One line for logs: where the ranks run."""
         return f"{self.nprocs} ranks"
 
-    def placement(self, hellos: dict[int, dict[str, Any]]) -> str | None:
+    def placement(self, hellos: dict[int, Hello]) -> str | None:
         """After start: which ranks run where (None: nothing worth saying)."""
         return None
 
-    def missing(self, hellos: dict[int, dict[str, Any]]) -> str:
+    def missing(self, hellos: dict[int, Hello]) -> str:
         """During start: where the ranks that have not connected yet should come from ("" if
         that says nothing more than the count)."""
         return ""
@@ -134,18 +127,19 @@ class LocalLauncher(Launcher):
         self.pump = OutputPump(self.proc.stdout, log)
         self.pump.start()
 
-    def poll_hello(self, timeout: float) -> tuple[Connection, dict[str, Any]] | None:
+    def poll_hello(self, timeout: float) -> tuple[Connection, Hello] | None:
+        assert self.listener is not None, "start() first"
         conn = self.listener.accept(timeout)
         if conn is not None:
             self._pending.append(conn)
         for c in [c for c in self._pending if c.poll(0)]:
             self._pending.remove(c)
             try:
-                hello = recv_json(c)
-            except (EOFError, OSError):
+                hello = receive(c, Hello)
+            except (EOFError, OSError, ProtocolError) as err:
                 c.close()
-                raise EOFError("a rank closed its link before saying hello") from None
-            self.rank_pids.append(int(hello["pid"]))
+                raise EOFError(f"a rank closed its link before saying hello ({err})") from None
+            self.rank_pids.append(hello.pid)
             return c, hello
         return None
 

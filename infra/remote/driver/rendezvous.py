@@ -28,11 +28,11 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
 from ppoflow.infra.data import storage
-from ppoflow.infra.remote.driver.hub import AgentLink, ClusterHub
+from ppoflow.infra.remote.driver.hub import AgentLink, AgentReport, ClusterHub
 from ppoflow.infra.remote.driver.launchers import Launcher
+from ppoflow.infra.remote.protocol import AgentError, Exited, Hello, Kill, Output, Start
 
 __all__ = ["RendezvousLauncher"]
 
@@ -62,7 +62,7 @@ class RendezvousLauncher(Launcher):
         self.scratch = scratch_url
         self.rank_pids = []
         self.log: Callable[[str], None] = lambda line: None
-        self._inbox: queue.Queue[tuple[Connection, dict[str, Any]]] = queue.Queue()
+        self._inbox: queue.Queue[tuple[Connection, Hello]] = queue.Queue()
         self._links: dict[int, AgentLink] = {}
         self._exited: dict[int, int] = {}
         self._lost: dict[int, str] = {}
@@ -84,43 +84,42 @@ class RendezvousLauncher(Launcher):
         links = self.hub.wait_for_agents(self.join_timeout_s, what=f"worker group {self.group_id}")
         with self._lock:
             self._links = {link.node: link for link in links}
-        order = {
-            "type": "start",
-            "group": self.group_id,
-            "worker": worker,
-            "device": device,
-            "nnodes": self.nnodes,
-            "nproc_per_node": self.nproc_per_node,
-            "rdzv_endpoint": self.hub.rdzv_endpoint,
-            "driver_addr": self.hub.control_address,
-            "join_timeout_s": self.join_timeout_s,
-            "env": dict(env),
-        }
+        order = Start(
+            group=self.group_id,
+            worker=worker,
+            device=device,
+            nnodes=self.nnodes,
+            nproc_per_node=self.nproc_per_node,
+            rdzv_endpoint=self.hub.rdzv_endpoint,
+            driver_addr=self.hub.control_address,
+            join_timeout_s=self.join_timeout_s,
+            env=dict(env),
+        )
         for link in links:
             if not link.send(order):
                 self.on_agent_lost(link)
 
-    def poll_hello(self, timeout: float) -> tuple[Connection, dict[str, Any]] | None:
+    def poll_hello(self, timeout: float) -> tuple[Connection, Hello] | None:
         try:
             conn, hello = self._inbox.get(timeout=max(0.0, timeout))
         except queue.Empty:
             return None
         with self._lock:
-            self.rank_pids.append(int(hello["pid"]))
-            self._ranks[int(hello.get("node", -1))].append(int(hello["rank"]))
+            self.rank_pids.append(hello.pid)
+            self._ranks[hello.node].append(hello.rank)
         return conn, hello
 
     # ------------------------------------------------------------------ from the hub
-    def on_rank(self, conn: Connection, hello: dict[str, Any]) -> None:
+    def on_rank(self, conn: Connection, hello: Hello) -> None:
         if self._released:
             conn.close()
         else:
             self._inbox.put((conn, hello))
 
-    def on_agent_message(self, link: AgentLink, msg: dict[str, Any]) -> None:
-        kind, node = msg.get("type"), link.node
-        if kind == "output":
-            line = str(msg.get("line", ""))
+    def on_agent_message(self, link: AgentLink, msg: AgentReport) -> None:
+        node = link.node
+        if isinstance(msg, Output):
+            line = msg.line
             shown = line if line.startswith("[rank") else f"[node{node}] {line}"
             with self._lock:
                 self._node_tails[node].append(line)
@@ -129,13 +128,13 @@ class RendezvousLauncher(Launcher):
                 self.log(shown)
             except Exception:  # noqa: BLE001 - a broken logger must not stop the agent's reader
                 pass
-        elif kind == "exited":
+        elif isinstance(msg, Exited):
             with self._lock:
-                self._exited[node] = int(msg.get("status", -1))
+                self._exited[node] = msg.status
             self._signal()
-        elif kind == "error":
+        elif isinstance(msg, AgentError):
             with self._lock:
-                self._errors[node] = str(msg.get("error"))
+                self._errors[node] = msg.error
             self._signal()
 
     def on_agent_lost(self, link: AgentLink) -> None:
@@ -215,17 +214,17 @@ class RendezvousLauncher(Launcher):
             f"{self.group_id} at {self.hub.rdzv_endpoint}, control {self.hub.control_address})"
         )
 
-    def placement(self, hellos: dict[int, dict[str, Any]]) -> str | None:
+    def placement(self, hellos: dict[int, Hello]) -> str | None:
         by_node: dict[int, list[int]] = collections.defaultdict(list)
         for rank, hello in hellos.items():
-            by_node[int(hello.get("node", -1))].append(rank)
+            by_node[hello.node].append(rank)
         nodes = "; ".join(
             f"{self._node_name(node)}: ranks {sorted(ranks)}" for node, ranks in sorted(by_node.items())
         )
         return f"group {self.group_id}: {nodes}"
 
-    def missing(self, hellos: dict[int, dict[str, Any]]) -> str:
-        count = collections.Counter(int(h.get("node", -1)) for h in hellos.values())
+    def missing(self, hellos: dict[int, Hello]) -> str:
+        count = collections.Counter(h.node for h in hellos.values())
         short = [n for n in range(self.nnodes) if count[n] < self.nproc_per_node]
         if not short:
             return ""
@@ -246,7 +245,7 @@ class RendezvousLauncher(Launcher):
                 if node not in self._exited and node not in self._lost and link.lost is None
             ]
         for link in live:
-            link.send({"type": "kill", "group": self.group_id})
+            link.send(Kill(group=self.group_id))
         deadline = time.monotonic() + KILL_WAIT_S
         while time.monotonic() < deadline:
             with self._lock:

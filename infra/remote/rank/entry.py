@@ -15,24 +15,17 @@ The driver (``WorkerGroup``) starts torchrun with these environment variables:
     PPOFLOW_RANK_THREADS  torch intra-op threads (default max(1, cpu_count // local_world_size))
     PPOFLOW_FAULT         optional fault injection, see below
 
-Life of a rank: init torch.distributed -> connect to the driver -> send a hello
-``{type: hello, rank, world_size, local_rank, pid, group, node, host}`` -> receive ``{type: init, config}`` -> build
-the worker -> reply ``{type: ready, ok, methods: {name: mode}, dp_rank, dp_size, is_output_rank}``
--> loop over commands:
-
-    {type: call, id, method, args, kwargs, in_url?, out_url?}
-        -> {type: reply, id, ok, kind, result | error + traceback, dp_rank, dp_size, is_output_rank}
-    {type: shutdown, id}
-        -> worker.shutdown(); free the worker; gc; barrier; destroy_process_group;
-           {type: reply, id, ok}; os._exit(0)
+Life of a rank (the messages are :mod:`ppoflow.infra.remote.protocol`'s): init torch.distributed
+-> connect to the driver -> send :class:`Hello` -> receive :class:`Init` -> build the worker ->
+reply :class:`Ready` (its registered methods and layout, or the failure) -> loop over commands:
+a :class:`Call` gets a :class:`Reply`; :class:`Shutdown` runs ``worker.shutdown()``, frees the
+worker, gc, barrier, destroys the process group, replies and ``os._exit(0)``.
 
 Calling convention: for DP_COMPUTE_PROTO, ``in_url`` is this rank's input chunk; the rank calls
 ``method(worker, DataProto.load(in_url), *args, **kwargs)``; a DataProto result is saved at
 ``out_url`` (only on ranks with ``is_output_rank``) and the reply carries ``kind: "dataproto"`` and
 the URL; any other result travels as JSON (``kind: "json"``). ONE_TO_ALL and RANK_ZERO methods get
 the JSON args/kwargs and must return JSON.
-
-All messages are JSON bytes (``send_bytes``/``recv_bytes``): nothing is ever unpickled.
 
 Fault injection (for chaos tests), env ``PPOFLOW_FAULT``, comma-separated entries:
     rank_exit:<method>:<rank>   the rank calls ``os._exit(17)`` at the start of <method>
@@ -58,14 +51,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppoflow.infra.remote.control import block_until_exit, error_types
+from ppoflow.infra import faults
 from ppoflow.infra.remote.dispatch import Dispatch, dispatch_mode_of, registered_methods
+from ppoflow.infra.remote.errors import error_types
+from ppoflow.infra.remote.procs import block_until_exit
+from ppoflow.infra.remote.protocol import (
+    Call,
+    Failure,
+    Hello,
+    Init,
+    Layout,
+    Ready,
+    Reply,
+    Shutdown,
+    receive,
+    send,
+)
 
 FAULT_EXIT_CODE = 17
-
-
-def _send(conn: Connection, msg: dict[str, Any]) -> None:
-    conn.send_bytes(json.dumps(msg).encode())
 
 
 def _flush_and_exit(code: int) -> None:
@@ -99,22 +102,6 @@ def _orphaned(why: str) -> None:
     _flush_and_exit(1)
 
 
-def parse_faults(spec: str) -> set[tuple[str, str, int]]:
-    """Parse the rank entries of ``PPOFLOW_FAULT`` ("kind:method:rank[:always],...") into
-    {(kind, method, rank)}. Entries for other layers (``task:...``) are ignored here."""
-    out = set()
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        parts = item.split(":")
-        if parts[0] not in ("rank_exit", "rank_raise", "node_exit"):
-            continue
-        if len(parts) not in (3, 4) or not parts[2].isdigit():
-            raise ValueError(
-                f"PPOFLOW_FAULT: bad entry {item!r}; expected rank_exit|rank_raise|node_exit:<method>:<rank>"
-            )
-        out.add((parts[0], parts[1], int(parts[2])))
-    return out
-
-
 def seed_process_rngs(rank: int) -> None:
     """Give the global RNGs (torch, python, numpy) a start that depends only on the rank. Each
     starts from OS entropy in a new process (torch's ``initial_seed()`` differs per process too),
@@ -131,12 +118,18 @@ def seed_process_rngs(rank: int) -> None:
     torch.manual_seed(rank)
 
 
-def _layout(worker: Any) -> dict[str, Any]:
-    return {
-        "dp_rank": int(getattr(worker, "dp_rank", dist.get_rank())),
-        "dp_size": int(getattr(worker, "dp_size", dist.get_world_size())),
-        "is_output_rank": bool(getattr(worker, "is_output_rank", True)),
-    }
+def _layout(worker: Any) -> Layout:
+    return Layout(
+        dp_rank=int(getattr(worker, "dp_rank", dist.get_rank())),
+        dp_size=int(getattr(worker, "dp_size", dist.get_world_size())),
+        is_output_rank=bool(getattr(worker, "is_output_rank", True)),
+    )
+
+
+def _failure(exc: BaseException) -> Failure:
+    return Failure(
+        error=f"{type(exc).__name__}: {exc}", error_types=error_types(exc), traceback=traceback.format_exc()
+    )
 
 
 def _is_dataproto(obj: Any) -> bool:
@@ -165,18 +158,9 @@ class RankServer:
             seed_process_rngs(self.rank)
             self.worker = self.cls(config)
             methods = {k: v.value for k, v in registered_methods(self.cls).items()}
-            _send(self.conn, {"type": "ready", "ok": True, "methods": methods, **_layout(self.worker)})
+            send(self.conn, Ready(ok=True, methods=methods, layout=_layout(self.worker)))
         except BaseException as e:  # noqa: BLE001 - reported to the driver
-            _send(
-                self.conn,
-                {
-                    "type": "ready",
-                    "ok": False,
-                    "error": f"{type(e).__name__}: {e}",
-                    "error_types": error_types(e),
-                    "traceback": traceback.format_exc(),
-                },
-            )
+            send(self.conn, Ready(ok=False, failure=_failure(e)))
 
     def _inject(self, method: str) -> None:
         if ("rank_exit", method, self.rank) in self.faults:
@@ -201,49 +185,49 @@ class RankServer:
             os.kill(int(agent), signal.SIGKILL)
             _orphaned(f"rank {self.rank}: its node's agent was killed (PPOFLOW_FAULT)")
 
-    def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        """Run one command; return the reply (``ok`` False with the traceback on any exception)."""
-        method = cmd["method"]
+    def call(self, cmd: Call) -> Reply:
+        """Run one command; the reply (``ok`` False with the traceback on any exception)."""
+        method = cmd.method
         try:
             if self.worker is None:
                 raise RuntimeError("the worker was not constructed")
             mode = dispatch_mode_of(self.cls, method)
             self._inject(method)
             fn = getattr(self.worker, method)
-            args, kwargs = cmd.get("args") or [], cmd.get("kwargs") or {}
             if mode is Dispatch.DP_COMPUTE_PROTO:
                 from ppoflow.infra.data.dataproto import DataProto
 
-                result = fn(DataProto.load(cmd["in_url"]), *args, **kwargs)
+                if cmd.in_url is None:
+                    raise ValueError(f"{method} is DP_COMPUTE_PROTO but the call names no input chunk")
+                result = fn(DataProto.load(cmd.in_url), *cmd.args, **cmd.kwargs)
             else:
-                result = fn(*args, **kwargs)
+                result = fn(*cmd.args, **cmd.kwargs)
             layout = _layout(self.worker)
             if _is_dataproto(result):
-                if mode is not Dispatch.DP_COMPUTE_PROTO:
+                if mode is not Dispatch.DP_COMPUTE_PROTO or cmd.out_url is None:
                     raise TypeError(
                         f"{method} ({mode.value}) returned a DataProto; only "
                         "DP_COMPUTE_PROTO methods may return one"
                     )
-                if not layout["is_output_rank"]:
-                    return {"ok": True, "kind": "dropped", "result": None, **layout}
-                result.save(cmd["out_url"])
-                return {"ok": True, "kind": "dataproto", "result": cmd["out_url"], **layout}
+                if not layout.is_output_rank:
+                    return Reply(id=cmd.id, ok=True, kind="dropped", layout=layout)
+                result.save(cmd.out_url)
+                return Reply(id=cmd.id, ok=True, kind="dataproto", result=cmd.out_url, layout=layout)
             json.dumps(result)  # fail here, with a traceback, if the result is not JSON
-            return {"ok": True, "kind": "json", "result": result, **layout}
+            return Reply(id=cmd.id, ok=True, kind="json", result=result, layout=layout)
         except BaseException as e:
             if isinstance(e, SystemExit):
                 raise
-            tb = traceback.format_exc()
-            print(f"[ppoflow] rank {self.rank}: {method} raised\n{tb}", file=sys.stderr, flush=True)
-            return {
-                "ok": False,
-                "error": f"{type(e).__name__}: {e}",
-                "error_types": error_types(e),
-                "traceback": tb,
-                **(_layout(self.worker) if self.worker is not None else {}),
-            }
+            failure = _failure(e)
+            print(
+                f"[ppoflow] rank {self.rank}: {method} raised\n{failure.traceback}",
+                file=sys.stderr,
+                flush=True,
+            )
+            layout = _layout(self.worker) if self.worker is not None else None
+            return Reply(id=cmd.id, ok=False, failure=failure, layout=layout)
 
-    def shutdown(self, cmd: dict[str, Any]) -> None:
+    def shutdown(self, cmd: Shutdown) -> None:
         """Run the worker's shutdown hook, free it, tear down torch.distributed, exit fast."""
         err = None
         try:
@@ -260,17 +244,8 @@ class RankServer:
         except BaseException:  # noqa: BLE001
             err = err or traceback.format_exc()
         try:
-            _send(
-                self.conn,
-                {
-                    "type": "reply",
-                    "id": cmd.get("id"),
-                    "ok": err is None,
-                    "error": err,
-                    "kind": "json",
-                    "result": None,
-                },
-            )
+            failure = Failure(error=err) if err is not None else None
+            send(self.conn, Reply(id=cmd.id, ok=err is None, failure=failure))
         except OSError:
             pass
         _flush_and_exit(0)
@@ -279,13 +254,13 @@ class RankServer:
         """Receive commands until shutdown; exit (status 1) if the driver's connection closes."""
         while True:
             try:
-                cmd = json.loads(self.conn.recv_bytes())
+                cmd = receive(self.conn, Call, Shutdown)
             except (EOFError, OSError):
                 _orphaned(f"rank {self.rank}: the driver closed its link")
-            if cmd.get("type") == "shutdown":
+            if isinstance(cmd, Shutdown):
                 self.shutdown(cmd)
-            reply = self.call(cmd)
-            _send(self.conn, {"type": "reply", "id": cmd.get("id"), **reply})
+            else:
+                send(self.conn, self.call(cmd))
 
 
 def main() -> None:
@@ -294,7 +269,7 @@ def main() -> None:
     threading.Thread(
         target=_watch_driver, args=(int(env["PPOFLOW_DRIVER_PID"]),), name="ppoflow-driver-watch", daemon=True
     ).start()
-    faults = parse_faults(env.get("PPOFLOW_FAULT", ""))
+    injected = faults.rank_entries()
     local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
     threads = int(env.get("PPOFLOW_RANK_THREADS") or max(1, (os.cpu_count() or 1) // local_world))
     torch.set_num_threads(threads)
@@ -306,22 +281,18 @@ def main() -> None:
         dist.init_process_group(backend="gloo")
     host, _, port = env["PPOFLOW_DRIVER_ADDR"].rpartition(":")
     conn = Client((host, int(port)), authkey=bytes.fromhex(env["PPOFLOW_AUTHKEY"]))
-    _send(
-        conn,
-        {
-            "type": "hello",
-            "rank": dist.get_rank(),
-            "world_size": dist.get_world_size(),
-            "local_rank": local_rank,
-            "pid": os.getpid(),
-            "group": env.get("PPOFLOW_GROUP_ID", ""),
-            "node": int(env.get("PPOFLOW_NODE_RANK") or 0),
-            "host": socket.gethostname(),
-        },
+    hello = Hello(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        pid=os.getpid(),
+        group=env.get("PPOFLOW_GROUP_ID", ""),
+        node=int(env.get("PPOFLOW_NODE_RANK") or 0),
+        host=socket.gethostname(),
     )
-    server = RankServer(conn, env["PPOFLOW_WORKER"], faults)
-    init = json.loads(conn.recv_bytes())
-    server.build(init.get("config") or {})
+    send(conn, hello)
+    server = RankServer(conn, env["PPOFLOW_WORKER"], injected)
+    server.build(dict(receive(conn, Init).config))
     server.serve()
 
 

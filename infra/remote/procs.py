@@ -1,81 +1,46 @@
-"""Driver-side plumbing of ``ppoflow.infra.remote.driver.group.WorkerGroup``: the control listener, the output pump,
-JSON messages and killing a launched process group.
+"""Processes of a worker group, as the driver and the node agents see them: torchrun's command
+line and environment, its output, and how to kill everything it started.
 
-- ``torchrun_command`` / ``rank_env``: how the ranks are launched and what they are told.
-- ``ControlListener``: a TCP listener (127.0.0.1 and a random authkey for a group on this host; a
-  configured address and the cluster key for a multi-node driver) whose ``accept`` takes a timeout
-  (``multiprocessing.connection.Listener.accept`` cannot); ``authenticate`` is its side of the
-  mutual HMAC handshake that ``multiprocessing.connection.Client`` speaks on the rank side.
-- ``send_json`` / ``recv_json``: every message is JSON bytes over ``send_bytes``/``recv_bytes``;
-  nothing is ever pickled or unpickled.
+- ``torchrun_command`` / ``rendezvous_torchrun_command`` / ``rank_env``: how the ranks are launched
+  and what they are told (:mod:`ppoflow.infra.remote.rank.entry` reads it).
 - ``OutputPump``: a thread that streams the launcher's merged stdout/stderr line by line to a
   ``log`` callable and keeps the last lines for error messages.
 - ``kill_process_group``: SIGKILL torchrun, every rank (each in a session of its own) and whatever
-  the ranks spawned, and reap torchrun.
+  the ranks spawned, and reap torchrun; ``block_until_exit``: how a rank watches its owner.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import json
 import os
-import secrets
 import select
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO
 
+import ppoflow
 
-class RankFailure(RuntimeError):
-    """A rank raised, died or timed out; the group was killed. The message holds the rank number,
-    the method and the traceback (or the launcher's output tail).
+__all__ = [
+    "RANK_MODULE",
+    "torchrun_command",
+    "rendezvous_torchrun_command",
+    "rank_env",
+    "OutputPump",
+    "pid_alive",
+    "processes_with_env",
+    "kill_process_group",
+    "wait_pidfd",
+    "block_until_exit",
+]
 
-    ``error_types``: when a rank raised, the qualified names (``module.Class``) of its exception's
-    class and every base class, so the driver can tell a deterministic error (a ``DataError`` in a
-    rank) from one a retry may fix; empty when a rank died or timed out.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        rank: int | None = None,
-        method: str | None = None,
-        error_types: tuple[str, ...] = (),
-    ):
-        super().__init__(message)
-        self.rank = rank
-        self.method = method
-        self.error_types = tuple(error_types)
-
-    def raised(self, *classes: type[BaseException]) -> bool:
-        """True when the rank's exception was an instance of one of ``classes`` (by qualified name)."""
-        names = {qualified_name(c) for c in classes}
-        return any(name in names for name in self.error_types)
-
-
-def qualified_name(cls: type) -> str:
-    """``module.QualName`` of a class: how exception types travel from the ranks (as JSON)."""
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def error_types(exc: BaseException) -> list[str]:
-    """The qualified names of ``exc``'s class and its bases (what a rank reports with an error)."""
-    return [qualified_name(c) for c in type(exc).__mro__]
-
-
-class WorkerGroupDead(RuntimeError):
-    """A call on a group that failed before or was shut down: start a new WorkerGroup."""
-
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The module every rank runs (``torchrun ... -m RANK_MODULE``).
+RANK_MODULE = "ppoflow.infra.remote.rank.entry"
+#: The folder that holds the ``ppoflow`` package the driver imported: the ranks import the same one.
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(ppoflow.__file__)))
 
 
 def torchrun_command(nprocs: int, log_dir: str) -> list[str]:
@@ -93,7 +58,7 @@ def torchrun_command(nprocs: int, log_dir: str) -> list[str]:
         "--log-dir",
         log_dir,
         "-m",
-        "ppoflow.infra.remote.rank.entry",
+        RANK_MODULE,
     ]
 
 
@@ -127,7 +92,7 @@ def rendezvous_torchrun_command(
         "--log-dir",
         log_dir,
         "-m",
-        "ppoflow.infra.remote.rank.entry",
+        RANK_MODULE,
     ]
 
 
@@ -148,7 +113,7 @@ def rank_env(
     if not threads.isdigit():  # the rank reports a bad value; OMP just needs a number
         threads = str(max(1, (os.cpu_count() or 1) // local_world))
     env.setdefault("OMP_NUM_THREADS", threads)  # (and torchrun prints no banner)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
     env.update(
         {
             "PPOFLOW_DRIVER_ADDR": f"{address[0]}:{address[1]}",
@@ -160,103 +125,6 @@ def rank_env(
         }
     )
     return env
-
-
-def send_json(conn: Connection, msg: Any) -> None:
-    """Send one JSON message (UTF-8 bytes)."""
-    conn.send_bytes(json.dumps(msg).encode())
-
-
-def recv_json(conn: Connection) -> Any:
-    """Receive one JSON message; ``EOFError``/``OSError`` when the peer is gone."""
-    return json.loads(conn.recv_bytes())
-
-
-@contextlib.contextmanager
-def read_timeout(conn: Connection, seconds: float) -> Iterator[None]:
-    """Inside the block, a read on ``conn`` that waits more than ``seconds`` (whole, >= 1) fails
-    with ``OSError`` instead of blocking: for handshakes with a peer that may never speak."""
-    timeval = struct.Struct("ll")  # struct timeval on Linux
-    sock = socket.socket(fileno=os.dup(conn.fileno()))  # the same socket, to set its option
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval.pack(max(1, int(seconds)), 0))
-        yield
-    finally:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval.pack(0, 0))
-        except OSError:
-            pass
-        sock.close()
-
-
-def authenticate(conn: Connection, authkey: bytes, timeout: float = 10.0) -> bool:
-    """The server side of ``multiprocessing.connection``'s mutual HMAC handshake (what
-    ``Client(address, authkey=...)`` answers), with a time limit so a silent peer cannot hold
-    the caller. True if the peer proved it holds ``authkey``; the link is closed otherwise."""
-    try:
-        with read_timeout(conn, timeout):
-            deliver_challenge(conn, authkey)
-            answer_challenge(conn, authkey)
-        return True
-    except (AuthenticationError, EOFError, OSError):
-        conn.close()
-        return False
-
-
-def connect(address: tuple[str, int], authkey: bytes, timeout: float = 10.0) -> Connection:
-    """The client side of ``authenticate``: a TCP connection to ``address`` (giving up after
-    ``timeout`` seconds, where ``multiprocessing.connection.Client`` would wait for the OS) and
-    the mutual HMAC handshake. Raises ``OSError`` (unreachable, refused, silent) or
-    ``AuthenticationError`` (the two sides hold different keys)."""
-    sock = socket.create_connection(address, timeout=timeout)
-    sock.setblocking(True)
-    conn = Connection(sock.detach())
-    try:
-        with read_timeout(conn, timeout):
-            answer_challenge(conn, authkey)
-            deliver_challenge(conn, authkey)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-class ControlListener:
-    """Accepts authenticated ``multiprocessing.connection`` links from the ranks, with timeouts.
-
-    ``host`` is the interface to listen on (127.0.0.1 for a group on this host), ``port`` 0 for
-    any free one; ``authkey`` defaults to 32 random bytes."""
-
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, authkey: bytes | None = None):
-        self.authkey = authkey or secrets.token_bytes(32)
-        self._sock = socket.create_server((host, port), backlog=128)
-        self.address: tuple[str, int] = self._sock.getsockname()[:2]
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
-    def accept_raw(self, timeout: float) -> tuple[Connection, tuple] | None:
-        """The next connection before any handshake, with the peer's address (None on timeout)."""
-        readable, _, _ = select.select([self._sock], [], [], max(0.0, timeout))
-        if not readable:
-            return None
-        try:
-            sock, peer = self._sock.accept()
-        except OSError:
-            return None
-        sock.setblocking(True)
-        return Connection(sock.detach()), peer
-
-    def accept(self, timeout: float) -> Connection | None:
-        """One authenticated connection, or None if none arrived within ``timeout`` seconds (or the
-        peer failed the handshake)."""
-        got = self.accept_raw(timeout)
-        if got is None:
-            return None
-        return got[0] if authenticate(got[0], self.authkey) else None
-
-    def close(self) -> None:
-        self._sock.close()
 
 
 class OutputPump(threading.Thread):
@@ -331,7 +199,7 @@ def _is_rank(pid: int) -> bool:
     """True if ``pid`` runs ``ppoflow.infra.remote.rank.entry`` (guards against a recycled pid)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"ppoflow.infra.remote.rank.entry" in f.read()
+            return RANK_MODULE.encode() in f.read()
     except OSError:
         return False
 

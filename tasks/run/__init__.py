@@ -1,0 +1,25 @@
+"""A flow run's state, shared by its tasks under the run's key: worker groups, inputs, writes.
+
+    ctx = open_run(key, cfg)         # the flow, once per run
+    ctx = get_run(key)               # a task
+    ctx.groups.worker("critic", checkpoint).compute_values(url, out_url=...)
+
+See :mod:`ppoflow.tasks.run.context` (the context and its registry) and
+:mod:`ppoflow.tasks.run.groups` (starting, rebuilding and loading the worker groups).
+"""
+
+from ppoflow.tasks.run.context import RunContext, abort_run, close_run, get_run, open_run, worker_groups
+from ppoflow.tasks.run.groups import ROLE_NAMES, WORKERS, RunClosed, RunGroups
+
+__all__ = [
+    "RunContext",
+    "RunGroups",
+    "RunClosed",
+    "open_run",
+    "get_run",
+    "close_run",
+    "abort_run",
+    "worker_groups",
+    "WORKERS",
+    "ROLE_NAMES",
+]
