@@ -10,7 +10,8 @@ sees only its own GPUs), the driver here. Prints what a group costs and how fast
 - an agent SIGKILLed during a call: seconds until the call fails naming the node, until no
   process of the group is left, and a rebuilt group's start on a new agent.
 
-Needs the repository root on ``PYTHONPATH`` (the toy worker lives in ``tests/``).
+The ranks run ``benchmarks/bench_worker.py``'s worker (the repository root goes on their
+``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.bench_worker import double_plus  # noqa: E402
 from ppoflow.infra.data.dataproto import DataProto  # noqa: E402
 from ppoflow.infra.remote.driver.group import WorkerGroup  # noqa: E402
 from ppoflow.infra.remote.driver.hub import ClusterHub  # noqa: E402
 from ppoflow.infra.remote.driver.rendezvous import RendezvousLauncher  # noqa: E402
 from ppoflow.infra.remote.errors import RankFailure  # noqa: E402
 from ppoflow.infra.remote.procs import processes_with_env  # noqa: E402
-from tests.toy_workers import double_plus  # noqa: E402
 
 
 def start_agent(hub: ClusterHub, node: int, device: str, env: dict[str, str], logs: str) -> subprocess.Popen:
@@ -53,7 +54,7 @@ def start_agent(hub: ClusterHub, node: int, device: str, env: dict[str, str], lo
 def group(hub: ClusterHub, gid: str, scratch: str, device: str) -> WorkerGroup:
     launcher = RendezvousLauncher(hub, 1, gid, f"{scratch.rstrip('/')}/{gid}", join_timeout_s=120)
     return WorkerGroup(
-        "tests.toy_workers:ToyWorker",
+        "benchmarks.bench_worker:BenchWorker",
         nprocs=hub.nnodes,
         config={},
         device=device,

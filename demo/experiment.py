@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ppoflow.demo.sft import SFTConfig
-from ppoflow.infra.config import ExperimentConfig, dump_config, load_config, parse_config
+from ppoflow.infra.config import ExperimentConfig, apply_overrides, dump_config, load_config, parse_config
 from ppoflow.infra.data import storage
 
 __all__ = [
@@ -140,13 +140,7 @@ def demo_config(root: str, spec: DemoSpec = DEFAULT_SPEC) -> ExperimentConfig:
         "resources": {"nprocs": 2, "device": "cpu"},
         "seed": 0,
     }
-    for key, value in spec.overrides.items():
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return parse_config(data, source="demo config")
+    return parse_config(apply_overrides(data, spec.overrides), source="demo config")
 
 
 def _publish_dir(build: Callable[[str], Any], final: str) -> None:

@@ -588,6 +588,18 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ExperimentConf
         raise ConfigError(format_validation_error(err, source)) from None
 
 
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """Set dotted keys (``{"rollout.n": 4, "actor.optim.lr": 3e-6}``) in a config mapping, in
+    place, creating the sections on the way; returns ``data``."""
+    for key, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return data
+
+
 def load_config(path_or_url: str, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read a YAML config from a path or fsspec URL; ``overrides`` are dotted keys (``{"rollout.n": 4}``)."""
     from ppoflow.infra.data import storage
@@ -598,13 +610,7 @@ def load_config(path_or_url: str, overrides: dict[str, Any] | None = None) -> Ex
         raise ConfigError(
             f"{path_or_url}: the top level of a config must be a mapping, got {type(data).__name__}"
         )
-    for key, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return parse_config(data, source=path_or_url)
+    return parse_config(apply_overrides(data, overrides), source=path_or_url)
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

@@ -1,4 +1,4 @@
-from tests.s3_server import s3_server  # noqa
+from tests.support.s3_server import s3_server  # noqa
 
 
 # ----------------------------------------------------------------------------- flow tests
@@ -77,7 +77,7 @@ def flow_config(flow_assets):
     """``make(root, experiment, **dotted_overrides) -> ExperimentConfig``: the tiny PPO config of
     the flow tests (2 CPU ranks, vLLM, GAE with a critic, a reward model + the GSM8K rule, an
     adaptive KL penalty in the reward: every task of the graph runs)."""
-    from ppoflow.infra.config import parse_config
+    from ppoflow.infra.config import apply_overrides, parse_config
 
     def make(root: str, experiment: str, **over):
         data = {
@@ -122,13 +122,7 @@ def flow_config(flow_assets):
             "resources": {"nprocs": 2, "device": "cpu"},
             "seed": 7,
         }
-        for key, value in over.items():
-            node = data
-            *parents, leaf = key.split(".")
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = value
-        return parse_config(data, source="flow test config")
+        return parse_config(apply_overrides(data, over), source="flow test config")
 
     return make
 
@@ -171,7 +165,7 @@ def one_thread():
 def tiny(tmp_path_factory) -> dict:
     """A tiny Qwen2 and a batch for the FSDP worker tests: ``{dir, batch, tmp}``."""
     from ppoflow.demo.tiny_models import save_tiny_model
-    from tests.fsdp_scripts.ppo_reference import make_batch
+    from tests.support.fsdp.ppo_reference import make_batch
 
     d = str(tmp_path_factory.mktemp("tiny"))
     save_tiny_model(d, seed=0)

@@ -85,3 +85,13 @@ def close(actual: torch.Tensor | float, expected, tol: float = 1e-9) -> None:
     actual_t = torch.as_tensor(actual).to(F64)
     assert actual_t.shape == expected_t.shape, (actual_t.shape, expected_t.shape)
     torch.testing.assert_close(actual_t, expected_t, rtol=tol, atol=tol)
+
+
+def ref_logsumexp(zs: list[float]) -> float:
+    top = max(zs)
+    return top + math.log(sum(math.exp(z - top) for z in zs))
+
+
+def ref_entropy(zs: list[float]) -> float:
+    lse = ref_logsumexp(zs)
+    return -sum(math.exp(z - lse) * (z - lse) for z in zs if z != -math.inf)

@@ -20,8 +20,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tests.s3_server import aws_env
 from tests.support.ports import free_port
+from tests.support.s3_server import aws_env
 
 BUCKET = "ppoflow-faults"
 _ERROR = (

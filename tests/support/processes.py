@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 
@@ -51,3 +52,22 @@ def alive(pids) -> dict[int, str]:
         if state not in ("Z", "X"):
             out[pid] = cmd
     return out
+
+
+def free_by_flock(directory, device: str, n: int) -> list[int]:
+    """The slots a plain flock can take right now (the kernel's view, not ppoflow's)."""
+    free = []
+    for i in range(n):
+        path = os.path.join(directory, f"{device}-{i}.lock")
+        if not os.path.exists(path):
+            free.append(i)
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free.append(i)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+    return free

@@ -1,0 +1,20 @@
+"""Preflight: check an experiment before any worker group starts, and report every problem at once.
+
+    report = preflight(cfg, load_tokenizer)     # PreflightError listing each problem, else a report
+
+``checks`` runs the checks of storage, models and checkpoints; ``data`` those of the data files and
+the reward function (a sample, not a pass); ``report`` is what they report.
+"""
+
+from ppoflow.infra.preflight.checks import checkpoint_problem, preflight, rollback_hint
+from ppoflow.infra.preflight.report import Checks, PreflightError, PreflightReport, Problem
+
+__all__ = [
+    "preflight",
+    "Problem",
+    "PreflightError",
+    "PreflightReport",
+    "checkpoint_problem",
+    "rollback_hint",
+    "Checks",
+]

@@ -1,0 +1,213 @@
+"""The preflight's checks of storage, models and checkpoints, and the preflight itself (the data and
+reward checks are in :mod:`ppoflow.infra.preflight.data`): report every problem at once.
+
+    report = preflight(cfg, load_tokenizer)     # PreflightError listing each problem, else a report
+
+A config can be valid and still unable to run: a parquet without the prompt column, a model
+directory without weights, a reward function that returns NaN, credentials that cannot write the
+storage root, a committed checkpoint that lost its files. Found by the first task, they cost the
+start of every worker group and vLLM (tens of seconds on a CPU, minutes on a GPU); found here
+they cost about a second. Each problem names the file or field, what was found, and the fix.
+
+What is checked, and what it costs (independent of the dataset's size):
+
+- storage: the experiment directory is writable (one small file written, read back, removed);
+- models: ``model.path`` and the critic's and reward model's paths are model directories (a
+  ``config.json`` and weight files) or hub ids transformers can resolve; the tokenizer loads; with
+  a hub id, one connection to the hub first (``ppoflow.infra.hub``): where it cannot be reached the
+  problem is said at once, not after a minute of ``huggingface_hub``'s retries;
+- data: each of ``data.train_files`` is a readable parquet whose schema has ``data.prompt_key``,
+  ``data_source`` and, with rule rewards, ``reward_model.ground_truth`` (the footer only); the
+  first :data:`~ppoflow.infra.preflight.data.SAMPLE_ROWS` rows of each file hold prompts of the right shape, a data source
+  with a registered reward, a ground truth, and prompts that fit ``rollout.prompt_length`` under
+  ``data.truncation`` (those rows are read and tokenized);
+- reward: ``reward.custom_function`` imports, and the reward function returns a finite score on
+  :data:`~ppoflow.infra.preflight.data.REWARD_ROWS` sample rows (for an empty response and for the ground truth as response);
+- checkpoints: the checkpoints the manifest points at are complete (:func:`checkpoint_problem`).
+
+Rows past the sample are checked where they are used: ``generate`` raises :class:`DataError` on a
+bad row, the ``advantage`` task :class:`~ppoflow.infra.rewards.RewardError` on a bad score; both
+fail the task at once (no retries).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ppoflow.infra.checkpoint.sharded import CheckpointError, verify_checkpoint
+from ppoflow.infra.config import ExperimentConfig, ModelConfig
+from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.hub import cached_on_this_machine, hub_unreachable, is_hub_id
+from ppoflow.infra.preflight.data import check_data, check_reward
+from ppoflow.infra.preflight.report import Checks, PreflightError, PreflightReport
+
+__all__ = ["preflight", "checkpoint_problem", "rollback_hint"]
+
+_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.safetensors.index.json")
+
+
+def rollback_hint(paths: ExperimentPaths, n: int) -> str:
+    """How to move the experiment back to its last good iteration before ``n``."""
+    if n <= 0:
+        return f"start the experiment again: remove {paths.root} (or pick another storage.experiment)"
+    return (
+        f"move the experiment back to iteration {n - 1}: ppoflow rollback {paths.root} --to {n - 1} "
+        f"(it verifies iteration {n - 1}'s checkpoints first), then run again"
+    )
+
+
+def checkpoint_problem(url: str) -> str | None:
+    """Why the checkpoint at ``url`` cannot be loaded, or None when it is complete.
+
+    The one place that judges a committed checkpoint before a run uses it: its publish marker (an
+    interrupted save has none) and every file the marker lists, at its recorded size. The content
+    hashes are checked where the checkpoint is loaded (that reads it once anyway).
+    """
+    try:
+        verify_checkpoint(url, deep=False)
+    except (CheckpointError, FileNotFoundError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def _check_storage(cfg: ExperimentConfig, c: Checks) -> None:
+    url = cfg.storage.experiment_url
+    probe = storage.join(url, f".preflight{storage.TEMP_MARKER}{uuid.uuid4().hex[:12]}")
+    data = b"ppoflow preflight\n"
+    try:
+        storage.write_bytes_atomic(probe, data)
+        back = storage.read_bytes(probe)
+        storage.rm(probe)
+    except Exception as exc:  # noqa: BLE001 - any storage failure is reported the same way
+        c.problem(
+            f"storage.root={cfg.storage.root}",
+            f"cannot write {url} ({type(exc).__name__}: {exc})",
+            "make the directory writable, or for s3:// check the bucket and the credentials "
+            "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL or storage.storage_options)",
+        )
+        return
+    if back != data:
+        c.problem(f"storage.root={cfg.storage.root}", f"{probe} read back different bytes", "check the store")
+        return
+    c.ok(f"storage: {url} is writable")
+
+
+def _model_paths(cfg: ExperimentConfig) -> list[tuple[str, ModelConfig]]:
+    out = [("model.path", cfg.model)]
+    if cfg.critic.enable and cfg.critic.model is not None:
+        out.append(("critic.model.path", cfg.critic.model))
+    if cfg.reward.reward_model.enable and cfg.reward.reward_model.model is not None:
+        out.append(("reward.reward_model.model.path", cfg.reward.reward_model.model))
+    return out
+
+
+def _hub_problem(where: str, path: str, unreachable: str) -> tuple[str, str, str]:
+    """The problem of hub id ``path`` when the hub cannot be reached (instead of a minute of retries)."""
+    if cached_on_this_machine(path):
+        return (
+            where,
+            f"a hub id, and {unreachable}; it is in this machine's Hugging Face cache",
+            "set HF_HUB_OFFLINE=1 to load it from the cache without asking the hub "
+            "(transformers retries each file for ~25 s first)",
+        )
+    return (
+        where,
+        f"a hub id that is not in this machine's Hugging Face cache, and {unreachable}",
+        "download it where the hub is reachable (`hf download ORG/NAME --local-dir DIR`) and point "
+        "the path at that directory, or set HTTPS_PROXY",
+    )
+
+
+def _check_models(cfg: ExperimentConfig, c: Checks, unreachable: str | None) -> None:
+    fix = "point it at a Hugging Face model directory (config.json and weight files) or a hub id"
+    for name, model in _model_paths(cfg):
+        path = model.path
+        if os.path.isdir(path):
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                c.problem(f"{name}={path}", "the directory has no config.json", fix)
+            elif not any(glob.glob(os.path.join(path, pattern)) for pattern in _WEIGHTS):
+                c.problem(f"{name}={path}", "the directory has no weight files (*.safetensors, *.bin)", fix)
+            else:
+                c.ok(f"{name}: {path}")
+            continue
+        if not is_hub_id(path):
+            c.problem(f"{name}={path}", "no such directory", fix)
+            continue
+        if unreachable is not None:
+            c.problem(*_hub_problem(f"{name}={path}", path, unreachable))
+            continue
+        try:
+            from transformers import AutoConfig
+
+            AutoConfig.from_pretrained(path, trust_remote_code=model.trust_remote_code)
+            c.ok(f"{name}: hub id {path}")
+        except Exception as exc:  # noqa: BLE001 - transformers raises OSError, ValueError, ...
+            c.problem(f"{name}={path}", f"not a local directory and not resolvable as a hub id ({exc})", fix)
+
+
+def _check_checkpoints(cfg: ExperimentConfig, c: Checks) -> None:
+    paths = ExperimentPaths.of(cfg)
+    try:
+        manifest = read_manifest(paths)
+    except Exception as exc:  # noqa: BLE001 - a manifest that cannot be read is the problem itself
+        c.problem(
+            paths.manifest, f"cannot be read ({type(exc).__name__}: {exc})", "restore it from iterations/"
+        )
+        return
+    if manifest is None:
+        c.ok("checkpoints: a new experiment (no manifest yet)")
+        return
+    n = manifest.iteration
+    for role, ref in (("actor", manifest.actor_checkpoint), ("critic", manifest.critic_checkpoint)):
+        url = paths.url(ref)
+        if url is None:
+            continue
+        why = checkpoint_problem(url)
+        if why is not None:
+            c.problem(f"{paths.manifest} ({role} checkpoint of iteration {n})", why, rollback_hint(paths, n))
+    if not any(p.where.startswith(paths.manifest) for p in c.problems):
+        c.ok(f"checkpoints: iteration {n}'s are complete")
+
+
+def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> PreflightReport:
+    """Run every check (module docstring); raise :class:`PreflightError` listing all problems.
+
+    ``load_tokenizer``: returns the policy's tokenizer (the caller may cache it for the run).
+    """
+    t0 = time.perf_counter()
+    c = Checks()
+    _check_storage(cfg, c)
+    uses_hub = is_hub_id(cfg.model.tokenizer) or any(is_hub_id(m.path) for _, m in _model_paths(cfg))
+    unreachable = hub_unreachable() if uses_hub else None
+    _check_models(cfg, c, unreachable)
+    tokenizer = None
+    try:
+        if unreachable is not None and is_hub_id(cfg.model.tokenizer):
+            if cfg.model.tokenizer != cfg.model.path:  # else model.path's problem says it all
+                c.problem(
+                    *_hub_problem(
+                        f"model.tokenizer_path={cfg.model.tokenizer}", cfg.model.tokenizer, unreachable
+                    )
+                )
+        else:
+            tokenizer = load_tokenizer()
+            c.ok(f"tokenizer: {cfg.model.tokenizer}")
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
+        c.problem(
+            f"model.tokenizer_path={cfg.model.tokenizer}",
+            f"the tokenizer does not load ({type(exc).__name__}: {exc})",
+            "point model.tokenizer_path (or model.path) at a directory with the tokenizer's files",
+        )
+    rows = check_data(cfg, tokenizer, c)
+    check_reward(cfg, rows, c)
+    _check_checkpoints(cfg, c)
+    c.report.seconds = time.perf_counter() - t0
+    if c.problems:
+        raise PreflightError(c.problems)
+    return c.report

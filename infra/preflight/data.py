@@ -1,0 +1,211 @@
+"""The data and reward checks of the preflight (:mod:`ppoflow.infra.preflight`): a sample, not a pass.
+
+Each data file costs its parquet footer plus its first :data:`SAMPLE_ROWS` rows (read and, for
+the prompt lengths, tokenized); the reward function is called on :data:`REWARD_ROWS` of those
+rows, twice each (an empty response, and the row's ground truth as the response).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.data import storage
+from ppoflow.infra.data.prompts import DataError, prompt_token_ids
+from ppoflow.infra.preflight.report import Checks
+
+__all__ = ["check_data", "check_reward", "SAMPLE_ROWS", "REWARD_ROWS"]
+
+#: Rows read and checked from the start of each data file.
+SAMPLE_ROWS = 64
+#: Sample rows the reward function is called on (twice each).
+REWARD_ROWS = 4
+
+_FORMAT = (
+    "veRL's format: '{key}' (chat messages [{{'role': 'user', 'content': ...}}] or a string; another "
+    "column name goes in data.prompt_key), 'data_source' (a string naming the reward rule) and "
+    "'reward_model' ({{'ground_truth': ..., 'style': 'rule'}})"
+)
+
+
+def _sample(url: str, cfg: ExperimentConfig) -> tuple[pa.Schema, int, list[dict[str, Any]]]:
+    """(schema, row count, the first SAMPLE_ROWS rows) of one parquet file; DataError if unreadable."""
+    keep = (cfg.data.prompt_key, "data_source", "reward_model", "extra_info")
+    try:
+        fs, path = storage.url_to_fs(url, cfg.storage.storage_options or None)
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            schema = pf.schema_arrow
+            columns = [name for name in keep if name in schema.names]
+            batch = next(pf.iter_batches(batch_size=SAMPLE_ROWS, columns=columns), None)
+            return schema, pf.metadata.num_rows, batch.to_pylist() if batch is not None else []
+    except FileNotFoundError:
+        raise DataError("the file does not exist") from None
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"not a readable parquet file ({exc})") from None
+
+
+def _ground_truth(row: dict[str, Any]) -> Any:
+    rm = row.get("reward_model")
+    return rm.get("ground_truth") if isinstance(rm, dict) else None
+
+
+def _check_schema(url: str, schema: pa.Schema, count: int, cfg: ExperimentConfig, c: Checks) -> bool:
+    key, rule = cfg.data.prompt_key, cfg.reward.rule
+    need = [key, "data_source"] + (["reward_model"] if rule else [])
+    missing = [name for name in need if name not in schema.names]
+    fmt = _FORMAT.format(key=key)
+    if missing:
+        c.problem(
+            url, f"missing column(s) {missing}; the file has {schema.names}", f"write the rows in {fmt}"
+        )
+        return False
+    if count == 0:
+        c.problem(url, "the file holds no rows", "remove it from data.train_files or fill it")
+        return False
+    if rule:
+        kind = schema.field("reward_model").type
+        if not (pa.types.is_struct(kind) and kind.get_field_index("ground_truth") >= 0):
+            c.problem(
+                f"{url} column 'reward_model'",
+                f"its type is {kind}, with no 'ground_truth' field (rule rewards read it)",
+                f"write the rows in {fmt}, or set reward.rule=false when no rule scores them",
+            )
+            return False
+    return True
+
+
+def _check_rows(
+    url: str, rows: list[dict[str, Any]], tokenizer: Any, cfg: ExperimentConfig, c: Checks
+) -> None:
+    """Per-row checks on the sample; each kind of problem is reported once (its first row, a count)."""
+    from ppoflow.infra.rewards import get_reward_fn
+
+    key, rule, data = cfg.data.prompt_key, cfg.reward.rule, cfg.data
+    limit = cfg.rollout.prompt_length
+    by_registry = rule and not cfg.reward.custom_function
+    bad: dict[str, list[tuple[int, str, str]]] = {}
+    longest, overlong = 0, 0
+    for i, row in enumerate(rows):
+        source = row.get("data_source")
+        if not isinstance(source, str) or not source:
+            bad.setdefault("data_source", []).append((i, f"data_source is {source!r}", "a non-empty string"))
+        elif by_registry:
+            try:
+                get_reward_fn(source)
+            except KeyError as exc:
+                bad.setdefault("reward", []).append((i, str(exc.args[0] if exc.args else exc), ""))
+        if rule and _ground_truth(row) is None:
+            bad.setdefault("ground_truth", []).append(
+                (i, "reward_model.ground_truth is missing", "the answer the rule compares with")
+            )
+        if tokenizer is None:
+            continue
+        try:
+            n = len(
+                prompt_token_ids(
+                    row.get(key), tokenizer, apply_chat_template=data.apply_chat_template, key=key
+                )
+            )
+        except DataError as exc:
+            bad.setdefault("prompt", []).append((i, str(exc), "chat messages or a string"))
+            continue
+        longest = max(longest, n)
+        if n > limit:
+            overlong += 1
+            if data.truncation == "error" and not data.filter_overlong_prompts:
+                bad.setdefault("length", []).append((i, f"the prompt has {n} tokens", ""))
+    for kind, found in bad.items():
+        i, what, want = found[0]
+        where = f"{url} row {i}" + (
+            f" (and {len(found) - 1} more of the first {len(rows)})" if len(found) > 1 else ""
+        )
+        if kind == "length":
+            c.problem(
+                where,
+                f"{what}, more than rollout.prompt_length={limit} (data.truncation=error)",
+                f"raise rollout.prompt_length to at least {longest}, set data.truncation=left or right, "
+                "or set data.filter_overlong_prompts=true to drop such prompts",
+            )
+        elif kind == "reward":
+            c.problem(where, what, "")
+        else:
+            c.problem(
+                where, what, f"column '{'reward_model' if kind == 'ground_truth' else kind}' must hold {want}"
+            )
+    if overlong and not bad.get("length"):
+        action = (
+            "they will be dropped (data.filter_overlong_prompts)"
+            if data.filter_overlong_prompts
+            else f"data.truncation={data.truncation} cuts them"
+        )
+        c.report.notes.append(
+            f"{url}: {overlong} of the first {len(rows)} prompts are longer than rollout.prompt_length="
+            f"{limit} tokens (longest {longest}); {action}"
+        )
+
+
+def check_data(cfg: ExperimentConfig, tokenizer: Any, c: Checks) -> list[dict[str, Any]]:
+    """Check every data file's schema and sample; returns the sample rows that passed the schema."""
+    samples: list[dict[str, Any]] = []
+    for url in cfg.data.train_files:
+        try:
+            schema, count, rows = _sample(url, cfg)
+        except DataError as exc:
+            c.problem(
+                f"data.train_files: {url}",
+                str(exc),
+                "check the path (a relative path resolves against the working directory) or URL",
+            )
+            continue
+        if not _check_schema(url, schema, count, cfg, c):
+            continue
+        before = len(c.problems)
+        _check_rows(url, rows, tokenizer, cfg, c)
+        if len(c.problems) == before:
+            c.ok(f"data: {url} ({count} rows; schema and the first {len(rows)} rows checked)")
+        samples += rows
+    return samples
+
+
+def check_reward(cfg: ExperimentConfig, rows: list[dict[str, Any]], c: Checks) -> None:
+    """``reward.custom_function`` imports, and the reward gives finite scores on a few sample rows."""
+    from ppoflow.infra.rewards import load_custom_function, score_batch
+
+    custom = cfg.reward.custom_function
+    if custom:
+        try:
+            load_custom_function(custom)
+        except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError, ... all mean the same here
+            c.problem(
+                f"reward.custom_function={custom!r}",
+                f"{type(exc).__name__}: {exc}",
+                "name an importable 'package.module:function' or 'path/to/file.py:function'",
+            )
+            return
+    if not (cfg.reward.rule or custom):
+        return
+    usable = [r for r in rows[:REWARD_ROWS] if isinstance(r.get("data_source"), str)]
+    if not usable:
+        return
+    sources = [r["data_source"] for r in usable] * 2
+    truths = [_ground_truth(r) for r in usable] * 2
+    responses = [""] * len(usable) + [str(t) for t in truths[: len(usable)]]
+    extras = [r.get("extra_info") for r in usable] * 2
+    try:
+        score_batch(sources, responses, truths, extras, custom_function=custom)
+    except KeyError:
+        return  # an unknown data source: reported by the data checks
+    except Exception as exc:  # noqa: BLE001 - whatever the user's function raises is the finding
+        name = f"reward.custom_function={custom!r}" if custom else "the rule reward of the data source"
+        c.problem(
+            name,
+            f"on sample rows (responses: empty, and the ground truth) {type(exc).__name__}: {exc}",
+            "make the reward function return a finite float (or a dict with a finite 'score') "
+            "for any response",
+        )
+        return
+    c.ok(f"reward: finite on {len(sources)} sample responses")

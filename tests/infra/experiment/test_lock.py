@@ -1,0 +1,90 @@
+"""ppoflow.infra.experiment.lock: one run per experiment; takeover from a dead or silent owner; conditional writes on S3."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.lock import ExperimentLock, ExperimentLocked
+from tests.support.paths import ROOT
+
+
+def test_lock_refuses_a_live_owner_and_releases(tmp_path):
+    url = str(tmp_path / "exp" / "lock.json")
+    with ExperimentLock(url, "run-a", heartbeat_s=0.05):
+        with pytest.raises(ExperimentLocked, match="run-a") as err:
+            ExperimentLock(url, "run-b").acquire()
+        assert "prefect flow-run cancel run-a" in str(err.value)
+        time.sleep(0.2)  # heartbeats keep it
+        assert json.loads(open(url).read())["run_id"] == "run-a"
+    assert not os.path.exists(url)
+    with ExperimentLock(url, "run-b"):
+        pass
+
+
+def test_lock_taken_over_from_a_dead_pid_and_a_stale_heartbeat(tmp_path):
+    url = str(tmp_path / "lock.json")
+    code = (
+        "import os, sys; from ppoflow.infra.experiment.lock import ExperimentLock; "
+        "ExperimentLock(sys.argv[1], 'dead-run').acquire(); os._exit(0)"
+    )  # dies holding it
+    subprocess.run([sys.executable, "-c", code, url], check=True, cwd=ROOT)
+    assert json.loads(open(url).read())["run_id"] == "dead-run"
+    logs = []
+    lock = ExperimentLock(url, "run-b", log=logs.append).acquire()
+    assert "is gone" in logs[0]
+    lock.release()
+    # an owner on another host with an old heartbeat is stale; with a fresh one it is not
+    other = {
+        "run_id": "far",
+        "host": socket.gethostname() + "-x",
+        "pid": 1,
+        "token": "t",
+        "heartbeat_at": time.time(),
+    }
+    storage.write_json_atomic(url, other)
+    with pytest.raises(ExperimentLocked):
+        ExperimentLock(url, "run-c", stale_after_s=60).acquire()
+    storage.write_json_atomic(url, {**other, "heartbeat_at": time.time() - 120})
+    ExperimentLock(url, "run-c", stale_after_s=60).acquire().release()
+
+
+def test_lock_lost_is_detected(tmp_path):
+    url = str(tmp_path / "lock.json")
+    lock = ExperimentLock(url, "run-a", heartbeat_s=3600).acquire()
+    lock.check()
+    storage.write_json_atomic(url, {"run_id": "thief", "token": "other", "heartbeat_at": time.time()})
+    lock.heartbeat()
+    with pytest.raises(ExperimentLocked, match="no longer holds"):
+        lock.check()
+    lock.release()
+    assert json.loads(open(url).read())["run_id"] == "thief"  # not ours: left alone
+
+
+def test_lock_on_s3_is_conditional(s3_server):
+    url = f"{s3_server['url']}/lock-test/exp/lock.json"
+    a = ExperimentLock(url, "run-a", heartbeat_s=3600).acquire()
+    with pytest.raises(ExperimentLocked, match="run-a"):
+        ExperimentLock(url, "run-b").acquire()
+    a.heartbeat()
+    a.check()
+    # a stale owner (old heartbeat, other host) is taken over with one conditional write
+    data = json.loads(storage.read_bytes(url))
+    storage.write_bytes_atomic(
+        url, json.dumps({**data, "host": "elsewhere", "heartbeat_at": time.time() - 999}).encode()
+    )
+    b = ExperimentLock(url, "run-b", stale_after_s=60).acquire()
+    a.heartbeat()
+    with pytest.raises(ExperimentLocked):
+        a.check()
+    a.release()
+    assert json.loads(storage.read_bytes(url))["run_id"] == "run-b"
+    b.release()
+    assert not storage.exists(url)

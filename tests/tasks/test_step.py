@@ -1,0 +1,121 @@
+"""ppoflow.tasks.step: the task decorator every step shares (its Prefect signature, resume from a stored receipt, fault drills) and the retry rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppoflow.infra import faults
+
+
+def test_retry_rule_fails_deterministic_errors_at_once_and_retries_the_rest():
+    from botocore.exceptions import NoCredentialsError
+    from prefect.states import Failed
+
+    from ppoflow.infra.checkpoint.sharded import CheckpointError, IncompleteCheckpointError
+    from ppoflow.infra.config import ConfigError
+    from ppoflow.infra.data.prompts import DataError
+    from ppoflow.infra.experiment.lock import ExperimentLocked
+    from ppoflow.infra.experiment.manifest import IdentityMismatch
+    from ppoflow.infra.preflight import PreflightError, Problem
+    from ppoflow.infra.remote.errors import RankFailure, error_types
+    from ppoflow.infra.rewards import RewardError
+    from ppoflow.tasks.step import retryable
+
+    def failed(exc):
+        return Failed(data=exc)
+
+    def in_rank(exc):
+        return RankFailure(f"rank 1 raised: {exc}", rank=1, method="m", error_types=tuple(error_types(exc)))
+
+    permanent = [
+        ConfigError("bad field"),
+        IdentityMismatch("model.path changed"),
+        DataError("no prompt column"),
+        PreflightError([Problem("data.train_files", "missing", "fix it")]),
+        RewardError("non-finite score"),
+        IncompleteCheckpointError("no marker"),
+        ExperimentLocked("held"),
+        PermissionError("AccessDenied"),
+        NoCredentialsError(),
+        in_rank(DataError("row 3")),
+        in_rank(IncompleteCheckpointError("no marker")),
+    ]
+    transient = [
+        RuntimeError("rank 1 died"),
+        RankFailure("rank 1 died during 'update_actor' (its link closed)", rank=1, method="update_actor"),
+        in_rank(ValueError("a bug that may be flaky")),
+        faults.FaultInjected("drill"),
+        OSError(121, "We encountered an internal error. Please try again."),  # S3 500 via s3fs
+        TimeoutError("call timed out"),
+        CheckpointError("saving checkpoint s3://b/x failed: ..."),  # a failed save may pass next time
+    ]
+    assert [exc for exc in permanent if retryable(None, None, failed(exc))] == []
+    assert [exc for exc in transient if not retryable(None, None, failed(exc))] == []
+
+
+def _probe_task():
+    """A task made by ``ppo_task`` whose body counts its calls and writes one output."""
+    from ppoflow.infra.data import storage
+    from ppoflow.tasks.receipts import Receipt
+    from ppoflow.tasks.step import Step, ppo_task
+
+    calls: list[tuple[int, str]] = []
+
+    @ppo_task("probe")
+    def probe(step: Step[Receipt], source: str, scale: float = 1.0) -> Receipt:
+        """Doubles nothing; records the call."""
+        calls.append((step.n, source))
+        out = step.file("probe.json")
+        storage.write_json_atomic(out, {"scale": scale})
+        return step.receipt(outputs={"probe": out})
+
+    return probe, calls
+
+
+def test_the_task_decorator_gives_prefect_the_run_the_iteration_and_the_body_parameters():
+    import inspect
+
+    probe, _ = _probe_task()
+    assert probe.name == "probe" and probe.task_run_name == "probe-{n}"
+    assert list(inspect.signature(probe.fn).parameters) == ["run", "n", "source", "scale"]
+    assert inspect.signature(probe.fn).parameters["scale"].default == 1.0
+    assert probe.retries == 2 and probe.retry_condition_fn is not None and not probe.persist_result
+
+
+def test_a_finished_task_returns_its_receipt_and_new_inputs_run_it_again(tmp_path, monkeypatch):
+    from prefect.logging import disable_run_logger
+
+    from ppoflow.infra.config import parse_config
+    from ppoflow.infra.data import storage
+    from ppoflow.tasks.run import close_run, open_run
+
+    monkeypatch.delenv(faults.ENV_VAR, raising=False)
+    faults.reset()
+    cfg = parse_config(
+        {
+            "model": {"path": "m"},
+            "data": {"train_files": ["d.parquet"]},
+            "storage": {"root": str(tmp_path), "experiment": "probe"},
+        }
+    )
+    open_run("run-1", cfg)
+    probe, calls = _probe_task()
+    with disable_run_logger():  # the body's logger without a Prefect run (Prefect's way to test .fn)
+        first = probe.fn("run-1", 3, "checkpoints/actor/000002")
+        again = probe.fn("run-1", 3, "checkpoints/actor/000002")
+        assert calls == [(3, "checkpoints/actor/000002")]  # the second call found the receipt
+        assert again.stamp == first.stamp and again.resumed and not first.resumed
+        assert first.timing_s >= 0
+        assert storage.read_json(first.outputs["probe"]) == {"scale": 1.0}
+
+        other = probe.fn("run-1", 3, "checkpoints/actor/000001")  # other inputs: work again
+        assert len(calls) == 2 and other.stamp != first.stamp
+
+        # a drill after the work: the output and receipt are written, so the retry reuses them
+        monkeypatch.setenv(faults.ENV_VAR, "task:probe@4:after")
+        with pytest.raises(faults.FaultInjected, match="probe"):
+            probe.fn("run-1", 4, "x")
+        retried = probe.fn("run-1", 4, "x")
+        assert retried.resumed and len(calls) == 3
+    close_run("run-1")
+    faults.reset()
