@@ -116,9 +116,12 @@ def command(name: str) -> str:
 
 
 def _ui_hint(flow_run_id: str | None) -> list[str]:
+    from ppoflow.flows.local_api import local_server
+
     api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
     path = f"/runs/flow-run/{flow_run_id}" if flow_run_id else "/runs"
-    if api:
+    server = local_server()
+    if api and (server is None or server.url is None or api != server.url.rstrip("/")):
         ui = api[:-4] if api.endswith("/api") else api
         return [f"Prefect UI:        {ui}{path}"]
     return [
@@ -168,7 +171,7 @@ def print_summary(
     out(f"continue training: {ppoflow} run {cfg_arg} --iterations 20")
     out(
         f"   or deployment:  {prefect} deploy -n iteration && {prefect} deployment run ppo/iteration "
-        "-p iterations=20   (README: Running PPO as a Prefect deployment)"
+        "-p iterations=20   (docs/deployments.md)"
     )
     out(
         f"export the policy: {ppoflow} export-hf {paths.root} {os.path.join(os.path.dirname(paths.root), 'export')}"

@@ -1,83 +1,110 @@
-"""The ephemeral Prefect API server of a CLI run, made to end with the process that started it.
+"""The Prefect API server of a CLI run when no ``PREFECT_API_URL`` is set: Prefect's own
+``prefect server start``, in a process that ends with the CLI however the CLI ends.
 
-Without ``PREFECT_API_URL``, Prefect starts a temporary API server on first use (its
-``SubprocessASGIServer``: uvicorn serving Prefect's app over the ``~/.prefect`` database, in a
-subprocess) and stops it from an ``atexit`` hook. A ``ppoflow run`` killed with SIGKILL runs no
-hook, so its server stayed behind (~200 MB and a little CPU each, holding the database).
+Prefect's answer to a missing ``PREFECT_API_URL`` is a temporary server that it stops from an
+``atexit`` hook; a ``ppoflow run`` killed with SIGKILL runs no hook, and such a server stayed
+behind (holding the database). So the CLI starts one itself, through Prefect's public command
+and settings only:
 
-:func:`own_ephemeral_server` registers, before Prefect needs one, a server of the same kind with
-three differences in how its process is started:
+- ``python -m ppoflow.flows.local_api PARENT_PID LOG_PATH --port P`` runs Prefect's console
+  script, ``prefect server start --host 127.0.0.1 --port P --no-ui --no-scheduler
+  --no-late-runs --analytics-off`` (the scheduler stays off: a run's server must not schedule
+  the deployments it finds in the database), in a session of its own, with a thread that
+  watches the parent through a pidfd and kills the session the moment the parent is gone;
+- a Ctrl-C in the terminal reaches only the CLI (the server is in another session), which still
+  needs the server to record the run's final state, and stops it after that;
+- its output goes to a log file, not the terminal (removed when the server stops); a server that
+  fails to start shows the file's last lines in the error;
+- ``PREFECT_API_URL`` points at it for the whole process from the moment its port is chosen
+  (before any flow starts, so Prefect's client and its background log and event workers all use
+  it: ``prefect.context.refresh_global_settings_context`` makes the variable seen), and is put
+  back when the server stops; the runs are in the default database, so a ``prefect server
+  start`` on the same machine shows them in its UI afterwards.
 
-- the process runs ``python -m ppoflow.flows.local_api PARENT_PID uvicorn-args...``: a thread
-  watches the parent through a pidfd and ends the server the moment the parent is gone, however
-  it went;
-- it has a session of its own, so a Ctrl-C in the terminal reaches only the CLI, which still needs
-  the server to record the run's final state, and stops it after that;
-- its output goes to a log file instead of the terminal (``server.log_path``; removed when the
-  server stops), so Prefect's server-side messages (telemetry, database retries) do not mix with
-  the run's; a server that fails to start shows its last lines in the error. Usage telemetry is
-  off, and the client side's INFO lines about it (its start, "Stopping temporary server on ...")
-  stay out of the terminal too.
-
-Prefect keeps doing the rest (port choice, health wait, the ``atexit`` stop). The CLI starts the
-server in the background as soon as it knows it will run a flow, so its start-up overlaps the
-CLI's own imports. With ``PREFECT_API_URL`` set, no temporary server is started and nothing
-changes.
+The CLI starts the server in the background as soon as it knows it will run a flow, so its
+start-up overlaps the CLI's own imports and checks. With ``PREFECT_API_URL`` set, no server is
+started and nothing changes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
-from typing import Any
+import time
+import urllib.request
 
 from ppoflow.infra.remote.procs import block_until_exit
 
-__all__ = ["own_ephemeral_server"]
+__all__ = ["LocalServer", "local_server"]
+
+#: How long the server may take to answer (a first start on a new database migrates it).
+START_TIMEOUT_S = float(os.environ.get("PPOFLOW_PREFECT_SERVER_TIMEOUT_S", "180"))
 
 
-@functools.cache
-def _server_class() -> type:
-    import prefect
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
-    class OwnedEphemeralServer(SubprocessASGIServer):
-        """Prefect's temporary API server, in a process that dies with its parent (module docstring)."""
 
-        log_path: str | None = None
-        _start_lock = threading.Lock()
+class LocalServer:
+    """One ``prefect server start`` for this process (module docstring): :meth:`start_in_background`
+    as early as possible, :meth:`wait` before the first flow runs, :meth:`stop` at the end."""
 
-        def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-            args = [
-                *("--app-dir", str(prefect.__module_path__.parent)),
-                *("--factory", "prefect.server.api.server:create_app"),
-                *("--host", "127.0.0.1", "--port", str(self.port)),
-                *("--log-level", "error", "--lifespan", "on"),
-            ]
-            env = {
-                **os.environ,
-                "PREFECT_UI_ENABLED": "0",
-                "PREFECT__SERVER_EPHEMERAL": "1",
-                "PREFECT__SERVER_FINAL": "1",
-                **get_current_settings().to_environment_variables(exclude_unset=True),
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            }
-            if self.log_path is not None:  # a retry on another port (the first one was taken)
-                with contextlib.suppress(OSError):
-                    os.unlink(self.log_path)
+    def __init__(self) -> None:
+        self.url: str | None = None
+        self.log_path: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._started = False
+        self._previous_url = os.environ.get("PREFECT_API_URL")
+
+    def start_in_background(self) -> None:
+        """Point ``PREFECT_API_URL`` at the server and start it in a thread (idempotent)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            port = self._use(_free_port())
+        threading.Thread(
+            target=self._start_or_record, args=(port,), name="ppoflow-prefect-server", daemon=True
+        ).start()
+
+    def _use(self, port: int) -> int:
+        """Make ``port``'s server the Prefect API of this whole process."""
+        from prefect.context import refresh_global_settings_context
+
+        self.url = f"http://127.0.0.1:{port}/api"
+        os.environ["PREFECT_API_URL"] = self.url
+        refresh_global_settings_context()
+        return port
+
+    def _start_or_record(self, port: int) -> None:
+        try:
+            self._start(port)
+        except BaseException as exc:  # noqa: BLE001 - raised by wait() in the caller's thread
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def _start(self, port: int) -> None:
+        for attempt in range(3):  # a port taken between choosing it and binding it: another one
+            if attempt:
+                port = self._use(_free_port())
             fd, self.log_path = tempfile.mkstemp(prefix="ppoflow-prefect-server-", suffix=".log")
             try:
-                return subprocess.Popen(
-                    [sys.executable, "-m", "ppoflow.flows.local_api", str(os.getpid()), self.log_path, *args],
-                    env=env,
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "ppoflow.flows.local_api", str(os.getpid()), self.log_path]
+                    + ["--port", str(port)],
+                    env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
                     stdin=subprocess.DEVNULL,
                     stdout=fd,
                     stderr=subprocess.STDOUT,
@@ -85,93 +112,122 @@ def _server_class() -> type:
                 )
             finally:
                 os.close(fd)
-
-        def start(self, timeout: int | None = None) -> None:
-            # Prefect marks the server running before it answers; a caller arriving meanwhile (the
-            # flow, while :func:`own_ephemeral_server` starts it early) waits here until it does.
-            with self._start_lock:
-                self._start(timeout)
-
-        def _start(self, timeout: int | None) -> None:
-            try:
-                with _quiet_server_logger():
-                    super().start(timeout)
-            except Exception as exc:
-                tail = ""
-                if self.log_path is not None:
-                    with contextlib.suppress(OSError), open(self.log_path, errors="replace") as f:
-                        tail = "".join(f.readlines()[-20:])
+            if self._wait_healthy(f"http://127.0.0.1:{port}/api"):
+                return
+            tail = self._tail()
+            self._end_process()
+            if "already in use" not in tail:
                 raise RuntimeError(
-                    f"the temporary Prefect API server did not start: {exc}"
-                    + (f"\n--- its last output ({self.log_path}) ---\n{tail}" if tail else "")
-                    + "\n(a slow machine may need PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS raised; "
-                    "or run `prefect server start` and set PREFECT_API_URL)"
-                ) from exc
+                    f"the local Prefect API server did not start within {START_TIMEOUT_S:.0f} s"
+                    + (f"\n--- its last output ---\n{tail}" if tail else "")
+                    + "\n(a slow first start may need PPOFLOW_PREFECT_SERVER_TIMEOUT_S raised; or run "
+                    "`prefect server start` and set PREFECT_API_URL)"
+                )
+        raise RuntimeError("the local Prefect API server found no free port on 127.0.0.1 (three tries)")
 
-        def stop(self) -> None:
-            with _quiet_server_logger():
-                super().stop()
-            if self.log_path is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.log_path)
+    def _wait_healthy(self, url: str) -> bool:
+        """True once ``url/health`` answers; False if the process ends or time runs out."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc is None or self._proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.2)
+        return False
 
-    return OwnedEphemeralServer
+    def _tail(self, lines: int = 20) -> str:
+        if self.log_path is None:
+            return ""
+        with contextlib.suppress(OSError), open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+        return ""
+
+    def wait(self) -> str:
+        """The server's API URL once it answers (it is started if it was not); its start error."""
+        self.start_in_background()
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self.url is not None
+        return self.url
+
+    def _end_process(self) -> None:
+        """SIGTERM to the server's session, SIGKILL after 10 s; its log removed."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self.log_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.log_path)
+
+    def stop(self) -> None:
+        """End the server and give ``PREFECT_API_URL`` back its value from before (idempotent)."""
+        self._end_process()
+        with self._lock:
+            if not self._started:
+                return
+            self._started = False
+        from prefect.context import refresh_global_settings_context
+
+        if self._previous_url is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = self._previous_url
+        refresh_global_settings_context()
+        self._done.clear()
+        self._error = None
 
 
-@contextlib.contextmanager
-def _quiet_server_logger() -> Iterator[None]:
-    """Prefect's INFO lines about the temporary server ("Stopping temporary server on ...", how
-    to run a dedicated one) stay out of the terminal: the user never started a server."""
-    from prefect.server.api.server import subprocess_server_logger as logger
-
-    level = logger.level
-    logger.setLevel(max(logging.WARNING, level))
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+_SERVER: LocalServer | None = None
 
 
-def own_ephemeral_server(start_now: bool = True) -> Any:
-    """Make the temporary API server this process may need one that ends with it (module
-    docstring), and with ``start_now``, when Prefect will need one (no ``PREFECT_API_URL``),
-    start it in the background at once: its start-up (seconds) overlaps the imports and checks
-    before the first flow run, which waits for it. Call before the first flow run; later calls
-    return the same server."""
+def local_server() -> LocalServer | None:
+    """This process's local server, or None when ``PREFECT_API_URL`` (from the environment or the
+    active Prefect profile) names a server to use instead."""
+    global _SERVER
     from prefect.settings import PREFECT_API_URL
 
-    server = _server_class()()  # registered as Prefect's default temporary server (its per-port table)
-    if start_now and not PREFECT_API_URL.value() and hasattr(server, "_start_lock"):
-        threading.Thread(
-            target=_start_quietly, args=(server,), name="ppoflow-prefect-server", daemon=True
-        ).start()
-    return server
-
-
-def _start_quietly(server: Any) -> None:
-    """Start ``server``; a failure is left to the flow's own start, which raises it."""
-    with contextlib.suppress(Exception):
-        server.start()
+    if _SERVER is not None:
+        return _SERVER
+    if PREFECT_API_URL.value():
+        return None
+    _SERVER = LocalServer()
+    return _SERVER
 
 
 def _exit_with_parent(parent: int, log_path: str) -> None:
-    """Thread body in the server process: exit as soon as process ``parent`` is gone."""
+    """Thread body in the server process: end the whole session once process ``parent`` is gone."""
     block_until_exit(parent)
     with contextlib.suppress(OSError):
         os.unlink(log_path)
-    os._exit(0)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def main(argv: list[str]) -> None:
-    """``python -m ppoflow.flows.local_api PARENT_PID LOG_PATH UVICORN_ARGS...``: serve Prefect's
-    API with uvicorn until told to stop, or until the parent process is gone."""
-    parent, log_path, uvicorn_args = int(argv[0]), argv[1], argv[2:]
+    """``python -m ppoflow.flows.local_api PARENT_PID LOG_PATH --port P``: Prefect's ``prefect
+    server start`` until told to stop, or until the parent process is gone."""
+    from importlib.metadata import entry_points
+
+    parent, log_path, rest = int(argv[0]), argv[1], argv[2:]
     threading.Thread(
         target=_exit_with_parent, args=(parent, log_path), name="ppoflow-parent-watch", daemon=True
     ).start()
-    from uvicorn.main import main as uvicorn_main
-
-    uvicorn_main(uvicorn_args, prog_name="uvicorn")
+    (prefect_cli,) = entry_points(group="console_scripts", name="prefect")
+    sys.argv = ["prefect", "server", "start", "--host", "127.0.0.1", *rest]
+    sys.argv += ["--no-ui", "--no-scheduler", "--no-late-runs", "--analytics-off", "--log-level", "ERROR"]
+    sys.exit(prefect_cli.load()())
 
 
 if __name__ == "__main__":

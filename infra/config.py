@@ -279,7 +279,7 @@ class KLControlConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    """PPO's estimator, KL terms and schedule. ``overlap`` (see README, "One-step off-policy"):
+    """PPO's estimator, KL terms and schedule. ``overlap`` (docs/checkpoints.md, "One-step off-policy"):
     ``none`` (default): iteration n samples with the weights after update n-1 (on-policy).
     ``one_step``: iteration n's data side (rollout, old log-probs, values) uses the actor and critic
     after update n-2, so generating iteration n+1 overlaps update n; the PPO ratio's denominator is

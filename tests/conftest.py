@@ -15,16 +15,15 @@ def _session_device_slots(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _stop_temporary_prefect_servers():
-    """Stop the temporary Prefect servers the session's CLI runs started while pytest's output is
-    still open (Prefect's own atexit stop logs to a stream pytest has closed by then)."""
+def _stop_local_prefect_server():
+    """Stop the local Prefect API server an in-process CLI run of the session started (its process
+    would end with pytest's anyway) while pytest's output is still open."""
     yield
     import sys
 
-    module = sys.modules.get("prefect.server.api.server")
-    for server in list(
-        getattr(module, "SubprocessASGIServer", object).__dict__.get("_instances", {}).values()
-    ):
+    module = sys.modules.get("ppoflow.flows.local_api")
+    server = getattr(module, "_SERVER", None)
+    if server is not None:
         server.stop()
 
 

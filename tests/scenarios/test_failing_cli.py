@@ -174,9 +174,11 @@ def test_sigkill_mid_iteration_leaves_nothing_and_the_next_run_commits_the_same(
     at = run.wait_for(lambda: storage.exists(paths.receipt(1, "generate")))
     tree, rc, _ = signal_and_time(run, signal.SIGKILL)
     kinds = {
-        k for k in ("local_api", "torch.distributed.run", "rank_entry") if any(k in c for c in tree.values())
+        k
+        for k in ("local_api", "torch.distributed.run", "remote.rank.entry")
+        if any(k in c for c in tree.values())
     }
-    assert kinds == {"local_api", "torch.distributed.run", "rank_entry"}, tree  # what was running
+    assert kinds == {"local_api", "torch.distributed.run", "remote.rank.entry"}, tree  # what was running
     assert rc == -signal.SIGKILL
     t0 = time.monotonic()
     left = gone_within(tree, 10)
@@ -270,7 +272,7 @@ def test_ctrl_c_mid_task_stops_within_seconds_and_frees_everything(cli, flow_con
     tree, rc, took = signal_and_time(run, signal.SIGINT)
     out = run.text()
     print(f"\nCtrl-C in generate: exit {rc} after {took:.1f} s\n{out}")
-    assert any("rank_entry" in c for c in tree.values())  # ranks were running
+    assert any("remote.rank.entry" in c for c in tree.values())  # ranks were running
     assert rc == 130 and took < 20
     assert "ppoflow: stopped by Ctrl-C" in out and "  state  iteration 0 is the last committed" in out
     assert "Traceback" not in out

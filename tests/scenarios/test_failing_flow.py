@@ -35,7 +35,7 @@ def rank_processes() -> list[int]:
     return [
         pid
         for pid, cmd in descendants(os.getpid()).items()
-        if "rank_entry" in cmd or "torch.distributed.run" in cmd
+        if "remote.rank.entry" in cmd or "torch.distributed.run" in cmd
     ]
 
 

@@ -1,0 +1,223 @@
+"""The commands that read or change an experiment on storage without running a flow:
+``status``, ``export-hf``, ``rollback``, ``tensorboard`` (the parser is in :mod:`ppoflow.flows.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+__all__ = ["CLIError", "cmd_status", "cmd_export_hf", "cmd_rollback", "cmd_tensorboard", "read_state"]
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as ``ppoflow: error: <message>``; exit status ``code``."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def _experiment_url(text: str) -> str:
+    """An experiment URL from a URL/path or a YAML config naming one."""
+    from ppoflow.infra.config import ConfigError, load_config
+    from ppoflow.infra.data import storage
+
+    if text.endswith((".yaml", ".yml")):
+        if not storage.exists(text):
+            raise CLIError(f"config {text} does not exist")
+        try:
+            return load_config(text).storage.experiment_url
+        except ConfigError as err:
+            raise CLIError(str(err), code=2) from None
+    return text.rstrip("/")
+
+
+def read_state(text: str):
+    from ppoflow.infra.data import storage
+    from ppoflow.infra.experiment.manifest import ExperimentPaths, ManifestConflict, read_manifest
+
+    url = _experiment_url(text)
+    if not storage.exists(storage.join(url, "manifest.json")) and storage.exists(
+        storage.join(url, "config.yaml")
+    ):
+        url = _experiment_url(storage.join(url, "config.yaml"))  # a demo directory: its experiment
+    paths = ExperimentPaths(url)
+    try:
+        manifest = read_manifest(paths)
+    except ManifestConflict as err:
+        raise CLIError(str(err)) from None
+    if manifest is None:
+        hint = " (it exists but holds no manifest.json)" if storage.exists(url) else " (no such directory)"
+        raise CLIError(
+            f"no experiment at {url}{hint}; give the experiment's directory "
+            "(<storage.root>/<storage.experiment>) or its config YAML"
+        )
+    return paths, manifest
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ppoflow.infra.data import storage
+    from ppoflow.infra.experiment.metrics import headline
+
+    paths, manifest = read_state(args.experiment)
+    n = manifest.iteration
+    metrics = (
+        storage.read_json(paths.file(n, "metrics.json"))
+        if n and storage.exists(paths.file(n, "metrics.json"))
+        else {}
+    )
+    if args.json:
+        from ppoflow.infra.experiment.retention import checkpoint_sizes
+
+        sizes = checkpoint_sizes(paths, n)
+        print(
+            json.dumps(
+                {"manifest": manifest.to_json(), "metrics": metrics, "checkpoints": sizes},
+                indent=1,
+                sort_keys=True,
+            )
+        )
+        return 0
+    config = manifest.config_history[-1]["config"] if manifest.config_history else None
+    rows = [
+        ("experiment", f"{manifest.experiment}  ({paths.root})"),
+        ("iteration", f"{n} (committed {manifest.committed_at}; created {manifest.created_at})"),
+        ("actor checkpoint", paths.url(manifest.actor_checkpoint)),
+        ("critic checkpoint", paths.url(manifest.critic_checkpoint) or "-"),
+        (
+            "data cursor",
+            f"epoch {manifest.data_cursor.get('epoch')}, offset {manifest.data_cursor.get('offset')}",
+        ),
+        ("kl coef", manifest.kl_coef if manifest.kl_coef is not None else "-"),
+        ("config", f"{paths.url(config) if config else '-'} (hash {manifest.config_hash})"),
+    ]
+    rows += [(k, v) for k, v in sorted(manifest.identity.items())]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    if manifest.trend and len(manifest.trend) > 1:
+        first, last = manifest.trend[0], manifest.trend[-1]
+        score = headline("score")
+        if score.key_in(first) and score.key_in(last):
+            print(
+                f"{'score':<{width}}  {score.value(first):.3f} (iteration {first['iteration']}) -> "
+                f"{score.value(last):.3f} (iteration {last['iteration']})"
+            )
+    _print_checkpoints(paths, n)
+    if metrics:
+        print(f"\nmetrics of iteration {n} ({paths.file(n, 'metrics.json')}):")
+        mw = max(len(k) for k in metrics)
+        for key, value in sorted(metrics.items()):
+            shown = f"{value:.6g}" if isinstance(value, float) else value
+            print(f"  {key:<{mw}}  {shown}")
+    elif n == 0:
+        print("\nno iteration has run yet (iteration 0 is the initial state)")
+    return 0
+
+
+def _gb(size: int | None) -> str:
+    return "-" if size is None else f"{size / 1e9:.3f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+
+
+def _print_checkpoints(paths, n: int) -> None:
+    """The checkpoints on storage per iteration: size per role, and which can be resumed from."""
+    from ppoflow.infra.experiment.retention import checkpoint_sizes
+
+    rows = checkpoint_sizes(paths, n)
+    if not rows:
+        return
+    by_iteration: dict[int, dict[str, dict]] = {}
+    for row in rows:
+        by_iteration.setdefault(row["iteration"], {})[row["role"]] = row
+    print(f"\ncheckpoints kept ({paths.root}/checkpoints):")
+    print(f"  {'iteration':>9}  {'actor':>10}  {'critic':>10}  note")
+    total = 0
+    for k, roles in sorted(by_iteration.items()):
+        cells, notes = [], []
+        for role in ("actor", "critic"):
+            row = roles.get(role)
+            cells.append(_gb(row["bytes"]) if row else "-")
+            total += (row or {}).get("bytes") or 0
+            if row and not row["complete"]:
+                notes.append(f"{role} incomplete")
+            elif row and row["resumable"] is False:
+                notes.append(f"{role} weights only")
+        print(f"  {k:>9}  {cells[0]:>10}  {cells[1]:>10}  {', '.join(notes)}")
+    print(f"  {'total':>9}  {_gb(total):>22}")
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from ppoflow.infra.experiment.lock import ExperimentLocked
+    from ppoflow.infra.experiment.rollback import RollbackRefused, rollback
+
+    paths, manifest = read_state(args.experiment)
+    before = manifest.iteration
+    try:
+        target = rollback(paths, args.to)
+    except (RollbackRefused, ExperimentLocked) as err:
+        raise CLIError(str(err)) from None
+    later = (
+        f"; iterations {args.to + 1}-{before} stay on storage until rerun iterations replace them"
+        if before > args.to
+        else ""
+    )
+    print(
+        f"{paths.root}: now at iteration {target.iteration} (was {before}); its checkpoints verified{later}.\n"
+        f"continue training from it: ppoflow run <config.yaml> --iterations N"
+    )
+    return 0
+
+
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    from ppoflow.infra.checkpoint.hf_export import export_hf
+    from ppoflow.infra.checkpoint.sharded import CheckpointError, is_complete
+    from ppoflow.infra.data import storage
+
+    paths, manifest = read_state(args.experiment)
+    n = manifest.iteration if args.iteration is None else args.iteration
+    if n > manifest.iteration:
+        raise CLIError(f"--iteration {n}: the experiment's last committed iteration is {manifest.iteration}")
+    source = manifest.to_json() if n == manifest.iteration else None
+    if source is None:
+        url = paths.file(n, "manifest.json")
+        if not storage.exists(url):
+            raise CLIError(f"--iteration {n}: no committed manifest at {url}")
+        source = storage.read_json(url)
+    checkpoint = paths.url(source.get(f"{args.role}_checkpoint"))
+    if checkpoint is None:
+        raise CLIError(f"the experiment has no {args.role} checkpoint (is the critic disabled?)")
+    if not is_complete(checkpoint):
+        raise CLIError(f"checkpoint {checkpoint} is missing or incomplete")
+    key = "model.path" if args.role == "actor" else "critic.model"
+    base = manifest.identity.get(key) or manifest.identity.get("model.path")
+    if not base or not os.path.isdir(base):
+        raise CLIError(
+            f"the experiment's base model {base!r} ({key}) is not a local directory; export_hf "
+            "copies config and tokenizer from it"
+        )
+    try:
+        out = export_hf(checkpoint, args.out, base, dtype=args.dtype)
+    except (CheckpointError, ValueError, FileNotFoundError) as err:
+        raise CLIError(str(err)) from None
+    print(f"wrote a Hugging Face directory of the {args.role} at iteration {n} to {out}")
+    return 0
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    from ppoflow.infra.data import storage
+    from ppoflow.infra.experiment.tensorboard import write_events
+
+    paths, manifest = read_state(args.experiment)
+    history = []
+    for n in range(1, manifest.iteration + 1):
+        url = paths.file(n, "metrics.json")
+        if storage.exists(url):  # an experiment rolled back or copied in part may lack some
+            history.append(storage.read_json(url))
+    logdir = args.logdir or storage.join(paths.root, "tensorboard")
+    try:
+        url = write_events(history, logdir)
+    except ImportError as err:
+        raise CLIError(str(err)) from None
+    print(f"wrote {len(history)} iteration(s) of metrics to {url}\nview them: tensorboard --logdir {logdir}")
+    return 0
