@@ -64,7 +64,7 @@ from ppoflow.infra.checkpoint.marker import (
     write_failure,
     write_marker,
 )
-from ppoflow.infra.checkpoint.state import MODEL, OPTIM, collect, enc, rng_state
+from ppoflow.infra.checkpoint.state import MODEL, OPTIM, collect, enc, rng_file, rng_state
 from ppoflow.infra.data import storage
 
 __all__ = ["CheckpointWriter", "dcp_call", "make_reader", "make_writer", "FAULT_POINT"]
@@ -283,7 +283,7 @@ class CheckpointWriter:
             for sub, tree in trees.items():
                 records.update(self._dcp_save(url, sub, tree, opts, group))
             data = json.dumps(rng).encode()
-            name = f"rng/rank_{rank:05d}.json"
+            name = rng_file(rank)
             storage.write_bytes_atomic(storage.join(url, name), data, opts)
             records[name] = {"size": len(data), ALGORITHM: hash_bytes(data)}
         except BaseException as exc:  # noqa: BLE001 - reported through the gather and the failure record
