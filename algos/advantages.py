@@ -222,21 +222,23 @@ def _group_stats(scores: torch.Tensor, index: Any) -> tuple[torch.Tensor, torch.
     """
     ids, n_groups = _group_ids(index, scores.shape[0])
     ids = ids.to(scores.device)
-    counts = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
-        0, ids, torch.ones_like(scores)
-    )
-    sums = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, ids, scores)
-    means = sums / counts
-    squares = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
-        0, ids, (scores - means[ids]) ** 2
-    )
-    stds = torch.sqrt(squares / (counts - 1))
+
+    def group_sums(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, ids, values)
+
+    counts = group_sums(torch.ones_like(scores))
+    means = group_sums(scores) / counts
+    stds = torch.sqrt(group_sums((scores - means[ids]) ** 2) / (counts - 1))
     return counts[ids], means[ids], stds[ids]
 
 
-def _sequence_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Outcome score per response: sum of its token-level rewards, (B, T) -> (B,)."""
-    return masked_sum(token_level_rewards, response_mask, dim=-1)
+def _outcome_groups(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each response's outcome score (the sum of its token-level rewards) and its group's size,
+    mean and std (:func:`_group_stats`): ``(scores, counts, means, stds)``, each (B,)."""
+    scores = masked_sum(token_level_rewards, response_mask, dim=-1)
+    return (scores, *_group_stats(scores, index))
 
 
 def _broadcast(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -269,8 +271,7 @@ def compute_grpo_outcome_advantage(
         ``(advantages, returns)``, each (B, T), equal, broadcast over the response, 0 elsewhere.
     """
     with torch.no_grad():
-        scores = _sequence_scores(token_level_rewards, response_mask)
-        counts, means, stds = _group_stats(scores, index)
+        scores, counts, means, stds = _outcome_groups(token_level_rewards, response_mask, index)
         single = counts < 2
         means = torch.where(single, 0.0, means)
         stds = torch.where(single, 1.0, stds)
@@ -301,8 +302,7 @@ def compute_rloo_outcome_advantage(
         ``(advantages, returns)``, each (B, T), equal, broadcast over the response, 0 elsewhere.
     """
     with torch.no_grad():
-        scores = _sequence_scores(token_level_rewards, response_mask)
-        counts, means, _ = _group_stats(scores, index)
+        scores, counts, means, _ = _outcome_groups(token_level_rewards, response_mask, index)
         single = counts < 2
         leave_one_out = counts / torch.where(single, 1.0, counts - 1) * (scores - means)
         advantages = _broadcast(torch.where(single, 0.0, leave_one_out), response_mask)
@@ -354,8 +354,7 @@ def compute_reinforce_plus_plus_baseline_advantage(
         ``(advantages, returns)``, each (B, T), equal, 0 where the mask is 0.
     """
     with torch.no_grad():
-        scores = _sequence_scores(token_level_rewards, response_mask)
-        counts, means, _ = _group_stats(scores, index)
+        scores, counts, means, _ = _outcome_groups(token_level_rewards, response_mask, index)
         baseline = torch.where(counts < 2, 0.0, means)
         advantages = masked_whiten(_broadcast(scores - baseline, response_mask), response_mask)
     return advantages, advantages

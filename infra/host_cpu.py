@@ -1,16 +1,15 @@
 """How much CPU a stretch of work got: the host's CPUs (busy, stolen) and the calling thread's own.
 
 A decode step of vLLM at a small model's shape is mostly Python on one thread, so a rollout's speed
-follows the CPU it gets: on machines of one kind (one H200, 16 cores; 2026-12-01) plain vLLM's median
-run at one shape took 2.51 s on one and 1.71 s on another, and its tokens/s followed the speed of a
-probed core (``benchmarks/speed_probes.py``). In a rollout's metrics these figures show a host that
-was busy or stolen from:
+follows the CPU it gets: hosts of one kind differ in it as the speed of their cores does (figures:
+``docs/internals.md``, ``docs/benchmarks.md``). In a rollout's metrics these figures show a host
+that was busy or stolen from:
 
 - ``thread_cpu_s``: CPU seconds of the calling thread (``time.thread_time``). Well below the wall
   time: the thread waited (for the GIL, or for a CPU the host gave to someone else). Near it: the
   thread never slept, which on a GPU does not mean CPU-bound: CUDA's default schedule spins in a
-  synchronize while the GPU works (it did on the H200: 2.196-2.207 s of CPU in 2.196-2.207 s runs);
-  ``benchmarks/speed_probes.py`` times the core and the GPU themselves.
+  synchronize while the GPU works; ``benchmarks/speed_probes.py`` times the core and the GPU
+  themselves.
 - ``host_busy``: share of all CPUs' time the host spent running anything (user, nice, system, irq,
   softirq) over the stretch, from ``/proc/stat``; ``host_steal``: share the hypervisor gave to other
   guests (a virtual machine's noisy neighbours). Both None where there is no ``/proc/stat``.

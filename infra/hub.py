@@ -1,10 +1,9 @@
 """Model paths that name the Hugging Face hub, and whether the hub can be reached from here.
 
-On a machine without the hub (an offline cluster, these test machines) transformers finds out
-slowly: ``huggingface_hub`` retries each file five times with back-off (1 + 2 + 4 + 8 + 8 s), so
-preflight's config and tokenizer lookups of one uncached hub id took 84 s to fail (measured with
-``ppoflow run`` on this project's 2-core machine, where huggingface.co does not resolve). One TCP
-connection to the hub's endpoint answers the same question in well under a second.
+Where the hub cannot be reached (an offline cluster, a host without DNS) transformers finds out
+slowly: ``huggingface_hub`` retries each file with back-off, so preflight's config and tokenizer
+lookups of one uncached hub id would wait out every retry of every file before failing. One TCP
+connection to the hub's endpoint answers the same question within :data:`CONNECT_TIMEOUT_S`.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ before they read tensors (:mod:`ppoflow.infra.checkpoint.sharded`).
 A background write that fails leaves ``ppoflow_failed.json`` (the ranks' errors) instead of a
 marker; :func:`read_failure` returns it.
 
-Format v1 markers (ppoflow 0.1/0.2, model and optimizer in one DCP directory, no file list) are
-still read and loaded; they cannot be verified (:func:`verify_checkpoint` says so in its result).
+Format v1 markers (written before the marker listed the files: model and optimizer in one DCP
+directory, no file list) are still read and loaded; they cannot be verified
+(:func:`verify_checkpoint` says so in its result).
 """
 
 from __future__ import annotations

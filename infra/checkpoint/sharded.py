@@ -49,7 +49,18 @@ from ppoflow.infra.checkpoint.marker import (
     verify_checkpoint,
     verify_files,
 )
-from ppoflow.infra.checkpoint.state import MODEL, OPTIM, collect, dec, hf_key_prefix, restore, set_rng_state
+from ppoflow.infra.checkpoint.state import (
+    MODEL,
+    OPTIM,
+    RNG,
+    Collected,
+    collect,
+    dec,
+    hf_key_prefix,
+    restore,
+    rng_file,
+    set_rng_state,
+)
 from ppoflow.infra.checkpoint.writer import CheckpointWriter, dcp_call, make_reader
 from ppoflow.infra.data import storage
 
@@ -150,6 +161,31 @@ def load_checkpoint(
     """
     t0, (rank, world), opts = time.perf_counter(), rank_world(), options(url, storage_options)
     marker = read_marker(url, opts)
+    _check_saved_parts(url, marker, optimizer, lr_scheduler)
+    with_optim = optimizer is not None and not marker["optimizer"].get("fresh")
+    if verify:
+        parts = (MODEL, RNG) + ((OPTIM,) if with_optim else ())
+        _verify(url, marker, opts, parts, distributed=True)
+    got = collect(model, optimizer, for_save=False)
+    _load_tensors(url, marker, opts, got, with_optim)
+    restore(model, optimizer, got, marker["optimizer"], url)
+    if lr_scheduler is not None:
+        lr_scheduler.load_state_dict(dec(marker["lr_scheduler"]))
+    if restore_rng:
+        _restore_rng(url, marker, opts, rank, world)
+    _LOG.info(
+        "loaded checkpoint %s (saved by %d ranks) on %d ranks in %.2fs",
+        url,
+        marker["world_size"],
+        world,
+        time.perf_counter() - t0,
+    )
+    return dec(marker["extra"])
+
+
+def _check_saved_parts(url: str, marker: dict[str, Any], optimizer: Any, lr_scheduler: Any) -> None:
+    """CheckpointError when the caller asks for an optimizer or LR scheduler state the checkpoint
+    does not hold."""
     if optimizer is not None and marker["optimizer"] is None:
         raise CheckpointError(
             f"checkpoint {url} has no optimizer state (a weights-only checkpoint); load "
@@ -157,13 +193,12 @@ def load_checkpoint(
         )
     if lr_scheduler is not None and marker["lr_scheduler"] is None:
         raise CheckpointError(f"checkpoint {url} has no LR scheduler state; pass lr_scheduler=None")
+
+
+def _load_tensors(url: str, marker: dict[str, Any], opts: dict, got: Collected, with_optim: bool) -> None:
+    """Read the model's (and with ``with_optim`` the optimizer's) tensors into ``got``'s state dicts:
+    DCP loads in place, resharding to their layout."""
     layout = _layout(marker)
-    with_optim = optimizer is not None and not marker["optimizer"].get("fresh")
-    if verify:
-        parts = (MODEL, "rng") + ((OPTIM,) if with_optim else ())
-        _verify(url, marker, opts, parts, distributed=True)
-    got = collect(model, optimizer, for_save=False)
-    # DCP loads in place: the tensors of the collected state dicts receive the checkpoint's values.
     dcp_call(
         "loading",
         url,
@@ -174,28 +209,21 @@ def load_checkpoint(
     if with_optim:
         reader = make_reader(storage.join(url, layout[OPTIM]), opts)
         dcp_call("loading", url, dcp.load, got.optim, storage_reader=reader)
-    restore(model, optimizer, got, marker["optimizer"], url)
-    if lr_scheduler is not None:
-        lr_scheduler.load_state_dict(dec(marker["lr_scheduler"]))
-    if restore_rng:
-        if marker["world_size"] == world:
-            set_rng_state(storage.read_json(storage.join(url, "rng", f"rank_{rank:05d}.json"), opts))
-        elif rank == 0:
-            _LOG.warning(
-                "checkpoint %s was saved by %d ranks and is loaded on %d: RNG states are not "
-                "restored (each rank keeps its current RNG stream)",
-                url,
-                marker["world_size"],
-                world,
-            )
-    _LOG.info(
-        "loaded checkpoint %s (saved by %d ranks) on %d ranks in %.2fs",
-        url,
-        marker["world_size"],
-        world,
-        time.perf_counter() - t0,
-    )
-    return dec(marker["extra"])
+
+
+def _restore_rng(url: str, marker: dict[str, Any], opts: dict, rank: int, world: int) -> None:
+    """Give this rank its saved RNG states back when the world size is the one saved; otherwise
+    leave them (rank 0 logs why)."""
+    if marker["world_size"] == world:
+        set_rng_state(storage.read_json(storage.join(url, rng_file(rank)), opts))
+    elif rank == 0:
+        _LOG.warning(
+            "checkpoint %s was saved by %d ranks and is loaded on %d: RNG states are not "
+            "restored (each rank keeps its current RNG stream)",
+            url,
+            marker["world_size"],
+            world,
+        )
 
 
 def load_full_state_dict(

@@ -34,11 +34,14 @@ __all__ = [
     "Collected",
     "collect",
     "restore",
+    "RNG",
+    "rng_file",
     "rng_state",
     "set_rng_state",
+    "seed_rngs",
 ]
 
-MODEL, OPTIM = "model", "optim"
+MODEL, OPTIM, RNG = "model", "optim", "rng"
 
 
 def enc(obj: Any, where: str) -> Any:
@@ -202,6 +205,20 @@ def restore(
         optimizer.state.clear()
 
 
+def rng_file(rank: int) -> str:
+    """Where rank ``rank``'s RNG states lie in a checkpoint, relative to its URL."""
+    return f"{RNG}/rank_{rank:05d}.json"
+
+
+def seed_rngs(seed: int) -> None:
+    """Seed the global generators whose states :func:`rng_state` saves: python, numpy and torch
+    (CPU and every CUDA device). A process that seeds them the same way at its start saves the
+    same RNG states in its checkpoints as another run of it."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.cpu().numpy().tobytes()).decode()
 
@@ -220,6 +237,9 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Set this rank's RNGs to ``state`` (from :func:`rng_state`); CUDA's only where CUDA is
+    available."""
+
     def unb64(text: str) -> torch.Tensor:
         return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 

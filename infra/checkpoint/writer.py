@@ -64,7 +64,7 @@ from ppoflow.infra.checkpoint.marker import (
     write_failure,
     write_marker,
 )
-from ppoflow.infra.checkpoint.state import MODEL, OPTIM, collect, enc, rng_state
+from ppoflow.infra.checkpoint.state import MODEL, OPTIM, collect, enc, rng_file, rng_state
 from ppoflow.infra.data import storage
 
 __all__ = ["CheckpointWriter", "dcp_call", "make_reader", "make_writer", "FAULT_POINT"]
@@ -181,9 +181,9 @@ class CheckpointWriter:
         """Hold a background write for the length of the block: the write thread stops at its next
         file write and waits (without the GIL) until the block ends. For short, latency-bound work
         on the rank's main thread (the weight push into the engine) that the write thread's Python
-        would otherwise slow down: on an H200 the push took 0.12 s during a write against 0.056 s
-        without (``benchmarks/rollout_cycle.py``). Nestable; a no-op when nothing is being written.
-        Never ``save`` inside the block: its writes would wait for the block to end."""
+        would otherwise slow down, as it competes for the GIL (figures: ``docs/benchmarks.md``).
+        Nestable; a no-op when nothing is being written. Never ``save`` inside the block: its
+        writes would wait for the block to end."""
         with self._pause_lock:
             self._pauses += 1
             self._running.clear()
@@ -283,7 +283,7 @@ class CheckpointWriter:
             for sub, tree in trees.items():
                 records.update(self._dcp_save(url, sub, tree, opts, group))
             data = json.dumps(rng).encode()
-            name = f"rng/rank_{rank:05d}.json"
+            name = rng_file(rank)
             storage.write_bytes_atomic(storage.join(url, name), data, opts)
             records[name] = {"size": len(data), ALGORITHM: hash_bytes(data)}
         except BaseException as exc:  # noqa: BLE001 - reported through the gather and the failure record

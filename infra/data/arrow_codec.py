@@ -18,14 +18,16 @@ named by the plain key:
 
 Tensor data moves without Python loops: tensor -> numpy view -> Arrow buffer (zero-copy) on save;
 on load local files are memory-mapped and each column is copied once into its own tensor.
+
+This module is the file: the record batch and its metadata, reading and writing it on storage, and
+the errors for files that are not DataProtos. The columns are encoded by
+:mod:`ppoflow.infra.data.arrow_columns` (object columns by :mod:`ppoflow.infra.data.arrow_objects`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,7 @@ import pyarrow.ipc as ipc
 import torch
 
 from ppoflow.infra.data import storage
+from ppoflow.infra.data.arrow_columns import decode_column, encode_array, encode_tensor
 
 __all__ = ["DataProtoFormatError", "FORMAT_VERSION", "encode", "decode", "save", "load"]
 
@@ -43,160 +46,9 @@ META_INFO_KEY = b"ppoflow.meta_info"
 _MAGIC = b"ARROW1"
 _FIX = "Write DataProto files with DataProto.save(url) and check that the URL points at one"
 
-# torch dtype -> (name in the metadata, numpy dtype of the stored values)
-_TORCH_DTYPES: dict[torch.dtype, tuple[str, np.dtype]] = {
-    dt: (name, np.dtype("uint16" if name == "bfloat16" else name))
-    for dt in (
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-    )  # fmt: skip
-    for name in [str(dt).removeprefix("torch.")]
-}
-_TORCH_BY_NAME = {name: dt for dt, (name, _) in _TORCH_DTYPES.items()}
-
 
 class DataProtoFormatError(ValueError):
     """A file is not a DataProto, is truncated or corrupt, or lacks a requested column."""
-
-
-# ----------------------------------------------------------------------------- encoding
-
-
-def _wrap_rows(values: pa.Array, n: int, shape: list[int], tensor_like: bool) -> pa.Array:
-    """Group flat ``values`` (n * prod(shape)) into n rows of ``shape``."""
-    if not shape:
-        return values
-    width = math.prod(shape)
-    if width == 0:
-        return pa.nulls(n)  # Arrow has no zero-width lists; shape lives in the metadata
-    rows = pa.FixedSizeListArray.from_arrays(values, width)
-    if tensor_like:
-        return pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(values.type, shape), rows)
-    return rows
-
-
-def _encode_tensor(t: torch.Tensor) -> tuple[pa.Array, dict]:
-    if t.dtype not in _TORCH_DTYPES:
-        raise TypeError(f"dtype {t.dtype} is not supported (supported: {sorted(_TORCH_BY_NAME)})")
-    name, np_dtype = _TORCH_DTYPES[t.dtype]
-    t = t.detach().to("cpu").contiguous()
-    if t.dtype == torch.bfloat16:
-        flat = t.view(torch.int16).reshape(-1).numpy().view(np.uint16)
-    else:
-        flat = t.reshape(-1).numpy()
-    shape = list(t.shape[1:])
-    arr = _wrap_rows(pa.array(flat), t.shape[0], shape, tensor_like=True)
-    return arr, {"kind": "tensor", "dtype": name, "shape": shape}
-
-
-def _normalize(x: Any) -> Any:
-    """Turn tuples/numpy values into the plain Python values they come back as."""
-    if isinstance(x, np.ndarray):
-        return _normalize(x.tolist())
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, (list, tuple)):
-        return [_normalize(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _normalize(v) for k, v in x.items()}
-    return x
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Strict equality of plain values: types must match, NaN equals NaN."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float):
-        return a == b or (a != a and b != b)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b
-
-
-def _object_values(arr: pa.Array, encoding: str) -> list:
-    """Python values of an object column's flat Arrow values (inverse of :func:`_encode_objects`)."""
-    items = arr.to_pylist()
-    if encoding == "json":
-        return [json.loads(s) for s in items]
-    if encoding == "map":
-        return [None if v is None else dict(v) for v in items]
-    return items
-
-
-def _object_candidates(plain: list) -> Iterator[tuple[str, Callable[[], pa.Array]]]:
-    """Arrow encodings to try for plain values, in order of preference."""
-    yield "arrow", lambda: pa.array(plain)
-    dicts = [v for v in plain if v is not None]
-    if dicts and all(type(v) is dict for v in dicts):  # dicts with differing keys: a map
-
-        def build_map() -> pa.Array:
-            value_type = pa.array([x for d in dicts for x in d.values()]).type
-            rows = [None if v is None else list(v.items()) for v in plain]
-            return pa.array(rows, pa.map_(pa.string(), value_type))
-
-        yield "map", build_map
-    yield "json", lambda: pa.array([json.dumps(v, allow_nan=True) for v in plain], type=pa.string())
-
-
-def _encode_objects(key: str, flat: np.ndarray) -> tuple[pa.Array, str]:
-    """Encode a 1-D object array natively (string, list, struct, map ...) if that round-trips
-    exactly, else as one JSON string per value."""
-    values = list(flat)
-    if all(type(v) is str for v in values):
-        return pa.array(values, type=pa.string()), "arrow"
-    plain = [_normalize(v) for v in values]
-    for encoding, build in _object_candidates(plain):
-        try:
-            arr = build()
-            if _same(_object_values(arr, encoding), plain):
-                return arr, encoding
-        except (pa.ArrowException, OverflowError, TypeError, ValueError):
-            continue
-    bad = next((v for v, p in zip(values, plain) if not _encode_objects_ok(p)), values[0])
-    raise TypeError(
-        f"non-tensor column {key!r}: value {bad!r:.80} cannot be stored exactly in Arrow or JSON. "
-        "Use None, bool, int, float, str, bytes, lists, numpy arrays and dicts with str keys."
-    )
-
-
-def _encode_objects_ok(value: Any) -> bool:
-    """True when ``value`` alone survives a JSON round trip (to point at the culprit)."""
-    try:
-        return _same(json.loads(json.dumps(value, allow_nan=True)), value)
-    except (TypeError, ValueError, OverflowError):
-        return False
-
-
-def _encode_array(key: str, a: np.ndarray) -> tuple[pa.Array, dict]:
-    n, shape = a.shape[0], list(a.shape[1:])
-    if a.dtype.kind in "biuf":
-        if a.dtype.byteorder not in ("=", "|"):
-            a = a.astype(a.dtype.newbyteorder("="))
-        try:
-            pa.from_numpy_dtype(a.dtype)
-        except (pa.ArrowNotImplementedError, NotImplementedError) as exc:
-            raise TypeError(f"non-tensor column {key!r}: dtype {a.dtype} is not supported") from exc
-        flat = np.ascontiguousarray(a).reshape(-1)
-        arr = _wrap_rows(pa.array(flat), n, shape, tensor_like=True)
-        return arr, {"kind": "ndarray", "dtype": a.dtype.str, "shape": shape}
-    if a.dtype.kind in "US":
-        flat = a.reshape(-1).tolist()
-        values = pa.array(flat, type=pa.string() if a.dtype.kind == "U" else pa.binary())
-        return _wrap_rows(values, n, shape, False), {"kind": "ndarray", "dtype": a.dtype.str, "shape": shape}
-    if a.dtype.kind == "O":
-        values, encoding = _encode_objects(key, a.reshape(-1))
-        return _wrap_rows(values, n, shape, False), {"kind": "object", "encoding": encoding, "shape": shape}
-    raise TypeError(f"non-tensor column {key!r}: numpy dtype {a.dtype} is not supported")
 
 
 def encode(
@@ -208,7 +60,7 @@ def encode(
     for group, items in (("batch", tensors), ("non_tensor", non_tensors)):
         for key, value in items.items():
             try:
-                arr, info = _encode_tensor(value) if group == "batch" else _encode_array(key, value)
+                arr, info = encode_tensor(value) if group == "batch" else encode_array(key, value)
             except TypeError as exc:
                 raise TypeError(f"cannot save column {key!r}: {exc}") from exc
             num_rows = len(value)
@@ -228,55 +80,6 @@ def encode(
     metadata = {META_KEY: json.dumps(header).encode(), META_INFO_KEY: meta_json.encode()}
     schema = pa.schema([pa.field(k, a.type) for k, a in zip(names, arrays)], metadata=metadata)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-# ----------------------------------------------------------------------------- decoding
-
-
-def _flat_values(col: pa.ChunkedArray | pa.Array, info: dict) -> pa.Array | None:
-    """The column's values as one flat Arrow array (None for zero-width rows)."""
-    if isinstance(col, pa.ChunkedArray):  # combine_chunks would copy even a single chunk
-        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    arr = col.storage if isinstance(col, pa.ExtensionArray) else col
-    if pa.types.is_null(arr.type) and info.get("shape") and math.prod(info["shape"]) == 0:
-        return None
-    if pa.types.is_fixed_size_list(arr.type):
-        arr = arr.flatten()
-    return arr
-
-
-def _writable(a: np.ndarray) -> np.ndarray:
-    """``a`` itself if torch may own it, else one copy (views over mmap/Arrow are read-only)."""
-    return a if a.flags.writeable and a.flags.c_contiguous else np.array(a, copy=True, order="C")
-
-
-def _decode_column(col: Any, info: dict, n: int) -> torch.Tensor | np.ndarray:
-    shape = (n, *info.get("shape", []))
-    values = _flat_values(col, info)
-    kind = info.get("kind")
-    if kind == "tensor":
-        torch_dtype = _TORCH_BY_NAME[info["dtype"]]
-        np_dtype = _TORCH_DTYPES[torch_dtype][1]
-        if values is None:
-            return torch.zeros(shape, dtype=torch_dtype)
-        flat = _writable(values.to_numpy(zero_copy_only=False).astype(np_dtype, copy=False))
-        if torch_dtype == torch.bfloat16:
-            return torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).reshape(shape)
-        return torch.from_numpy(flat).reshape(shape)
-    if kind == "ndarray":
-        dtype = np.dtype(info["dtype"])
-        if values is None:
-            return np.zeros(shape, dtype=dtype)
-        if dtype.kind in "US":
-            return np.array(values.to_pylist(), dtype=dtype).reshape(shape)
-        return _writable(values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)).reshape(shape)
-    if kind == "object":
-        out = np.empty(math.prod(shape), dtype=object)
-        if values is not None:
-            for i, item in enumerate(_object_values(values, info.get("encoding", "arrow"))):
-                out[i] = item
-        return out.reshape(shape)
-    raise KeyError(f"unknown column kind {kind!r}")
 
 
 def _header(url: str, schema: pa.Schema) -> tuple[dict, dict]:
@@ -322,7 +125,7 @@ def decode(
     for key in columns if columns is not None else header["columns"]:
         info = header["columns"][key]
         try:
-            value = _decode_column(table.column(key), info, n)
+            value = decode_column(table.column(key), info, n)
         except (pa.ArrowException, KeyError, ValueError, TypeError, RuntimeError) as exc:
             raise DataProtoFormatError(
                 f"{url}: column {key!r} cannot be decoded ({exc}); the file is corrupt. {_FIX}."

@@ -36,6 +36,7 @@ batches hold.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,15 @@ from typing_extensions import TypedDict  # pydantic validates it on Python 3.11 
 
 from ppoflow.infra.data import storage
 
-__all__ = ["PromptDataset", "DataError", "Row", "DataCursor", "TRUNCATION", "prompt_token_ids"]
+__all__ = [
+    "PromptDataset",
+    "DataError",
+    "Row",
+    "DataCursor",
+    "TRUNCATION",
+    "prompt_token_ids",
+    "ground_truth_of",
+]
 
 #: The values of ``data.truncation``.
 TRUNCATION = ("error", "left", "right")
@@ -219,26 +228,45 @@ class PromptDataset:
 
         if truncation not in TRUNCATION:
             raise DataError(f"data.truncation={truncation!r}: expected one of {', '.join(TRUNCATION)}")
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad_id is None:
-            raise DataError("the tokenizer has neither a pad nor an eos token; set one")
+        pad_id = _pad_id(tokenizer)
         recs = self.records(rows)
+        # A generator: each prompt is tokenized when the one before it has been placed.
+        prompts = (self.prompt_tokens(rec[self.prompt_key], tokenizer, apply_chat_template) for rec in recs)
+        ids, mask, stats = self._left_padded(rows, prompts, pad_id, prompt_length, truncation)
+        position_ids = torch.clamp(torch.cumsum(mask, dim=1) - 1, min=0)
+        non_tensors = {
+            "data_source": [str(r["data_source"]) for r in recs],
+            "ground_truth": [ground_truth_of(r) for r in recs],
+            "extra_info": [r.get("extra_info") for r in recs],
+            "uid": [row.uid for row in rows],
+            "raw_prompt": [r[self.prompt_key] for r in recs],
+        }
+        proto = DataProto.from_dict(
+            tensors={"input_ids": ids, "attention_mask": mask, "position_ids": position_ids},
+            non_tensors=non_tensors,
+            meta_info=dict(meta_info or {}),
+        )
+        return proto, stats
+
+    def _left_padded(
+        self,
+        rows: list[Row],
+        prompts: Iterable[list[int]],
+        pad_id: int,
+        prompt_length: int,
+        truncation: str,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+        """The (B, prompt_length) ids and attention mask of ``prompts`` (the token ids of ``rows``,
+        in order), left-padded with ``pad_id``, longer ones cut as ``truncation`` says (warned
+        about once), and the stats ``{truncated, max_prompt_tokens}``."""
         ids = torch.full((len(rows), prompt_length), int(pad_id), dtype=torch.long)
         mask = torch.zeros((len(rows), prompt_length), dtype=torch.long)
         truncated, longest = 0, 0
-        for i, rec in enumerate(recs):
-            toks = self.prompt_tokens(rec[self.prompt_key], tokenizer, apply_chat_template)
+        for i, toks in enumerate(prompts):
             longest = max(longest, len(toks))
             if len(toks) > prompt_length:
-                if truncation == "error":
-                    raise DataError(
-                        f"{self.where(rows[i].index)}: the prompt has {len(toks)} tokens, more than "
-                        f"rollout.prompt_length={prompt_length} (data.truncation=error); raise "
-                        "rollout.prompt_length, set data.truncation=left or right, or set "
-                        "data.filter_overlong_prompts=true to drop such prompts"
-                    )
+                toks = self._cut(toks, rows[i], prompt_length, truncation)
                 truncated += 1
-                toks = toks[-prompt_length:] if truncation == "left" else toks[:prompt_length]
             if toks:
                 ids[i, -len(toks) :] = torch.tensor(toks, dtype=torch.long)
                 mask[i, -len(toks) :] = 1
@@ -253,20 +281,19 @@ class PromptDataset:
                 "first" if truncation == "left" else "last",
                 truncation,
             )
-        position_ids = torch.clamp(torch.cumsum(mask, dim=1) - 1, min=0)
-        non_tensors = {
-            "data_source": _objects([str(r["data_source"]) for r in recs]),
-            "ground_truth": _objects([_ground_truth(r) for r in recs]),
-            "extra_info": _objects([r.get("extra_info") for r in recs]),
-            "uid": _objects([row.uid for row in rows]),
-            "raw_prompt": _objects([r[self.prompt_key] for r in recs]),
-        }
-        proto = DataProto.from_dict(
-            tensors={"input_ids": ids, "attention_mask": mask, "position_ids": position_ids},
-            non_tensors=non_tensors,
-            meta_info=dict(meta_info or {}),
-        )
-        return proto, {"truncated": truncated, "max_prompt_tokens": longest}
+        return ids, mask, {"truncated": truncated, "max_prompt_tokens": longest}
+
+    def _cut(self, toks: list[int], row: Row, prompt_length: int, truncation: str) -> list[int]:
+        """An overlong prompt's tokens cut to ``prompt_length`` (``left``: its first tokens go,
+        ``right``: its last), or DataError naming the row (``error``)."""
+        if truncation == "error":
+            raise DataError(
+                f"{self.where(row.index)}: the prompt has {len(toks)} tokens, more than "
+                f"rollout.prompt_length={prompt_length} (data.truncation=error); raise "
+                "rollout.prompt_length, set data.truncation=left or right, or set "
+                "data.filter_overlong_prompts=true to drop such prompts"
+            )
+        return toks[-prompt_length:] if truncation == "left" else toks[:prompt_length]
 
 
 def prompt_token_ids(
@@ -296,12 +323,15 @@ def prompt_token_ids(
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _objects(values: list[Any]) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
-
-
-def _ground_truth(rec: dict[str, Any]) -> Any:
-    rm = rec.get("reward_model")
+def ground_truth_of(row: dict[str, Any]) -> Any:
+    """A row's ``reward_model.ground_truth`` (a record of the prompt files), or None."""
+    rm = row.get("reward_model")
     return rm.get("ground_truth") if isinstance(rm, dict) else None
+
+
+def _pad_id(tokenizer: Any) -> int:
+    """The id prompts are padded with: the pad token's, else the eos token's; DataError if neither."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise DataError("the tokenizer has neither a pad nor an eos token; set one")
+    return pad_id

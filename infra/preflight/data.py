@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
-from ppoflow.infra.data.prompts import DataError, prompt_token_ids
+from ppoflow.infra.data.prompts import DataError, ground_truth_of, prompt_token_ids
 from ppoflow.infra.preflight.report import Checks
 
 __all__ = ["check_data", "check_reward", "SAMPLE_ROWS", "REWARD_ROWS"]
@@ -23,6 +23,9 @@ __all__ = ["check_data", "check_reward", "SAMPLE_ROWS", "REWARD_ROWS"]
 SAMPLE_ROWS = 64
 #: Sample rows the reward function is called on (twice each).
 REWARD_ROWS = 4
+
+#: A row problem: (kind, what is wrong, what the column must hold).
+RowProblem = tuple[str, str, str]
 
 _FORMAT = (
     "veRL's format: '{key}' (chat messages [{{'role': 'user', 'content': ...}}] or a string; another "
@@ -46,11 +49,6 @@ def _sample(url: str, cfg: ExperimentConfig) -> tuple[pa.Schema, int, list[dict[
         raise DataError("the file does not exist") from None
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"not a readable parquet file ({exc})") from None
-
-
-def _ground_truth(row: dict[str, Any]) -> Any:
-    rm = row.get("reward_model")
-    return rm.get("ground_truth") if isinstance(rm, dict) else None
 
 
 def _check_schema(url: str, schema: pa.Schema, count: int, cfg: ExperimentConfig, c: Checks) -> bool:
@@ -78,64 +76,78 @@ def _check_schema(url: str, schema: pa.Schema, count: int, cfg: ExperimentConfig
     return True
 
 
+def _row_problems(
+    row: dict[str, Any], tokenizer: Any, cfg: ExperimentConfig
+) -> tuple[list[RowProblem], int | None]:
+    """What is wrong with one sample row, as ``(kind, what, want)`` in report order, and its
+    prompt's length in tokens (None without a tokenizer, or when the prompt cannot be tokenized)."""
+    from ppoflow.infra.rewards import get_reward_fn
+
+    rule, data, key = cfg.reward.rule, cfg.data, cfg.data.prompt_key
+    problems: list[RowProblem] = []
+    source = row.get("data_source")
+    if not isinstance(source, str) or not source:
+        problems.append(("data_source", f"data_source is {source!r}", "a non-empty string"))
+    elif rule and not cfg.reward.custom_function:
+        try:
+            get_reward_fn(source)
+        except KeyError as exc:
+            problems.append(("reward", str(exc.args[0] if exc.args else exc), ""))
+    if rule and ground_truth_of(row) is None:
+        problems.append(
+            ("ground_truth", "reward_model.ground_truth is missing", "the answer the rule compares with")
+        )
+    if tokenizer is None:
+        return problems, None
+    try:
+        n = len(
+            prompt_token_ids(row.get(key), tokenizer, apply_chat_template=data.apply_chat_template, key=key)
+        )
+    except DataError as exc:
+        problems.append(("prompt", str(exc), "chat messages or a string"))
+        return problems, None
+    if n > cfg.rollout.prompt_length and data.truncation == "error" and not data.filter_overlong_prompts:
+        problems.append(("length", f"the prompt has {n} tokens", ""))
+    return problems, n
+
+
+def _report_kind(
+    where: str, kind: str, what: str, want: str, longest: int, cfg: ExperimentConfig, c: Checks
+) -> None:
+    """Report one kind of row problem, found first at ``where``."""
+    if kind == "length":
+        c.problem(
+            where,
+            f"{what}, more than rollout.prompt_length={cfg.rollout.prompt_length} (data.truncation=error)",
+            f"raise rollout.prompt_length to at least {longest}, set data.truncation=left or right, "
+            "or set data.filter_overlong_prompts=true to drop such prompts",
+        )
+    elif kind == "reward":
+        c.problem(where, what, "")
+    else:
+        c.problem(
+            where, what, f"column '{'reward_model' if kind == 'ground_truth' else kind}' must hold {want}"
+        )
+
+
 def _check_rows(
     url: str, rows: list[dict[str, Any]], tokenizer: Any, cfg: ExperimentConfig, c: Checks
 ) -> None:
     """Per-row checks on the sample; each kind of problem is reported once (its first row, a count)."""
-    from ppoflow.infra.rewards import get_reward_fn
-
-    key, rule, data = cfg.data.prompt_key, cfg.reward.rule, cfg.data
-    limit = cfg.rollout.prompt_length
-    by_registry = rule and not cfg.reward.custom_function
+    data, limit = cfg.data, cfg.rollout.prompt_length
     bad: dict[str, list[tuple[int, str, str]]] = {}
-    longest, overlong = 0, 0
+    lengths: list[int] = []
     for i, row in enumerate(rows):
-        source = row.get("data_source")
-        if not isinstance(source, str) or not source:
-            bad.setdefault("data_source", []).append((i, f"data_source is {source!r}", "a non-empty string"))
-        elif by_registry:
-            try:
-                get_reward_fn(source)
-            except KeyError as exc:
-                bad.setdefault("reward", []).append((i, str(exc.args[0] if exc.args else exc), ""))
-        if rule and _ground_truth(row) is None:
-            bad.setdefault("ground_truth", []).append(
-                (i, "reward_model.ground_truth is missing", "the answer the rule compares with")
-            )
-        if tokenizer is None:
-            continue
-        try:
-            n = len(
-                prompt_token_ids(
-                    row.get(key), tokenizer, apply_chat_template=data.apply_chat_template, key=key
-                )
-            )
-        except DataError as exc:
-            bad.setdefault("prompt", []).append((i, str(exc), "chat messages or a string"))
-            continue
-        longest = max(longest, n)
-        if n > limit:
-            overlong += 1
-            if data.truncation == "error" and not data.filter_overlong_prompts:
-                bad.setdefault("length", []).append((i, f"the prompt has {n} tokens", ""))
+        problems, n = _row_problems(row, tokenizer, cfg)
+        for kind, what, want in problems:
+            bad.setdefault(kind, []).append((i, what, want))
+        if n is not None:
+            lengths.append(n)
+    longest, overlong = max(lengths, default=0), sum(n > limit for n in lengths)
     for kind, found in bad.items():
         i, what, want = found[0]
-        where = f"{url} row {i}" + (
-            f" (and {len(found) - 1} more of the first {len(rows)})" if len(found) > 1 else ""
-        )
-        if kind == "length":
-            c.problem(
-                where,
-                f"{what}, more than rollout.prompt_length={limit} (data.truncation=error)",
-                f"raise rollout.prompt_length to at least {longest}, set data.truncation=left or right, "
-                "or set data.filter_overlong_prompts=true to drop such prompts",
-            )
-        elif kind == "reward":
-            c.problem(where, what, "")
-        else:
-            c.problem(
-                where, what, f"column '{'reward_model' if kind == 'ground_truth' else kind}' must hold {want}"
-            )
+        more = f" (and {len(found) - 1} more of the first {len(rows)})" if len(found) > 1 else ""
+        _report_kind(f"{url} row {i}{more}", kind, what, want, longest, cfg, c)
     if overlong and not bad.get("length"):
         action = (
             "they will be dropped (data.filter_overlong_prompts)"
@@ -192,7 +204,7 @@ def check_reward(cfg: ExperimentConfig, rows: list[dict[str, Any]], c: Checks) -
     if not usable:
         return
     sources = [r["data_source"] for r in usable] * 2
-    truths = [_ground_truth(r) for r in usable] * 2
+    truths = [ground_truth_of(r) for r in usable] * 2
     responses = [""] * len(usable) + [str(t) for t in truths[: len(usable)]]
     extras = [r.get("extra_info") for r in usable] * 2
     try:
