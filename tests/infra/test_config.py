@@ -108,3 +108,20 @@ def test_algorithm_names_come_from_the_registries():
         assert "test_only_zero" in schema["adv_estimator"]["enum"]
     finally:
         del ADV_ESTIMATORS["test_only_zero"]
+
+
+def test_a_yaml_syntax_error_names_the_file_the_line_and_the_column(tmp_path):
+    import fsspec
+
+    text = "model:\n  path: m\n data: {train_files: [x]}\n"  # 'data' one space off its section
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    with fsspec.open("memory://configs/exp.yaml", "w") as f:
+        f.write(text)
+    for source in (str(path), "memory://configs/exp.yaml"):
+        with pytest.raises(ConfigError) as err:
+            load_config(source)
+        message = str(err.value)
+        assert message.startswith(f"{source}:3:2: not valid YAML")
+        assert "     3 |  data: {train_files: [x]}\n       |  ^" in message
+        assert "<unicode string>" not in message

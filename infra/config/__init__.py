@@ -1,0 +1,63 @@
+"""The experiment config: one pydantic model tree, loadable from YAML.
+
+Every section forbids unknown keys, so a typo is an error that names the field instead of a
+silently ignored setting. Workers receive ``config.model_dump(mode="json")`` and rebuild it with
+``ExperimentConfig.model_validate``.
+
+    cfg = load_config("experiment.yaml")        # a path or any fsspec URL
+    cfg = ExperimentConfig.model_validate({...})
+
+The sections live by subject: ``models`` (policy, reference, critic, reward), ``iteration``
+(rollout, algorithm, data), ``system`` (storage, checkpoints, resources), ``experiment`` (the
+whole tree and the checks that span sections), ``loading`` (YAML in and out, errors).
+"""
+
+from ppoflow.infra.config.experiment import ExperimentConfig
+from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, KLControlConfig, RolloutConfig
+from ppoflow.infra.config.loading import (
+    ConfigError,
+    apply_overrides,
+    dump_config,
+    format_validation_error,
+    load_config,
+    parse_config,
+)
+from ppoflow.infra.config.models import (
+    ActorConfig,
+    CriticConfig,
+    FSDPConfig,
+    ModelConfig,
+    OptimConfig,
+    RefConfig,
+    RewardConfig,
+    RewardModelConfig,
+)
+from ppoflow.infra.config.names import Dtype
+from ppoflow.infra.config.system import CheckpointConfig, RendezvousConfig, ResourcesConfig, StorageConfig
+
+__all__ = [
+    "ExperimentConfig",
+    "ModelConfig",
+    "FSDPConfig",
+    "OptimConfig",
+    "ActorConfig",
+    "RefConfig",
+    "CriticConfig",
+    "RewardModelConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "KLControlConfig",
+    "AlgorithmConfig",
+    "DataConfig",
+    "StorageConfig",
+    "RendezvousConfig",
+    "CheckpointConfig",
+    "ResourcesConfig",
+    "Dtype",
+    "ConfigError",
+    "format_validation_error",
+    "parse_config",
+    "apply_overrides",
+    "load_config",
+    "dump_config",
+]

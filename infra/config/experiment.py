@@ -1,0 +1,149 @@
+"""The experiment config: every section, and the checks that span sections."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, RolloutConfig
+from ppoflow.infra.config.models import ActorConfig, CriticConfig, ModelConfig, RefConfig, RewardConfig
+from ppoflow.infra.config.names import Section
+from ppoflow.infra.config.system import CheckpointConfig, ResourcesConfig, StorageConfig
+
+__all__ = ["ExperimentConfig"]
+
+
+class ExperimentConfig(Section):
+    model: ModelConfig
+    data: DataConfig
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    ref: RefConfig = Field(default_factory=RefConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentConfig:
+        n = self.resources.nprocs
+        for name, fsdp in (("actor", self.actor.fsdp), ("critic", self.critic.fsdp), ("ref", self.ref.fsdp)):
+            if fsdp.fsdp_size != -1 and (fsdp.fsdp_size < 1 or n % fsdp.fsdp_size):
+                raise ValueError(
+                    f"{name}.fsdp.fsdp_size={fsdp.fsdp_size} must be -1 or a divisor of resources.nprocs={n}"
+                )
+        tp = self.rollout.tensor_model_parallel_size
+        if n % tp:
+            raise ValueError(f"rollout.tensor_model_parallel_size={tp} must divide resources.nprocs={n}")
+        from ppoflow.algos import ADV_ESTIMATORS, estimator_inputs
+
+        est = self.algorithm.adv_estimator
+        needs = estimator_inputs(est)
+        if "values" in needs and not self.critic.enable:
+            others = sorted(n for n in ADV_ESTIMATORS if "values" not in estimator_inputs(n))
+            raise ValueError(
+                f"algorithm.adv_estimator='{est}' needs a critic: set critic.enable=true or pick "
+                f"an estimator that runs without one ({', '.join(others)})"
+            )
+        if "index" in needs and self.rollout.n < 2:
+            raise ValueError(
+                f"algorithm.adv_estimator='{est}' compares responses to the same prompt: set rollout.n >= 2"
+            )
+        for name, size in (
+            ("data.train_batch_size", self.data.train_batch_size),
+            ("actor.ppo_mini_batch_size", self.actor.ppo_mini_batch_size),
+        ):
+            if (size * self.rollout.n) % n:
+                raise ValueError(
+                    f"{name}={size} x rollout.n={self.rollout.n} must be a multiple of "
+                    f"resources.nprocs={n}: every rank trains on an equal share (padding "
+                    "rows would be trained on twice)"
+                )
+        if self.data.train_batch_size % self.actor.ppo_mini_batch_size:
+            raise ValueError(
+                f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
+                f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size}"
+            )
+        if self.critic.enable and self.data.train_batch_size % self.critic.ppo_mini_batch_size:
+            raise ValueError(
+                f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
+                f"critic.ppo_mini_batch_size={self.critic.ppo_mini_batch_size}"
+            )
+        if not (self.reward.rule or self.reward.reward_model.enable or self.reward.custom_function):
+            raise ValueError(
+                "no reward source: enable reward.rule, reward.custom_function or reward.reward_model"
+            )
+        if self.reward.reward_model.enable and self.reward.reward_model.model is None:
+            raise ValueError("reward.reward_model.enable=true needs reward.reward_model.model.path")
+        return self
+
+    @model_validator(mode="after")
+    def _check_token_budgets(self) -> ExperimentConfig:
+        """With use_dynamic_bsz every token budget must hold the longest rollout row."""
+        longest = self.rollout.prompt_length + self.rollout.response_length
+        budgets = []
+        if self.actor.use_dynamic_bsz:
+            budgets.append(("actor.ppo_max_token_len_per_gpu", self.actor.ppo_max_token_len_per_gpu))
+        if self.actor.use_dynamic_bsz or self.ref.log_prob_use_dynamic_bsz:
+            budgets.append(
+                ("actor.log_prob_max_token_len_per_gpu", self.actor.log_prob_max_token_len_per_gpu)
+            )
+            budgets.append(("ref.log_prob_max_token_len_per_gpu", self.ref.log_prob_max_token_len_per_gpu))
+        if self.critic.enable and self.critic.use_dynamic_bsz:
+            budgets.append(("critic.ppo_max_token_len_per_gpu", self.critic.ppo_max_token_len_per_gpu))
+            budgets.append(
+                ("critic.forward_max_token_len_per_gpu", self.critic.forward_max_token_len_per_gpu)
+            )
+        for name, budget in budgets:
+            if budget is not None and budget < longest:
+                raise ValueError(
+                    f"{name}={budget} is smaller than the longest row: rollout.prompt_length + "
+                    f"rollout.response_length = {longest} tokens; raise it to at least {longest}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _check_multinode_storage(self) -> ExperimentConfig:
+        """Ranks on other hosts read and write the experiment's storage: it must reach them."""
+        if self.resources.launch != "rendezvous":
+            return self
+        root = self.storage.root
+        from ppoflow.infra.data.storage import protocol_of
+
+        proto = protocol_of(root)
+        if proto == "memory":
+            raise ValueError(
+                f"storage.root={root!r} lives in one process; a multi-node run "
+                "(resources.launch: rendezvous) needs storage every node reaches: use s3://..."
+            )
+        if proto in ("file", "local") and not self.storage.shared_filesystem:
+            raise ValueError(
+                f"storage.root={root!r} is a local path that the other nodes of a multi-node run "
+                "(resources.launch: rendezvous) cannot read: use object storage (s3://bucket/prefix), "
+                "or, if it is a shared filesystem mounted at the same path on every node (NFS, Lustre), "
+                "set storage.shared_filesystem: true"
+            )
+        return self
+
+    @property
+    def critic_model(self) -> ModelConfig:
+        return self.critic.model or self.model
+
+    def identity(self) -> dict[str, Any]:
+        """What an experiment may not change between iterations (other weights or tokenizer)."""
+        ids = {
+            "model.path": self.model.path,
+            "model.tokenizer": self.model.tokenizer,
+            "critic.model": self.critic_model.path if self.critic.enable else None,
+        }
+        return ids
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]

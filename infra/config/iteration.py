@@ -1,0 +1,118 @@
+"""What one iteration does: the rollout, the algorithm (estimator, KL terms, overlap) and the data."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ppoflow.infra.config.names import AdvEstimatorName, Dtype, KLControllerKind, KLPenaltyKind, Section
+
+__all__ = ["RolloutConfig", "KLControlConfig", "AlgorithmConfig", "DataConfig"]
+
+
+class RolloutConfig(Section):
+    engine: Literal["vllm", "hf"] = Field(
+        "vllm", description="vllm, or hf (transformers generate) without vLLM"
+    )
+    n: int = Field(1, ge=1, description="responses sampled per prompt")
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, description="-1 = off")
+    prompt_length: int = Field(64, ge=1, description="prompts are left-padded/truncated to this many tokens")
+    response_length: int = Field(32, ge=1)
+    tensor_model_parallel_size: int = Field(
+        1, ge=1, description="vLLM tensor parallelism; training always uses every rank whatever it is"
+    )
+    dtype: Dtype | None = Field(None, description="engine dtype; None = the model dtype")
+    kv_cache_gib: Annotated[float, Field(gt=0.0)] | Literal["auto"] | None = Field(
+        "auto",
+        description="KV-cache budget per engine, GiB. GPU: 'auto' = what the batch needs (each "
+        "engine's sequences at once, at prompt_length + response_length tokens, +25%, >= 1 GiB); "
+        "None = vLLM sizes it from gpu_memory_utilization, profiling the device's memory at "
+        "start-up (which assumes no other process changes its memory meanwhile: not so with "
+        "colocated worker groups). CPU: 'auto' and None = 0.25 (VLLM_CPU_KVCACHE_SPACE, whole "
+        "GiB, overrides it)",
+    )
+    gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0.0,
+        le=1.0,
+        description="GPU: vLLM starts only if this share of the device is free; with kv_cache_gib None "
+        "it is also the engine's whole budget (weights, activations, CUDA graphs, KV cache)",
+    )
+    max_num_seqs: int = Field(256, ge=1, description="most sequences one engine decodes at once")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="tokens per engine step (chunked prefill budget); None = vLLM's default"
+    )
+    enforce_eager: bool | None = Field(
+        None, description="None: eager on CPU, CUDA graphs on GPU (2-2.5x faster decoding); or force it"
+    )
+    sleep_level: Literal[1, 2] | None = Field(
+        None,
+        description="GPU: how the engine sleeps after each rollout to give its memory to training. "
+        "2 discards weights and KV cache (nothing copied; the next rollout pushes the weights); 1 also "
+        "frees the GPU but keeps the weights in host memory. None: 2 when the engine shares its ranks "
+        "with the trained actor (which pushes new weights before every rollout anyway), else 1",
+    )
+    weight_loader: Literal["hf", "dtensor"] = Field(
+        "hf",
+        description="FSDP -> engine push with TP > 1: hf (every rank gets full tensors, vLLM slices) or "
+        "dtensor (each TP rank receives only its slices of the linear layers)",
+    )
+    calculate_log_probs: bool = Field(
+        False,
+        description="vLLM: also return the engine's log-prob of each sampled token (the "
+        "rollout_log_probs column, a check of engine/trainer agreement: benchmarks/gpu_check.py). PPO "
+        "never needs it (the actor recomputes old_log_probs), and it costs vLLM about a fifth of its "
+        "sampling rate (H200, 0.5B: 36.5k against 45.5k tokens/s). The HF engine always returns it",
+    )
+    seed: int = 0
+    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
+
+
+class KLControlConfig(Section):
+    type: KLControllerKind = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+class AlgorithmConfig(Section):
+    """PPO's estimator, KL terms and schedule. ``overlap`` (docs/checkpoints.md, "One-step off-policy"):
+    ``none`` (default): iteration n samples with the weights after update n-1 (on-policy).
+    ``one_step``: iteration n's data side (rollout, old log-probs, values) uses the actor and critic
+    after update n-2, so generating iteration n+1 overlaps update n; the PPO ratio's denominator is
+    the policy that sampled (n-2), clipped as usual. Deterministic for a given config."""
+
+    adv_estimator: AdvEstimatorName = "gae"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: KLPenaltyKind = "kl"
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    overlap: Literal["none", "one_step"] = Field(
+        "none",
+        description="one_step: the rollout of iteration n uses the weights after update n-2, so it "
+        "overlaps update n-1 (one step off-policy); none: strictly on-policy",
+    )
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(description="parquet files in veRL's format")
+    prompt_key: str = "prompt"
+    train_batch_size: int = Field(16, ge=1, description="prompts per iteration")
+    shuffle: bool = True
+    seed: int = 0
+    apply_chat_template: bool = True
+    truncation: Literal["error", "left", "right"] = Field(
+        "left",
+        description="a prompt longer than rollout.prompt_length: drop its first tokens (left), its "
+        "last tokens (right), or fail naming the row (error)",
+    )
+    filter_overlong_prompts: bool = Field(
+        False,
+        description="drop prompts longer than rollout.prompt_length when the dataset is loaded "
+        "(tokenizes every prompt once per run)",
+    )

@@ -1,0 +1,172 @@
+"""The trained models' sections: the policy (``model``, ``actor``, ``ref``), the critic and the
+reward (rule and model), with their FSDP and optimizer settings."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ppoflow.infra.config.names import Dtype, KLPenaltyKind, LossAggMode, Section
+
+__all__ = [
+    "ModelConfig",
+    "FSDPConfig",
+    "OptimConfig",
+    "ActorConfig",
+    "RefConfig",
+    "CriticConfig",
+    "RewardModelConfig",
+    "RewardConfig",
+]
+
+
+class ModelConfig(Section):
+    """A Hugging Face model directory or hub id (weights are read with ``from_pretrained``)."""
+
+    path: str
+    tokenizer_path: str | None = Field(None, description="defaults to `path`")
+    trust_remote_code: bool = False
+    dtype: Dtype = Field("float32", description="parameter dtype of the trained copy")
+    enable_gradient_checkpointing: bool = False
+    use_torch_compile: bool = Field(
+        False,
+        description="torch.compile each decoder layer and the policy's LM-head math (fuses the "
+        "elementwise work around the matmuls; meant for GPUs, compiles once per run)",
+    )
+    override_config: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def tokenizer(self) -> str:
+        return self.tokenizer_path or self.path
+
+
+class FSDPConfig(Section):
+    """FSDP2 layout. ``fsdp_size`` = -1 shards over all ranks (1-D mesh); a divisor of the
+    world size smaller than it builds a 2-D (replicate x shard) mesh: hybrid sharding (HSDP)."""
+
+    fsdp_size: int = -1
+    param_dtype: Dtype | None = Field(
+        None, description="mixed-precision compute dtype (e.g. bfloat16 on GPU); None = the model dtype"
+    )
+    reduce_dtype: Dtype = "float32"
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    reshard_after_forward: bool = True
+
+
+class OptimConfig(Section):
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.01
+    eps: float = 1e-8
+    warmup_steps: int = Field(
+        0, description="linear LR warmup, in optimizer steps; overrides the ratio if > 0"
+    )
+    warmup_steps_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    total_training_steps: int | None = Field(None, description="needed only for warmup_steps_ratio")
+    grad_clip: float = 1.0
+    fused: bool | None = Field(
+        None,
+        description="AdamW's fused kernel (True), its foreach/for-loop kernels (False), or None = fused "
+        "on CUDA, torch's default elsewhere",
+    )
+
+
+class ActorConfig(Section):
+    ppo_mini_batch_size: int = Field(16, ge=1, description="prompts per optimizer step (x rollout.n samples)")
+    ppo_micro_batch_size_per_gpu: int = Field(4, ge=1)
+    ppo_epochs: int = Field(1, ge=1)
+    shuffle: bool = False
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = Field(3.0, gt=1.0)
+    loss_agg_mode: LossAggMode = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: KLPenaltyKind = "low_var_kl"
+    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
+    logprob_head: Literal["checkpoint", "fused"] = Field(
+        "checkpoint",
+        description="LM head for log-probs: chunks under activation checkpointing, or the fused "
+        "chunked head with a hand-written backward (fewer passes over the logits)",
+    )
+    logprob_chunk_size: int = Field(
+        1024, ge=1, description="tokens per LM-head chunk (never the full logits)"
+    )
+    use_dynamic_bsz: bool = Field(
+        False,
+        description="pack each micro-batch's real tokens into one row (no compute on padding) and form micro-batches "
+        "by a token budget instead of a row count",
+    )
+    ppo_max_token_len_per_gpu: int = Field(
+        16384, ge=1, description="with use_dynamic_bsz: real tokens per update micro-batch per GPU"
+    )
+    log_prob_max_token_len_per_gpu: int | None = Field(
+        None,
+        ge=1,
+        description="with use_dynamic_bsz: tokens per log-prob micro-batch; None = ppo_max_token_len_per_gpu",
+    )
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
+
+
+class RefConfig(Section):
+    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
+    log_prob_use_dynamic_bsz: bool | None = Field(None, description="None = actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int | None = Field(
+        None, ge=1, description="None = the actor's log-prob token budget"
+    )
+    fsdp: FSDPConfig = Field(default_factory=lambda: FSDPConfig(param_offload=False))
+
+
+class CriticConfig(Section):
+    enable: bool = Field(
+        True, description="needed by GAE; outcome estimators (grpo, rloo, ...) run without it"
+    )
+    model: ModelConfig | None = Field(None, description="defaults to the actor's base model")
+    ppo_mini_batch_size: int = Field(16, ge=1)
+    ppo_micro_batch_size_per_gpu: int = Field(4, ge=1)
+    ppo_epochs: int = Field(1, ge=1)
+    shuffle: bool = False
+    cliprange_value: float = 0.5
+    loss_agg_mode: LossAggMode = "token-mean"
+    forward_micro_batch_size_per_gpu: int = Field(8, ge=1)
+    use_dynamic_bsz: bool = Field(
+        False,
+        description="pack each micro-batch's real tokens into one row (no compute on padding) and form micro-batches "
+        "by a token budget instead of a row count",
+    )
+    ppo_max_token_len_per_gpu: int = Field(
+        32768, ge=1, description="with use_dynamic_bsz: real tokens per update micro-batch per GPU"
+    )
+    forward_max_token_len_per_gpu: int | None = Field(
+        None,
+        ge=1,
+        description="with use_dynamic_bsz: tokens per values micro-batch; None = ppo_max_token_len_per_gpu",
+    )
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
+
+
+class RewardModelConfig(Section):
+    enable: bool = False
+    model: ModelConfig | None = None
+    micro_batch_size_per_gpu: int = Field(8, ge=1)
+    use_dynamic_bsz: bool = Field(
+        False, description="score packed micro-batches of forward_max_token_len_per_gpu real tokens"
+    )
+    forward_max_token_len_per_gpu: int = Field(32768, ge=1)
+    max_length: int | None = None
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
+
+
+class RewardConfig(Section):
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    rule: bool = Field(True, description="score with the rule registered for each row's data_source")
+    custom_function: str | None = Field(
+        None,
+        description="'package.module:function' (score(data_source, solution_str, ground_truth, extra_info) -> float)",
+    )
+    rm_weight: float = 1.0

@@ -1,0 +1,126 @@
+"""Where and how a run runs: storage, checkpoints, and the ranks (one host or a rendezvous)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from ppoflow.infra.config.names import Section
+
+__all__ = ["StorageConfig", "RendezvousConfig", "CheckpointConfig", "ResourcesConfig"]
+
+
+class StorageConfig(Section):
+    root: str = Field("runs", description="fsspec URL or path: file://, s3://, memory://")
+    experiment: str = "default"
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
+    shared_filesystem: bool = Field(
+        False,
+        description="a local `root` is a filesystem mounted at the same path on every node (NFS, "
+        "Lustre): lets a multi-node run (resources.launch: rendezvous) use it instead of S3",
+    )
+
+    @property
+    def experiment_url(self) -> str:
+        return self.root.rstrip("/") + "/" + self.experiment
+
+
+class RendezvousConfig(Section):
+    """Worker groups whose ranks span nodes (``resources.launch: rendezvous``). Each node runs
+    ``ppoflow agent --driver <driver_host>:<control_port>``; the flow's process hosts the control
+    endpoint and the c10d rendezvous store. The cluster key comes from the environment
+    (PPOFLOW_CLUSTER_KEY_FILE / PPOFLOW_CLUSTER_KEY), never from this config."""
+
+    nnodes: int = Field(2, ge=1, description="nodes every worker group spans (one `ppoflow agent` each)")
+    nproc_per_node: int = Field(1, ge=1, description="ranks per node (one per GPU)")
+    driver_host: str | None = Field(
+        None, description="address the agents and ranks reach the flow's process at; None = its FQDN"
+    )
+    bind_host: str = Field(
+        "0.0.0.0",
+        description="interface the control endpoint listens on (every connection must pass the "
+        "cluster-key handshake)",
+    )
+    control_port: int = Field(
+        29401, ge=0, le=65535, description="the agents' --driver port; ranks dial it too"
+    )
+    rdzv_port: int = Field(
+        29400,
+        ge=0,
+        le=65535,
+        description="the c10d rendezvous store (torchrun --rdzv-endpoint), on the driver",
+    )
+    join_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="how long a group start waits for every node's agent, then for the rendezvous",
+    )
+
+
+class CheckpointConfig(Section):
+    """The actor's and critic's sharded checkpoints, one per committed iteration."""
+
+    async_save: bool = Field(
+        True,
+        description="stage to host memory and write in the background (commit n waits for it, the "
+        "next iteration does not); false: the update tasks write before they finish",
+    )
+    keep_last: int | None = Field(
+        3, ge=1, description="keep the checkpoints of the last K committed iterations; null = keep all"
+    )
+    keep_every: int = Field(
+        0, ge=0, description="also keep every M-th iteration's checkpoints (0 = none beyond keep_last)"
+    )
+    keep_every_weights_only: bool = Field(
+        True,
+        description="the every-M-th checkpoints keep only the model weights once they leave the last K "
+        "(for export or as a reference policy; the optimizer state, 2/3 of a checkpoint, is deleted)",
+    )
+    verify: bool = Field(True, description="check every file's size and content hash before loading")
+    write_attempts: int = Field(3, ge=1, description="DCP write attempts per checkpoint (storage hiccups)")
+    write_threads: int = Field(
+        1,
+        ge=1,
+        description="files each rank writes in parallel (DCP thread_count; try 4 on fast local disks)",
+    )
+    wait_timeout_s: float = Field(
+        3600.0, gt=0, description="how long commit waits for a background write before failing"
+    )
+
+
+class ResourcesConfig(Section):
+    launch: Literal["local", "rendezvous"] = Field(
+        "local",
+        description="local: every group's ranks on the flow's host (torchrun --standalone); "
+        "rendezvous: on `rendezvous.nnodes` nodes, each running `ppoflow agent`",
+    )
+    nprocs: int = Field(
+        2, ge=1, description="ranks per worker group (one per GPU); rendezvous: nnodes x nproc_per_node"
+    )
+    device: Literal["cpu", "cuda"] = "cpu"
+    threads_per_rank: int | None = Field(None, description="CPU threads per rank; None = cores / ranks")
+    rendezvous: RendezvousConfig = Field(default_factory=RendezvousConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _world_from_nodes(cls, data: Any) -> Any:
+        """With ``launch: rendezvous`` and no ``nprocs``, the world is nnodes x nproc_per_node."""
+        if isinstance(data, dict) and data.get("launch") == "rendezvous" and "nprocs" not in data:
+            nodes = data.get("rendezvous")
+            nodes = nodes.model_dump() if isinstance(nodes, RendezvousConfig) else dict(nodes or {})
+            try:
+                data = {**data, "nprocs": int(nodes.get("nnodes", 2)) * int(nodes.get("nproc_per_node", 1))}
+            except (TypeError, ValueError):
+                pass  # the field validators report the bad number
+        return data
+
+    @model_validator(mode="after")
+    def _check_world(self) -> ResourcesConfig:
+        nodes = self.rendezvous
+        if self.launch == "rendezvous" and self.nprocs != nodes.nnodes * nodes.nproc_per_node:
+            raise ValueError(
+                f"resources.nprocs={self.nprocs} must equal rendezvous.nnodes={nodes.nnodes} x "
+                f"rendezvous.nproc_per_node={nodes.nproc_per_node} (or leave nprocs out)"
+            )
+        return self
