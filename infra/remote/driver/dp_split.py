@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.remote.protocol import Layout, Reply
+from ppoflow.infra.remote.protocol import Call, Layout, Reply
 
-__all__ = ["ProtoSplit", "split_proto", "merge_results"]
+__all__ = ["ProtoSplit", "split_proto", "merge_results", "remove_chunks"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,22 @@ class ProtoSplit:
     pad_size: int
     padded_len: int
     dp_size: int
+
+    def calls(
+        self, cid: int, method: str, args: list[Any], kwargs: dict[str, Any], call_dir: str
+    ) -> list[Call]:
+        """The command each rank gets: its chunk, and where it saves its output."""
+        return [
+            Call(
+                id=cid,
+                method=method,
+                args=args,
+                kwargs=kwargs,
+                in_url=url,
+                out_url=storage.join(call_dir, f"out-rank{rank}.arrow"),
+            )
+            for rank, url in enumerate(self.in_urls)
+        ]
 
 
 def split_proto(data_url: str, world_size: int, layout: list[Layout], out_dir: str) -> ProtoSplit:
@@ -84,3 +102,12 @@ def merge_results(
         merged = merged.unpad(split.pad_size * k)
     merged.save(out_url)
     return out_url
+
+
+def remove_chunks(url: str, log: Callable[[str], None]) -> None:
+    """Delete one call's chunks; a failure is only disk space left over, so it is said, not raised."""
+    try:
+        if storage.exists(url):
+            storage.rm(url, recursive=True)
+    except (OSError, ValueError) as err:
+        log(f"[ppoflow] could not remove {url}: {err}")

@@ -1,39 +1,29 @@
 """WorkerGroup: a persistent group of N ranks (torchrun) running one worker class, driven by JSON
 commands from the driver process (a Prefect task, a test, a script).
 
-    with WorkerGroup("ppoflow.workers.actor_rollout_ref_worker:ActorRolloutRefWorker", nprocs=2, config=cfg,
+    with WorkerGroup("ppoflow.workers.critic_worker:CriticWorker", nprocs=2, config=cfg,
                      device="cpu", log=logger.info) as group:
         group.call("init_model")                               # -> [rank0 result, rank1 result]
         url = group.call("compute_values", rollout_url, out_url=values_url, micro_batch=4)
 
-How it works:
-- ``start()`` has the group's launcher start the ranks (``ppoflow.infra.remote.driver.launchers``): by
-  default ``LocalLauncher``, which opens a control listener on 127.0.0.1 with a random authkey and
-  runs ``python -m torch.distributed.run --standalone --nproc-per-node=N --max-restarts=0 --tee 3
-  -m ppoflow.infra.remote.rank.entry`` in its own session (so the whole group can be killed as
-  one); or ``ppoflow.infra.remote.driver.rendezvous.RendezvousLauncher``, whose per-node agents run torchrun
-  with a c10d rendezvous so the ranks span hosts. Each rank initialises torch.distributed (gloo on
-  CPU, nccl on CUDA), connects back, says hello, receives the config JSON over the link and builds
-  the worker (imported by its "module:Class" string); the messages are
-  :mod:`ppoflow.infra.remote.protocol`'s.
+- ``start()`` has the group's launcher (:mod:`~ppoflow.infra.remote.driver.launchers`: torchrun
+  on this host, or per-node agents with a c10d rendezvous) start the ranks; each connects back,
+  says hello, receives the worker's config and builds the worker (imported by its "module:Class"
+  string in the rank only). The messages are :mod:`ppoflow.infra.remote.protocol`'s.
 - Rank output (stdout and stderr, prefixed ``[rankN]:``) is streamed line by line to ``log``; the
   last 200 lines go into error messages.
-- ``call`` sends one command per rank and waits for every reply while watching the ranks'
-  links (EOF = dead rank) and the launcher (torchrun's pidfd; the agents' links). Data never
-  travels on the link: a DP_COMPUTE_PROTO call moves DataProto chunks as Arrow files in the
-  group's scratch space (a temp dir, or a storage URL every node reads when ranks span hosts).
-  See ``ppoflow.infra.remote.dispatch.Dispatch`` for the modes and ``ppoflow.infra.remote.rank.entry`` for the rank side.
-- Failures: a rank that raises sends its traceback; the driver waits ``grace_s`` for the others
-  (they may be stuck in a collective), kills the process group and raises ``RankFailure``. A rank
-  that dies (EOF, torchrun exits, a node's agent is lost) gets the group killed and
-  ``RankFailure`` with the launcher's account and the output tail within about a second. A
-  failed group is dead: later calls raise ``WorkerGroupDead``.
-- Ranks exit by themselves when the driver process (or their node's agent) dies: they watch its
-  pid; a finalizer (also run at interpreter exit) kills a group that was never shut down.
-
-Fault injection for chaos tests: pass ``env={"PPOFLOW_FAULT": "rank_exit:<method>:<rank>"}`` (the
-rank calls ``os._exit(17)`` at the start of that method) or ``"rank_raise:<method>:<rank>"`` (it
-raises ``RuntimeError("injected fault ...")``); entries may be comma-separated.
+- ``call`` sends one command per rank and waits for every reply
+  (:mod:`~ppoflow.infra.remote.driver.replies`). Data never travels on the link: a
+  DP_COMPUTE_PROTO call moves DataProto chunks as Arrow files in the group's scratch space (a
+  temp dir, or a storage URL every node reads when ranks span hosts;
+  :mod:`~ppoflow.infra.remote.driver.dp_split`).
+- Failures: a rank that raises or dies gets the group killed and ``RankFailure`` raised (with the
+  rank's traceback, or the launcher's account and the output tail) within about a second; a
+  failed group is dead: later calls raise ``WorkerGroupDead``. Ranks exit by themselves when the
+  driver process (or their node's agent) dies; a finalizer (also run at interpreter exit) kills
+  a group that was never shut down.
+- Fault drills: ``env={"PPOFLOW_FAULT": "rank_exit:<method>:<rank>"}`` and the other rank entries
+  of :mod:`ppoflow.infra.faults`.
 """
 
 from __future__ import annotations
@@ -45,13 +35,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 from ppoflow.infra.data import storage
 from ppoflow.infra.remote.dispatch import Dispatch
-from ppoflow.infra.remote.driver.dp_split import merge_results, split_proto
+from ppoflow.infra.remote.driver.dp_split import merge_results, remove_chunks, split_proto
 from ppoflow.infra.remote.driver.launchers import Launcher, LocalLauncher
+from ppoflow.infra.remote.driver.replies import ReplyCollector
 from ppoflow.infra.remote.errors import RankFailure, WorkerGroupDead
 from ppoflow.infra.remote.protocol import (
     Call,
@@ -329,33 +320,13 @@ class WorkerGroup:
         call_dir = storage.join(self.launcher.scratch, f"call-{cid:06d}")
         try:
             split = split_proto(args[0], self.nprocs, self.layout, call_dir)
-            msgs = [
-                Call(
-                    id=cid,
-                    method=method,
-                    args=list(args[1:]),
-                    kwargs=kwargs,
-                    in_url=split.in_urls[r],
-                    out_url=storage.join(call_dir, f"out-rank{r}.arrow"),
-                )
-                for r in range(self.nprocs)
-            ]
             layout = self.layout  # the layout the data was split with
-            replies = self._round_trip(method, msgs)
+            replies = self._round_trip(method, split.calls(cid, method, list(args[1:]), kwargs, call_dir))
             dest = out_url or storage.join(self.launcher.scratch, f"out-{cid:06d}.arrow")
             return merge_results(method, [replies[r] for r in range(self.nprocs)], layout, split, dest)
         finally:
-            self._remove_scratch(call_dir)
-
-    def _remove_scratch(self, url: str) -> None:
-        """Delete one call's chunks (a failed group's launcher already removed the whole space)."""
-        if self.launcher.scratch is None:
-            return
-        try:
-            if storage.exists(url):
-                storage.rm(url, recursive=True)
-        except (OSError, ValueError) as err:  # leftovers are only disk space; say so and go on
-            self.log(f"[ppoflow] could not remove {url}: {err}")
+            if self.launcher.scratch is not None:  # a failed group's launcher removed it all already
+                remove_chunks(call_dir, self.log)
 
     def _round_trip(self, method: str, msgs: list[Call]) -> dict[int, Reply]:
         """Send one command per rank, collect every reply (raising RankFailure), update the layout."""
@@ -381,104 +352,11 @@ class WorkerGroup:
         return {r: msg for r, msg in replies.items() if isinstance(msg, Reply)}
 
     def _collect(self, method: str, cid: int | None) -> dict[int, Reply | Ready]:
-        """One reply per rank (:class:`Ready` after init, :class:`Reply` after a call). Watches the
-        links (EOF: dead rank) and the launcher (torchrun's pidfd, the agents' links); after the
-        first error reply waits ``grace_s`` for the rest, then kills the group."""
-        conns = self._res.conns
-        rank_of = {id(c): r for r, c in enumerate(conns)}
-        pending = set(range(self.nprocs))
-        replies: dict[int, Reply | Ready] = {}
-        first_error: tuple[int, float] | None = None
-        t0 = time.monotonic()
-        while pending:
-            timeout = self._wait_budget(method, pending, first_error, t0)
-            if timeout is None:
-                break
-            watch: list[Any] = [conns[r] for r in sorted(pending)]
-            if self.launcher.event_fd is not None:
-                watch.append(self.launcher.event_fd)
-            for obj in wait(watch, timeout):
-                if isinstance(obj, int):
-                    continue  # the launcher has news: handled below, after the links are drained
-                rank = rank_of[id(obj)]
-                msg = self._receive(obj, rank, method, cid, first_error is not None)
-                pending.discard(rank)
-                if msg is None:
-                    continue
-                replies[rank] = msg
-                if not msg.ok and first_error is None:
-                    first_error = (rank, time.monotonic())
-            cause = self.launcher.failure() if pending else None
-            if cause is not None:
-                if first_error is not None:
-                    break  # report the traceback of the rank that raised
-                self._fail(
-                    f"{cause} during {method!r}; ranks {sorted(pending)} never replied",
-                    min(pending),
-                    method,
-                    with_tail=True,
-                )
-        if first_error is not None:
-            self._fail_raised(method, first_error[0], replies[first_error[0]], pending)
-        return replies
-
-    def _wait_budget(
-        self, method: str, pending: set[int], first_error: tuple[int, float] | None, t0: float
-    ) -> float | None:
-        """How long the next wait for replies may take: 1 s, less near the grace period after a
-        first error (None: it is over) or the call's time limit (which fails the call)."""
-        timeout = 1.0
-        if first_error is not None:
-            timeout = first_error[1] + self.grace_s - time.monotonic()
-            if timeout <= 0:
-                return None
-        if self.call_timeout_s is not None:
-            left = t0 + self.call_timeout_s - time.monotonic()
-            if left <= 0:
-                self._fail(
-                    f"{method} did not finish within {self.call_timeout_s} s "
-                    f"(ranks still busy: {sorted(pending)})",
-                    None,
-                    method,
-                    with_tail=True,
-                )
-            timeout = min(timeout, left)
-        return timeout
-
-    def _receive(
-        self, conn: Connection, rank: int, method: str, cid: int | None, after_error: bool
-    ) -> Reply | Ready | None:
-        """The reply of ``rank`` to call ``cid`` (:class:`Ready` to the init). A closed link kills
-        the group, unless another rank already raised (its traceback is what gets reported: None)."""
-        try:
-            msg = receive(conn, Ready) if cid is None else receive(conn, Reply)
-        except (EOFError, OSError, ProtocolError) as err:
-            if after_error:
-                return None
-            what = "sent a message that is not a reply" if isinstance(err, ProtocolError) else "died"
-            self._fail(
-                f"{self._rank_name(rank)} {what} during {method!r} ({err or 'its link closed'})",
-                rank,
-                method,
-                with_tail=True,
-                settle=True,
-            )
-        if isinstance(msg, Reply) and msg.id != cid:
-            raise ProtocolError(f"rank {rank} answered call {msg.id} while call {cid} ({method}) was pending")
-        return msg
-
-    def _fail_raised(self, method: str, rank: int, msg: Reply | Ready, pending: set[int]) -> None:
-        """Raise the RankFailure of ``rank``, which reported an exception (``msg.failure``)."""
-        failure = msg.failure
-        error, trace = (failure.error, failure.traceback) if failure else ("(no details)", "")
-        stuck = f" (ranks {sorted(pending)} still busy after {self.grace_s} s)" if pending else ""
-        self._fail(
-            f"rank {rank} raised in {method!r}: {error}{stuck}\n--- rank {rank} traceback ---\n{trace.rstrip()}",
-            rank,
-            method,
-            with_tail=False,
-            error_types=tuple(failure.error_types) if failure else (),
-        )
+        """One reply per rank (:mod:`ppoflow.infra.remote.driver.replies`); a rank that raised or
+        died fails the call (and kills the group) through :meth:`_fail`."""
+        return ReplyCollector(
+            self._res.conns, self.launcher, self.grace_s, self.call_timeout_s, self._fail, self._rank_name
+        ).collect(method, cid)
 
     def _rank_name(self, rank: int) -> str:
         """``rank 1 (pid 123)``, with the node it ran on when the group spans nodes."""

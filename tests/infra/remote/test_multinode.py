@@ -204,7 +204,7 @@ def test_a_node_whose_torchrun_never_reaches_the_rendezvous(tmp_path):
         assert "torchrun on node 0 (host " in msg and "before all ranks connected" in msg
         assert "ranks missing from node 0" in msg and "node 1 (host ghost" in msg
         assert "RendezvousTimeoutError" in msg  # torchrun's own report, from node 0's output
-        assert [o["type"] for o in orders] == ["start", "kill"]  # the stand-in got its order and the kill
+        assert [o.type for o in orders] == ["start", "kill"]  # the stand-in got its order and the kill
         assert agents.wait_no_descendants() == []
     finally:
         ghost.close()
