@@ -166,69 +166,98 @@ def _submit_data(ctx: RunContext, n: int, start: Start) -> _Data:
     return _Data(gen, reads, adv, actor_users, critic_users)
 
 
+def _updates(ctx: RunContext, n: int, start: Start, data: _Data, upcoming: _Data | None) -> IterationReceipts:
+    """Submit iteration ``n``'s updates (after the data side of ``n + 1`` with one-step overlap:
+    the groups generate first, then train) and wait for them; the iteration's receipts."""
+    gen, scored, adv = data.receipts()
+    updates = [
+        update_actor.submit(ctx.key, n, adv, start.actor, wait_for=upcoming.actor_users if upcoming else None)
+    ]
+    if ctx.cfg.critic.enable:
+        waits = upcoming.critic_users if upcoming else None
+        updates.append(update_critic.submit(ctx.key, n, adv, start.critic, wait_for=waits))
+    return IterationReceipts(generate=gen, scored=scored, advantage=adv, updates=_results(updates))
+
+
+def _next_data_side(ctx: RunContext, n: int, start: Start, data: _Data) -> Start:
+    """Where iteration ``n + 1``'s data side starts with one-step overlap: rollout and values from
+    the weights iteration ``n`` trains from (live in the groups), the updates from checkpoint n."""
+    gen, _, adv = data.receipts()
+    critic = ctx.paths.checkpoint("critic", n) if ctx.cfg.critic.enable else start.critic
+    return Start(
+        iteration=n,
+        actor=ctx.paths.checkpoint("actor", n),
+        critic=critic,
+        rollout_actor=start.actor,
+        rollout_critic=start.critic,
+        cursor=gen.next_cursor,
+        kl_coef=adv.kl_coef,
+    )
+
+
+class _Commits:
+    """The run's submitted commits, reported in order as each lands (``on_commit(manifest,
+    metrics)`` in the flow's thread); a failed commit raises where it is reported."""
+
+    def __init__(self, ctx: RunContext, manifest: Manifest, on_commit: Any):
+        self.ctx, self.on_commit = ctx, on_commit
+        self.pending: list[PrefectFuture[Manifest]] = []
+        self.last: tuple[Manifest, dict[str, Any]] = (manifest, {})
+
+    def add(self, future: PrefectFuture[Manifest]) -> None:
+        self.pending.append(future)
+
+    @staticmethod
+    def _finished(future: PrefectFuture[Manifest]) -> bool:
+        future.wait(timeout=0)  # records the final state once the task returned
+        return future.state.is_final()
+
+    def report(self, block: bool) -> None:
+        """Report the commits that landed (with ``block``: all of them, waiting)."""
+        while self.pending and (block or self._finished(self.pending[0])):
+            done = self.pending.pop(0).result()  # raises if the commit failed: the run stops here
+            self.last = (done, storage.read_json(self.ctx.paths.file(done.iteration, "metrics.json")))
+            self.on_commit(*self.last)
+
+    def drain(self) -> None:
+        """After the loop ended (or failed): let the pending commits land (they wait only for
+        their checkpoints) and report them; a failure here is logged, not raised, so the error
+        that stopped the run is the one raised."""
+        if not self.pending:
+            return
+        wait(self.pending)
+        try:
+            self.report(block=True)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            get_run_logger().warning(f"a pending commit failed too: {exc}")
+
+
 def run_iterations(
     ctx: RunContext, manifest: Manifest, iterations: int, on_commit: Any
 ) -> tuple[Manifest, dict[str, Any]]:
     """Run ``iterations`` iterations after ``manifest``; ``on_commit(manifest, metrics)`` is called
     (in the flow's thread) for each commit in order. Returns the last (manifest, metrics)."""
-    cfg, run = ctx.cfg, ctx.key
-    one_step = cfg.algorithm.overlap == "one_step"
+    one_step = ctx.cfg.algorithm.overlap == "one_step"
     start = Start.of(ctx.paths, manifest, one_step)
     previous: Manifest | PrefectFuture[Manifest] = manifest
-    commits: list[PrefectFuture[Manifest]] = []
-    last: tuple[Manifest, dict[str, Any]] = (manifest, {})
+    commits = _Commits(ctx, manifest, on_commit)
     data: _Data | None = None
-
-    def finished(future: PrefectFuture[Manifest]) -> bool:
-        future.wait(timeout=0)  # records the final state once the task returned
-        return future.state.is_final()
-
-    def report(block: bool) -> None:
-        nonlocal last
-        while commits and (block or finished(commits[0])):
-            done = commits.pop(0).result()  # raises if the commit failed: the run stops here
-            last = (done, storage.read_json(ctx.paths.file(done.iteration, "metrics.json")))
-            on_commit(*last)
-
     try:
         for i in range(iterations):
             n = start.iteration + 1
             started = time.time()
             ctx.groups.prestart(pending_roles(ctx, n))
             data = data or _submit_data(ctx, n, start)
-            gen, scored, adv = data.receipts()
-            after = Start(
-                iteration=n,
-                actor=ctx.paths.checkpoint("actor", n),
-                critic=ctx.paths.checkpoint("critic", n) if cfg.critic.enable else start.critic,
-                rollout_actor=start.actor,
-                rollout_critic=start.critic,
-                cursor=gen.next_cursor,
-                kl_coef=adv.kl_coef,
-            )
-            upcoming = _submit_data(ctx, n + 1, after) if one_step and i + 1 < iterations else None
-            updates = [
-                update_actor.submit(
-                    run, n, adv, start.actor, wait_for=upcoming.actor_users if upcoming else None
-                )
-            ]
-            if cfg.critic.enable:
-                waits = upcoming.critic_users if upcoming else None
-                updates.append(update_critic.submit(run, n, adv, start.critic, wait_for=waits))
-            receipts = IterationReceipts(
-                generate=gen, scored=scored, advantage=adv, updates=_results(updates)
-            )
+            upcoming = None
+            if one_step and i + 1 < iterations:
+                upcoming = _submit_data(ctx, n + 1, _next_data_side(ctx, n, start, data))
+            receipts = _updates(ctx, n, start, data, upcoming)
             start = start.after(receipts, one_step)
-            previous = commit.submit(run, n, previous, receipts, started, start.rollout_record())
-            commits.append(previous)
+            previous = commit.submit(ctx.key, n, previous, receipts, started, start.rollout_record())
+            commits.add(previous)
             data = upcoming
-            report(block=False)
-        report(block=True)
+            commits.report(block=False)
+        commits.report(block=True)
     finally:
-        if commits:  # let committed-to-be iterations land (they wait only for their checkpoints)
-            wait(commits)
-            try:
-                report(block=True)
-            except Exception as exc:  # noqa: BLE001 - the error that stopped the run is raised instead
-                get_run_logger().warning(f"a pending commit failed too: {exc}")
-    return last
+        commits.drain()
+    return commits.last

@@ -17,13 +17,9 @@ commands from the driver process (a Prefect task, a test, a script).
   DP_COMPUTE_PROTO call moves DataProto chunks as Arrow files in the group's scratch space (a
   temp dir, or a storage URL every node reads when ranks span hosts;
   :mod:`~ppoflow.infra.remote.driver.dp_split`).
-- Failures: a rank that raises or dies gets the group killed and ``RankFailure`` raised (with the
-  rank's traceback, or the launcher's account and the output tail) within about a second; a
-  failed group is dead: later calls raise ``WorkerGroupDead``. Ranks exit by themselves when the
-  driver process (or their node's agent) dies; a finalizer (also run at interpreter exit) kills
-  a group that was never shut down.
-- Fault drills: ``env={"PPOFLOW_FAULT": "rank_exit:<method>:<rank>"}`` and the other rank entries
-  of :mod:`ppoflow.infra.faults`.
+- Failures: a rank that raises or dies gets the group killed and ``RankFailure`` raised within
+  about a second; later calls raise ``WorkerGroupDead``. Ranks exit by themselves when the driver
+  (or their node's agent) dies; a finalizer kills a group that was never shut down.
 """
 
 from __future__ import annotations
@@ -79,7 +75,7 @@ class _Resources:
 
 
 class WorkerGroup:
-    """N ranks of ``worker`` ("module:Class", a ``ppoflow.infra.remote.rank.worker.Worker`` subclass) under torchrun.
+    """N ranks of ``worker`` ("module:Class": a :class:`~ppoflow.infra.remote.rank.worker.Worker`) under torchrun.
 
     Args:
         worker: import path "module:Class" of the worker (imported in the ranks only).
@@ -89,11 +85,9 @@ class WorkerGroup:
         log: called with every output line of the ranks and of torchrun (default: the
             ``ppoflow.ranks`` logger at INFO).
         env: extra environment variables for the ranks (e.g. ``PPOFLOW_FAULT``).
-        scratch_dir: parent of the group's temp dir (DataProto chunks, rank logs) of the default
-            local launcher; removed at shutdown. Default: the system temp dir.
+        scratch_dir: parent of the default launcher's temp dir (chunks, rank logs; removed at shutdown).
         grace_s: after a rank raises, how long to wait for the other ranks before killing them.
-        start_timeout_s: how long ``start`` waits for all ranks to connect (after the launcher
-            started them).
+        start_timeout_s: how long ``start`` waits for all ranks to connect.
         call_timeout_s: optional limit for one call (None: wait as long as the ranks live).
         launcher: how the ranks are started (``ppoflow.infra.remote.driver.launchers``); default a
             ``LocalLauncher`` of ``nprocs`` ranks on this host.
