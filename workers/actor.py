@@ -29,7 +29,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ppoflow.algos import agg_loss, compute_policy_loss, kl_penalty
-from ppoflow.workers.fsdp_utils import finish_mini_batch, global_sum, reshard_all
+from ppoflow.workers.fsdp_utils import reshard_all
+from ppoflow.workers.optim import finish_mini_batch, global_sum
 from ppoflow.workers.packing import token_budget_micro_batches
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)

@@ -49,15 +49,9 @@ from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.device_memory import GIB, PeakMemory, engine_pool_bytes, resident_gib
-from ppoflow.workers.fsdp_utils import (
-    build_fsdp_model,
-    build_mesh,
-    build_optimizer,
-    mesh_info,
-    move_optimizer_state,
-    optimizer_kernel,
-)
+from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.modeling import PolicyLM
+from ppoflow.workers.optim import build_optimizer, move_optimizer_state, optimizer_kernel
 
 __all__ = ["ActorRolloutRefWorker", "ROLES", "parse_worker_config"]
 

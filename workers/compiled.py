@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ppoflow.workers.hf_models import decoder_layers
+
 __all__ = ["compile_decoder_layers"]
 
 
@@ -31,10 +33,7 @@ def compile_decoder_layers(hf_model: nn.Module, layers: list[nn.Module] | None =
 
     limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
-    if layers is None:
-        names = {n for m in hf_model.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
-        layers = [m for m in hf_model.modules() if type(m).__name__ in names]
-    for layer in layers:
+    for layer in decoder_layers(hf_model) if layers is None else layers:
         layer.forward = _without_cache_only(layer.forward, torch.compile(layer.forward, dynamic=True))
 
 

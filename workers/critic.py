@@ -26,7 +26,8 @@ from ppoflow.workers.actor import (
     to_device,
     world_size,
 )
-from ppoflow.workers.fsdp_utils import finish_mini_batch, global_sum, reshard_all
+from ppoflow.workers.fsdp_utils import reshard_all
+from ppoflow.workers.optim import finish_mini_batch, global_sum
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
     from ppoflow.infra.config import CriticConfig

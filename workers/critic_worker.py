@@ -29,15 +29,9 @@ from ppoflow.workers.actor_rollout_ref_worker import parse_worker_config
 from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.critic import DataParallelPPOCritic
 from ppoflow.workers.device_memory import PeakMemory, release_cached, resident_gib
-from ppoflow.workers.fsdp_utils import (
-    build_fsdp_model,
-    build_mesh,
-    build_optimizer,
-    mesh_info,
-    move_optimizer_state,
-    optimizer_kernel,
-)
+from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.modeling import ValueModel
+from ppoflow.workers.optim import build_optimizer, move_optimizer_state, optimizer_kernel
 
 __all__ = ["CriticWorker"]
 

@@ -35,7 +35,8 @@ from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.device_memory import release_cached
-from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, load_hf_model, mesh_info, reshard_all
+from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, mesh_info, reshard_all
+from ppoflow.workers.hf_models import load_hf_model
 from ppoflow.workers.packing import (
     checked_index,
     pack,

@@ -155,7 +155,7 @@ def test_critic_values_and_update_match_single_process(tiny):
 
 def test_warmup_schedule():
     from ppoflow.infra.config import OptimConfig
-    from ppoflow.workers.fsdp_utils import build_optimizer
+    from ppoflow.workers.optim import build_optimizer
 
     opt, sched = build_optimizer(torch.nn.Linear(2, 2), OptimConfig(lr=1.0, warmup_steps=4))
     lrs = []
@@ -235,7 +235,8 @@ def test_full_params_carry_the_checkpoint_names(tiny):
     from safetensors.torch import load_file
 
     from ppoflow.infra.config import ModelConfig
-    from ppoflow.workers.fsdp_utils import iter_full_params, load_hf_model
+    from ppoflow.workers.fsdp_utils import iter_full_params
+    from ppoflow.workers.hf_models import load_hf_model
     from ppoflow.workers.modeling import PolicyLM
 
     stored = load_file(os.path.join(tiny["dir"], "model.safetensors"))
