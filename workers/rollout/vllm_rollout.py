@@ -43,7 +43,14 @@ import torch.distributed as dist
 
 from ppoflow.infra.config import RolloutConfig
 from ppoflow.infra.host_cpu import cpu_use
-from ppoflow.workers.rollout.base import Rollout, SamplingSettings, assemble_output, prompt_token_lists
+from ppoflow.workers.rollout.base import (
+    Rollout,
+    SamplingSettings,
+    assemble_output,
+    check_prompts,
+    generation_metrics,
+    prompt_token_lists,
+)
 from ppoflow.workers.rollout.gc_heap import frozen_heap
 from ppoflow.workers.rollout.vllm_engine import (
     auto_kv_cache_bytes,
@@ -269,16 +276,28 @@ class VLLMRollout(Rollout):
 
     def generate_sequences(self, prompts):
         """Sample ``n`` responses for each of this rank's prompt rows (see ``ppoflow.workers.rollout.base``)."""
-        from vllm.inputs import TokensPrompt
-
         if self.sleeping:
             raise RuntimeError("the vLLM engine is asleep: generate inside the sharding manager's context")
         settings = SamplingSettings.resolve(self.config, prompts.meta_info)
-        if "input_ids" not in prompts.batch or "attention_mask" not in prompts.batch:
-            raise KeyError(
-                f"generate_sequences needs input_ids and attention_mask; got {sorted(prompts.batch)}"
-            )
+        check_prompts(prompts)
+        token_lists = self._engine_prompts(prompts, settings)
+        t0 = time.perf_counter()
+        want_lp = self.config.calculate_log_probs
+        params = self._sampling_params(settings, len(token_lists), prompts.meta_info.get("seed"), want_lp)
+        self.calls += 1
+        outs, t_gen, gc_time, cpu = self._decode(token_lists, params)
+        generate_s = time.perf_counter() - t0
         bsz = len(prompts)
+        responses, log_probs = _completions(outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz], want_lp)
+        generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        # rollout/gc_s: the collection before the freeze and any inside generate
+        extra = {"rollout/gc_s": gc_time.seconds, "rollout/prepare_s": t_gen - t0}
+        metrics = generation_metrics(generate_s, generated, cpu, extra)
+        return assemble_output(prompts, responses, log_probs, settings, self.pad_token_id, metrics)
+
+    def _engine_prompts(self, prompts, settings: SamplingSettings) -> list[list[int]]:
+        """The unpadded prompts of the TP group's rows (this rank's among them, in rank order),
+        checked to fit the engine's ``max_model_len`` with the response."""
         ids = self._gather_tp(prompts.batch["input_ids"].cpu().long())
         mask = self._gather_tp(prompts.batch["attention_mask"].cpu().long())
         token_lists = prompt_token_lists(ids, mask)
@@ -289,10 +308,13 @@ class VLLMRollout(Rollout):
                 f"prompt + response_length = {too_long} tokens exceeds the engine's max_model_len "
                 f"{limit} (rollout.prompt_length + rollout.response_length)"
             )
-        t0 = time.perf_counter()
-        want_lp = self.config.calculate_log_probs
-        params = self._sampling_params(settings, len(token_lists), prompts.meta_info.get("seed"), want_lp)
-        self.calls += 1
+        return token_lists
+
+    def _decode(self, token_lists: list[list[int]], params: list) -> tuple[list, float, Any, Any]:
+        """``llm.generate`` with the garbage collector's heap frozen (``gc_heap``) and the global RNG
+        forked; returns (the outputs, when generate started, the GC timer, the CPU it got)."""
+        from vllm.inputs import TokensPrompt
+
         # Every request carries its own seed; the engine must not also move the rank's global RNG,
         # which checkpoints save per rank: a group rebuilt from checkpoint n-1 would otherwise save
         # checkpoint n with another RNG state than a group that kept running (resume must be exact).
@@ -304,26 +326,7 @@ class VLLMRollout(Rollout):
             t_gen = time.perf_counter()
             with cpu_use() as cpu:  # what CPU the decoding got (infra/host_cpu.py)
                 outs = self.llm.generate(requests, params, use_tqdm=False)
-        generate_s = time.perf_counter() - t0
-        mine = outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz]
-        responses, log_probs = [], []
-        for out in mine:
-            for comp in sorted(out.outputs, key=lambda c: c.index):
-                toks = list(comp.token_ids)
-                responses.append(toks)
-                if want_lp:
-                    log_probs.append(_sampled_log_probs(comp, toks))
-        generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
-        metrics = {
-            "rollout/generate_s": generate_s,
-            "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,
-            "rollout/gc_s": gc_time.seconds,  # the collection before the freeze and any inside generate
-            "rollout/prepare_s": t_gen - t0,
-            **cpu.metrics("perf/rollout_"),
-        }
-        return assemble_output(
-            prompts, responses, log_probs if want_lp else None, settings, self.pad_token_id, metrics
-        )
+        return outs, t_gen, gc_time, cpu
 
     def shutdown(self) -> None:
         """Keep the engine: shutting vLLM's engine core down destroys torch's default process group
@@ -337,6 +340,19 @@ def request_seed(*parts: Any) -> int:
     across replicas, calls and rows. vLLM gives sample j of an n>1 request the seed ``seed + j``."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 1024)
+
+
+def _completions(outputs: list, want_lp: bool) -> tuple[list[list[int]], list[list[float]] | None]:
+    """The sampled tokens of each request's completions in sample order (and with ``want_lp``
+    their log-probs, else None)."""
+    responses, log_probs = [], []
+    for out in outputs:
+        for comp in sorted(out.outputs, key=lambda c: c.index):
+            toks = list(comp.token_ids)
+            responses.append(toks)
+            if want_lp:
+                log_probs.append(_sampled_log_probs(comp, toks))
+    return responses, log_probs if want_lp else None
 
 
 def _sampled_log_probs(completion, tokens: list[int]) -> list[float]:
