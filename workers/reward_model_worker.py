@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.device_memory import release_cached
@@ -45,6 +44,7 @@ from ppoflow.workers.packing import (
     token_budget_micro_batches,
     use_varlen_attention,
 )
+from ppoflow.workers.worker_setup import experiment_config
 
 __all__ = ["RewardModelWorker", "LastTokenScorer", "same_tokenizer"]
 
@@ -99,16 +99,7 @@ class RewardModelWorker(Worker):
 
     def __init__(self, config: dict[str, Any]):
         super().__init__(config)
-        if "config" not in config:
-            raise KeyError(
-                "the worker config needs a 'config' entry (ExperimentConfig.model_dump(mode='json'))"
-            )
-        raw = config["config"]
-        self.cfg = (
-            ExperimentConfig.model_validate_json(raw)
-            if isinstance(raw, str)
-            else ExperimentConfig.model_validate(raw)
-        )
+        self.cfg = experiment_config(config)
         self.rm_cfg = self.cfg.reward.reward_model
         if self.rm_cfg.model is None:
             raise ValueError(
