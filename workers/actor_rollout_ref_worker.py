@@ -1,4 +1,4 @@
-"""ActorRolloutRefWorker: the policy side of PPO in one worker class (seed section 2.1).
+"""ActorRolloutRefWorker: the policy side of PPO in one worker class.
 
 Config given to the group: ``{"config": ExperimentConfig as JSON dict (or string), "role": ...}``
 with role one of
@@ -212,7 +212,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample ``rollout.n`` responses per prompt, then recompute ``old_log_probs`` (B*n, R) with
-        the FSDP actor (seed 2.1.3): the PPO ratio's denominator comes from the trained model."""
+        the FSDP actor: the PPO ratio's denominator comes from the trained model."""
         rollout = self._need("rollout")
         manager = self.sharding_manager
         with manager:  # pushes the actor's weights into the engine if they changed

@@ -2,9 +2,9 @@
 
 What it buys on a GPU: the elementwise work around the matmuls (RMSNorm's float32 round trip,
 rotary embeddings, SiLU x up, residual adds) and the LM head's softmax math run as a few fused
-kernels instead of dozens of memory passes: on one H200 the actor update of a Qwen2.5-0.5B shape
-went from MFU 0.35 to 0.52 (``docs/bench/actor_update_h200_packing.log``). The LM head's part
-lives in ``ppoflow.workers.lm_head`` (``compiled=True``).
+kernels instead of dozens of memory passes, which bound a small model's update once its matmuls
+are fast (docs/benchmarks.md: the actor's update and MFU). The LM head's part lives in
+``ppoflow.workers.lm_head`` (``compiled=True``).
 """
 
 from __future__ import annotations

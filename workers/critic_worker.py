@@ -1,4 +1,4 @@
-"""CriticWorker: the value model of PPO (seed section 2.2) on the ranks of one group.
+"""CriticWorker: the value model of PPO on the ranks of one group.
 
 Config: ``{"config": ExperimentConfig as JSON dict (or string)}``. The critic is a one-label
 token-classification model (no head dropout) loaded from ``critic.model``, or from the actor's

@@ -1,4 +1,4 @@
-"""RewardModelWorker: scores rollouts with a sequence-classification reward model (seed 2.2.4).
+"""RewardModelWorker: scores rollouts with a sequence-classification reward model.
 
 Config given to the group: ``{"config": ExperimentConfig as JSON dict (or string), "role": "reward_model"}``;
 the model is ``reward.reward_model.model`` (an HF ``*ForSequenceClassification`` with one label).

