@@ -15,14 +15,10 @@ import torch.distributed as dist
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.workers.compiled import compile_decoder_layers
-from ppoflow.workers.fsdp_utils import (
-    apply_fsdp,
-    build_mesh,
-    build_optimizer,
-    enable_gradient_checkpointing,
-    model_from_config,
-)
+from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh
+from ppoflow.workers.hf_models import enable_gradient_checkpointing, model_from_config
 from ppoflow.workers.modeling import PolicyLM
+from ppoflow.workers.optim import build_optimizer
 from ppoflow.workers.packing import use_varlen_attention
 
 QWEN25_05B = dict(

@@ -57,8 +57,8 @@ from actor_setup import build_actor, init_distributed, synthetic_rollout  # benc
 
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.workers.actor import DataParallelPPOActor
-from ppoflow.workers.fsdp_utils import optimizer_kernel
 from ppoflow.workers.modeling import HEAD_IMPLS
+from ppoflow.workers.optim import optimizer_kernel
 
 OPTIMS = ("fused", "foreach", "for-loop")
 LENGTHS = ("full", "uneven")

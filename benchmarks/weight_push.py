@@ -90,7 +90,8 @@ def child(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     from ppoflow.infra.config import ExperimentConfig
     from ppoflow.infra.data.dataproto import DataProto
-    from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, load_hf_model
+    from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh
+    from ppoflow.workers.hf_models import load_hf_model
     from ppoflow.workers.modeling import PolicyLM
     from ppoflow.workers.rollout import build_rollout, build_sharding_manager
     from ppoflow.workers.rollout.weight_sync import live_weights

@@ -1,4 +1,4 @@
-"""ActorRolloutRefWorker: the policy side of PPO in one worker class (seed section 2.1).
+"""ActorRolloutRefWorker: the policy side of PPO in one worker class.
 
 Config given to the group: ``{"config": ExperimentConfig as JSON dict (or string), "role": ...}``
 with role one of
@@ -36,50 +36,23 @@ from __future__ import annotations
 
 import functools
 import gc
-import random
 import time
 from typing import Any
 
-import numpy as np
-import torch
-
-from ppoflow.infra.config import ExperimentConfig, FSDPConfig
+from ppoflow.infra.config import FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.device_memory import GIB, PeakMemory, engine_pool_bytes, resident_gib
-from ppoflow.workers.fsdp_utils import (
-    build_fsdp_model,
-    build_mesh,
-    build_optimizer,
-    mesh_info,
-    move_optimizer_state,
-    optimizer_kernel,
-)
+from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.modeling import PolicyLM
+from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
+from ppoflow.workers.worker_setup import parse_worker_config, seed_rngs
 
-__all__ = ["ActorRolloutRefWorker", "ROLES", "parse_worker_config"]
+__all__ = ["ActorRolloutRefWorker", "ROLES"]
 
 ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "rollout", "ref")
-
-
-def parse_worker_config(
-    config: dict[str, Any], roles: tuple[str, ...], default_role: str
-) -> tuple[ExperimentConfig, str]:
-    """``{"config": dict | json str, "role": str}`` -> (ExperimentConfig, role), validated."""
-    if "config" not in config:
-        raise KeyError("the worker config needs a 'config' entry (ExperimentConfig.model_dump(mode='json'))")
-    raw = config["config"]
-    cfg = (
-        ExperimentConfig.model_validate_json(raw)
-        if isinstance(raw, str)
-        else ExperimentConfig.model_validate(raw)
-    )
-    role = config.get("role", default_role)
-    if role not in roles:
-        raise ValueError(f"unknown role {role!r}; allowed: {', '.join(roles)}")
-    return cfg, role
 
 
 class ActorRolloutRefWorker(CheckpointMethods, Worker):
@@ -189,9 +162,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         torch, Python and numpy RNGs are seeded first (they go into checkpoints)."""
         t0 = time.perf_counter()
         cfg = self.cfg
-        torch.manual_seed(cfg.seed)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
+        seed_rngs(cfg.seed)
         info: dict[str, Any] = {"rank": self.rank, "role": self.role}
         common = dict(
             rollout_n=cfg.rollout.n,
@@ -241,7 +212,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample ``rollout.n`` responses per prompt, then recompute ``old_log_probs`` (B*n, R) with
-        the FSDP actor (seed 2.1.3): the PPO ratio's denominator comes from the trained model."""
+        the FSDP actor: the PPO ratio's denominator comes from the trained model."""
         rollout = self._need("rollout")
         manager = self.sharding_manager
         with manager:  # pushes the actor's weights into the engine if they changed
@@ -287,20 +258,16 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         actor = self._need("actor")
         if actor.optimizer is None:
             raise RuntimeError(f"role {self.role!r} has no trainable actor")
-        offload = self.cfg.actor.fsdp.optimizer_offload and not self.cfg.actor.fsdp.param_offload
-        if offload:
-            move_optimizer_state(actor.optimizer, self.device)
-        t0 = time.perf_counter()
-        with PeakMemory(self.device) as mem:
-            metrics = actor.update_policy(data)
-        metrics["perf/update_actor_s"] = time.perf_counter() - t0
-        if mem.on:
-            metrics["perf/mem/update_actor_gib"] = mem.gib
-            metrics["perf/mem/actor_group_resident_gib"] = resident_gib(self.device)
-        if self.sharding_manager is not None:
-            self.sharding_manager.set_source_live()  # the next rollout streams the new weights
-        if offload:
-            move_optimizer_state(actor.optimizer, "cpu")
+        with optimizer_state_on(actor.optimizer, self.cfg.actor.fsdp, self.device):
+            t0 = time.perf_counter()
+            with PeakMemory(self.device) as mem:
+                metrics = actor.update_policy(data)
+            metrics["perf/update_actor_s"] = time.perf_counter() - t0
+            if mem.on:
+                metrics["perf/mem/update_actor_gib"] = mem.gib
+                metrics["perf/mem/actor_group_resident_gib"] = resident_gib(self.device)
+            if self.sharding_manager is not None:
+                self.sharding_manager.set_source_live()  # the next rollout streams the new weights
         return metrics
 
     # ------------------------------------------------------------------ checkpoints

@@ -2,15 +2,17 @@
 
 What it buys on a GPU: the elementwise work around the matmuls (RMSNorm's float32 round trip,
 rotary embeddings, SiLU x up, residual adds) and the LM head's softmax math run as a few fused
-kernels instead of dozens of memory passes: on one H200 the actor update of a Qwen2.5-0.5B shape
-went from MFU 0.35 to 0.52 (``docs/bench/actor_update_h200_packing.log``). The LM head's part
-lives in ``ppoflow.workers.lm_head`` (``compiled=True``).
+kernels instead of dozens of memory passes, which bound a small model's update once its matmuls
+are fast (docs/benchmarks.md: the actor's update and MFU). The LM head's part lives in
+``ppoflow.workers.lm_head`` (``compiled=True``).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from ppoflow.workers.hf_models import decoder_layers
 
 __all__ = ["compile_decoder_layers"]
 
@@ -31,10 +33,7 @@ def compile_decoder_layers(hf_model: nn.Module, layers: list[nn.Module] | None =
 
     limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), 64))
-    if layers is None:
-        names = {n for m in hf_model.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
-        layers = [m for m in hf_model.modules() if type(m).__name__ in names]
-    for layer in layers:
+    for layer in decoder_layers(hf_model) if layers is None else layers:
         layer.forward = _without_cache_only(layer.forward, torch.compile(layer.forward, dynamic=True))
 
 

@@ -15,28 +15,15 @@ import torch
 from torch import nn
 
 from ppoflow.algos import compute_value_loss, masked_mean
-from ppoflow.workers.actor import (
-    agg_count,
-    micro_batches,
-    mini_batch_rows,
-    mini_batch_rows_per_rank,
-    response_mask_of,
-    shuffle_seed,
-    summarize_steps,
-    to_device,
-    world_size,
-)
-from ppoflow.workers.fsdp_utils import finish_mini_batch, global_sum, reshard_all
+from ppoflow.workers.minibatch import MODEL_INPUTS, MiniBatchTrainer, response_mask_of
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
     from ppoflow.infra.config import CriticConfig
 
 __all__ = ["DataParallelPPOCritic"]
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 
-
-class DataParallelPPOCritic:
+class DataParallelPPOCritic(MiniBatchTrainer):
     """PPO value estimates and updates for one rank of an FSDP critic.
 
     Args:
@@ -45,6 +32,8 @@ class DataParallelPPOCritic:
         rollout_n: responses per prompt (a mini-batch is ``ppo_mini_batch_size * rollout_n`` rows).
         dp_size: data-parallel ranks sharing a mini-batch.
     """
+
+    section = "critic"
 
     def __init__(
         self,
@@ -58,19 +47,17 @@ class DataParallelPPOCritic:
         device: torch.device | str = "cpu",
         seed: int = 0,
     ):
-        self.config, self.module = config, module
-        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
-        self.device, self.dp_size, self.seed, self.updates = torch.device(device), dp_size, seed, 0
-        self.rollout_n, self.grad_scale = rollout_n, world_size()
-        self.packed = bool(config.use_dynamic_bsz)
-        self.forward_max_tokens = config.forward_max_token_len_per_gpu or config.ppo_max_token_len_per_gpu
-
-    @property
-    def mini_batch_size(self) -> int:
-        """Rows of one mini-batch on this rank: ``ppo_mini_batch_size * rollout_n / dp_size``."""
-        return mini_batch_rows_per_rank(
-            self.config.ppo_mini_batch_size, self.rollout_n, self.dp_size, "critic"
+        super().__init__(
+            config,
+            module,
+            optimizer,
+            lr_scheduler,
+            rollout_n=rollout_n,
+            dp_size=dp_size,
+            device=device,
+            seed=seed,
         )
+        self.forward_max_tokens = config.forward_max_token_len_per_gpu or config.ppo_max_token_len_per_gpu
 
     def _values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         """(b, R) float32 values of one micro-batch (packed with ``use_dynamic_bsz``: 0 off the mask)."""
@@ -92,58 +79,31 @@ class DataParallelPPOCritic:
             (B, R) float32 on the CPU: ``values[:, t] = V(s_t)`` before response token ``t``;
             0 where the response mask is 0.
         """
-        self.module.eval()
-        keys = [k for k in (*MODEL_INPUTS, "response_mask") if k in data.batch]
-        batch = {k: data.batch[k] for k in keys}
-        out = torch.zeros(batch["responses"].shape, dtype=torch.float32)
-        groups = micro_batches(
-            torch.arange(len(data)),
-            batch["attention_mask"],
+        out = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
+        for rows, mb in self._forward_batches(
+            data,
             self.config.forward_micro_batch_size_per_gpu,
             self.forward_max_tokens if self.packed else None,
-            self.device,
             "critic.forward_max_token_len_per_gpu",
-        )
-        for rows in groups:
-            mb = to_device(batch, rows, self.device)
+        ):
             values = self._values(mb)
             out[rows] = torch.where(response_mask_of(mb) != 0, values, 0.0).float().cpu()
-        reshard_all(self.module)
         return out
 
-    def _train_mini_batch(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, float]:
-        """Gradient accumulation over the micro-batches of one mini-batch, then one optimizer step."""
+    def _micro_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Clipped value loss of one micro-batch (as ``agg_loss`` over this micro-batch) and its metrics."""
         cfg = self.config
-        (total,) = global_sum([agg_count(response_mask_of(batch)[rows], cfg.loss_agg_mode)], self.device)
-        sums: dict[str, float] = {}
-        groups = micro_batches(
-            rows,
-            batch["attention_mask"],
-            cfg.ppo_micro_batch_size_per_gpu,
-            cfg.ppo_max_token_len_per_gpu if self.packed else None,
-            self.device,
-            "critic.ppo_max_token_len_per_gpu",
+        mask = response_mask_of(mb)
+        vpreds = self._values(mb)
+        vf_loss, vf_clipfrac = compute_value_loss(
+            vpreds, mb["returns"], mb["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode
         )
-        for mb_rows in groups:
-            mb = to_device(batch, mb_rows, self.device)
-            mask = response_mask_of(mb)
-            vpreds = self._values(mb)
-            vf_loss, vf_clipfrac = compute_value_loss(
-                vpreds, mb["returns"], mb["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode
-            )
-            weight = agg_count(mask, cfg.loss_agg_mode) / total if total > 0 else 0.0
-            (vf_loss * (weight * self.grad_scale)).backward()
-            metrics = {
-                "critic/vf_loss": vf_loss.item(),
-                "critic/vf_clipfrac": vf_clipfrac.item(),
-                "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item(),
-            }
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + weight * value
-        out = finish_mini_batch(
-            self.module, self.optimizer, self.lr_scheduler, cfg.optim.grad_clip, sums, self.device, "critic"
-        )
-        return {**out, "critic/micro_batches": float(len(groups))}
+        metrics = {
+            "critic/vf_loss": vf_loss.item(),
+            "critic/vf_clipfrac": vf_clipfrac.item(),
+            "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item(),
+        }
+        return vf_loss, metrics
 
     def update_critic(self, data) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches of the clipped value loss
@@ -160,18 +120,5 @@ class DataParallelPPOCritic:
         """
         if self.optimizer is None:
             raise RuntimeError("this critic has no optimizer")
-        cfg = self.config
         keys = [*MODEL_INPUTS, "values", "returns"] + [k for k in ("response_mask",) if k in data.batch]
-        missing = [k for k in keys if k not in data.batch]
-        if missing:
-            raise KeyError(f"update_critic needs columns {missing} (have {sorted(data.batch)})")
-        batch = {k: data.batch[k] for k in keys}
-        self.module.train()
-        self.updates += 1
-        seed = shuffle_seed(self.seed, data, self.updates)
-        steps = [
-            self._train_mini_batch(batch, rows)
-            for rows in mini_batch_rows(len(data), self.mini_batch_size, cfg.ppo_epochs, cfg.shuffle, seed)
-        ]
-        self.module.eval()
-        return summarize_steps(steps, "critic")
+        return self._update(data, keys, "update_critic", self._micro_loss)

@@ -1,4 +1,4 @@
-"""CriticWorker: the value model of PPO (seed section 2.2) on the ranks of one group.
+"""CriticWorker: the value model of PPO on the ranks of one group.
 
 Config: ``{"config": ExperimentConfig as JSON dict (or string)}``. The critic is a one-label
 token-classification model (no head dropout) loaded from ``critic.model``, or from the actor's
@@ -16,28 +16,18 @@ base model (a causal LM checkpoint: the ``score`` head then starts from ``cfg.se
 from __future__ import annotations
 
 import gc
-import random
 import time
 from typing import Any
 
-import numpy as np
-import torch
-
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
-from ppoflow.workers.actor_rollout_ref_worker import parse_worker_config
 from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.critic import DataParallelPPOCritic
 from ppoflow.workers.device_memory import PeakMemory, release_cached, resident_gib
-from ppoflow.workers.fsdp_utils import (
-    build_fsdp_model,
-    build_mesh,
-    build_optimizer,
-    mesh_info,
-    move_optimizer_state,
-    optimizer_kernel,
-)
+from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.modeling import ValueModel
+from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
+from ppoflow.workers.worker_setup import parse_worker_config, seed_rngs
 
 __all__ = ["CriticWorker"]
 
@@ -54,13 +44,10 @@ class CriticWorker(CheckpointMethods, Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
         """Load the value model on every rank (same seed), shard it, build AdamW + LR schedule.
-        Every rank's torch, Python and numpy RNGs are seeded first (they go into checkpoints: two
-        experiments of one config must commit the same bits)."""
+        Every rank's torch, Python and numpy RNGs are seeded first (``seed_rngs``)."""
         t0 = time.perf_counter()
         cfg = self.cfg
-        torch.manual_seed(cfg.seed)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
+        seed_rngs(cfg.seed)
         model_cfg = cfg.critic_model
         mesh = build_mesh(cfg.critic.fsdp, self.world_size, self.device.type)
         module = build_fsdp_model(
@@ -113,15 +100,11 @@ class CriticWorker(CheckpointMethods, Worker):
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss update on this rank's share; returns the (globally reduced) metrics."""
         critic = self._need()
-        offload = self.cfg.critic.fsdp.optimizer_offload and not self.cfg.critic.fsdp.param_offload
-        if offload:
-            move_optimizer_state(critic.optimizer, self.device)
-        t0 = time.perf_counter()
-        with PeakMemory(self.device) as mem:
-            metrics = critic.update_critic(data)
-        metrics["perf/update_critic_s"] = time.perf_counter() - t0
-        if offload:
-            move_optimizer_state(critic.optimizer, "cpu")
+        with optimizer_state_on(critic.optimizer, self.cfg.critic.fsdp, self.device):
+            t0 = time.perf_counter()
+            with PeakMemory(self.device) as mem:
+                metrics = critic.update_critic(data)
+            metrics["perf/update_critic_s"] = time.perf_counter() - t0
         if mem.on:  # the rollout engine of the next iteration maps its memory on this GPU
             metrics["perf/mem/update_critic_gib"] = mem.gib
             metrics["perf/mem/critic_group_resident_gib"] = resident_gib(self.device)

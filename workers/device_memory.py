@@ -45,7 +45,7 @@ def release_for_wake(device: Any, headroom_bytes: int = 2 * 2**30) -> bool:
     """Before the engine maps its sleeping pool again: give the caching allocator's unused blocks
     back only if the device's free memory (every process counted) is short of the pool plus
     ``headroom_bytes`` (at least 5% of the device) for the rollout's own activations. Emptying the
-    cache costs tens of milliseconds after a training step (0.03 s on an H200), and the blocks kept
+    cache costs tens of milliseconds after a training step, and the blocks kept
     serve the old log-probs and the update that follow. Returns True if it released."""
     if not _cuda(device):
         return False

@@ -1,11 +1,14 @@
-"""FSDP2 plumbing shared by the actor, reference and critic: mesh, model loading, sharding,
-optimizer, full-parameter streaming and the optimizer-step helpers of the PPO loops.
+"""The FSDP2-sharded model shared by the actor, reference, critic and reward model: the device
+mesh, the sharding (of a model in memory, or built on meta and filled from rank 0's checkpoint
+copy), and the full parameters read back one at a time.
 
     mesh = build_mesh(cfg.actor.fsdp, world_size, "cpu")        # ("fsdp",) or ("replicate", "shard")
-    hf = load_hf_model(cfg.model, "causal_lm")                    # on CPU, every rank
+    hf = load_hf_model(cfg.model, "causal_lm")                    # ppoflow.workers.hf_models
     module = apply_fsdp(PolicyLM(hf), mesh, cfg.actor.fsdp, device)
-    optimizer, scheduler = build_optimizer(module, cfg.actor.optim)
     for name, tensor in iter_full_params(module): ...             # HF names, one full tensor at a time
+
+The Hugging Face models themselves (kinds, loading) are in ``ppoflow.workers.hf_models``; the
+optimizer of a sharded module and the PPO loops' step in ``ppoflow.workers.optim``.
 
 Mixed precision (``FSDPConfig.param_dtype`` / ``reduce_dtype``):
 - CPU + gloo: ``param_dtype`` None/float32 or bfloat16 with ``reduce_dtype`` float32 work
@@ -14,13 +17,12 @@ Mixed precision (``FSDPConfig.param_dtype`` / ``reduce_dtype``):
 - CUDA + NCCL: ``param_dtype=bfloat16, reduce_dtype=float32`` with float32 master parameters
   (``model.dtype=float32``) is the recommended setting; everything else works as well.
 ``param_offload`` uses ``CPUOffloadPolicy`` (``pin_memory`` only on CUDA: pinning fails on CPU-only
-builds). The optimizer state then lives on the CPU too.
+builds). The optimizer state then lives on the CPU too (``ppoflow.workers.optim``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -38,37 +40,38 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 
 from ppoflow.workers.compiled import compile_decoder_layers
+from ppoflow.workers.hf_models import (
+    copy_generation_config,
+    decoder_layers,
+    enable_gradient_checkpointing,
+    hf_config,
+    load_hf_model,
+    model_from_config,
+    torch_dtype,
+)
+
+# Moved to ppoflow.workers.optim; importable from here too while tests/support imports it (and
+# ``load_hf_model``, imported above) from this module.
+from ppoflow.workers.optim import build_optimizer as build_optimizer
 from ppoflow.workers.packing import use_varlen_attention
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
-    from ppoflow.infra.config import FSDPConfig, ModelConfig, OptimConfig
+    from ppoflow.infra.config import FSDPConfig, ModelConfig
 
 __all__ = [
-    "MODEL_KINDS",
     "build_mesh",
-    "load_hf_model",
-    "model_from_config",
     "apply_fsdp",
     "build_fsdp_model",
-    "enable_gradient_checkpointing",
     "reshard_all",
+    "mesh_info",
+    "hf_name",
+    "local_shard",
+    "full_param",
     "iter_full_params",
-    "build_optimizer",
-    "warmup_lambda",
-    "clip_and_step",
-    "optimizer_kernel",
-    "global_sum",
-    "move_optimizer_state",
 ]
 
-MODEL_KINDS = ("causal_lm", "token_classification", "sequence_classification")
 # Prefixes added by wrappers (activation checkpointing, torch.compile, FSDP1): never part of an HF name.
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
-
-
-def _dtype(name: str | None) -> torch.dtype | None:
-    """'bfloat16' -> torch.bfloat16; None stays None."""
-    return None if name is None else getattr(torch, name)
 
 
 def build_mesh(fsdp_cfg: FSDPConfig, world_size: int, device_type: str) -> DeviceMesh:
@@ -85,70 +88,6 @@ def build_mesh(fsdp_cfg: FSDPConfig, world_size: int, device_type: str) -> Devic
     if size < 1 or world_size % size:
         raise ValueError(f"fsdp_size={size} must be -1 or a divisor of the world size {world_size}")
     return init_device_mesh(device_type, (world_size // size, size), mesh_dim_names=("replicate", "shard"))
-
-
-def _auto_class(kind: str):
-    """The transformers Auto class of a model kind."""
-    import transformers
-
-    classes = {
-        "causal_lm": transformers.AutoModelForCausalLM,
-        "token_classification": transformers.AutoModelForTokenClassification,
-        "sequence_classification": transformers.AutoModelForSequenceClassification,
-    }
-    if kind not in classes:
-        raise ValueError(f"unknown model kind {kind!r}; allowed: {', '.join(MODEL_KINDS)}")
-    return classes[kind]
-
-
-def _kind_overrides(kind: str) -> dict[str, Any]:
-    """Config fields a kind forces: the critic is a one-label token classifier without dropout
-    (the default head dropout is 0.1, which would make values non-deterministic)."""
-    if kind == "token_classification":
-        return {"num_labels": 1, "classifier_dropout": 0.0}
-    return {}
-
-
-def _hf_config(model_cfg: ModelConfig, kind: str):
-    """The model's transformers config with ``override_config`` and the kind's forced fields."""
-    import transformers
-
-    hf_cfg = transformers.AutoConfig.from_pretrained(
-        model_cfg.path, trust_remote_code=bool(model_cfg.trust_remote_code)
-    )
-    for key, value in {**model_cfg.override_config, **_kind_overrides(kind)}.items():
-        setattr(hf_cfg, key, value)
-    return hf_cfg
-
-
-def load_hf_model(model_cfg: ModelConfig, kind: str, dtype: str | None = None) -> nn.Module:
-    """Load a Hugging Face model on the CPU with ``from_pretrained`` (a full copy: the workers call
-    it on rank 0 only, through ``build_fsdp_model``). A head the checkpoint lacks (a critic's
-    ``score`` on top of a causal LM) is initialised from torch's global RNG.
-
-    ``trust_remote_code`` comes only from ``model_cfg``; ``override_config`` is applied to the
-    loaded config. Returns the model in eval mode (callers switch to train mode to update).
-    """
-    trust = bool(model_cfg.trust_remote_code)
-    model = _auto_class(kind).from_pretrained(
-        model_cfg.path,
-        config=_hf_config(model_cfg, kind),
-        trust_remote_code=trust,
-        dtype=_dtype(dtype or model_cfg.dtype),
-    )
-    model.eval()
-    return model
-
-
-def model_from_config(
-    hf_cfg, kind: str, dtype: str = "float32", trust_remote_code: bool = False
-) -> nn.Module:
-    """A randomly initialised model of ``kind`` from a transformers config (benchmarks, tests)."""
-    for key, value in _kind_overrides(kind).items():
-        setattr(hf_cfg, key, value)
-    model = _auto_class(kind).from_config(hf_cfg, dtype=_dtype(dtype), trust_remote_code=trust_remote_code)
-    model.eval()
-    return model
 
 
 @contextlib.contextmanager
@@ -198,7 +137,7 @@ def build_fsdp_model(
     device = torch.device(device)
     with _parameters_on_meta():
         hf = model_from_config(
-            _hf_config(model_cfg, kind),
+            hf_config(model_cfg, kind),
             kind,
             dtype=model_cfg.dtype,
             trust_remote_code=bool(model_cfg.trust_remote_code),
@@ -208,7 +147,7 @@ def build_fsdp_model(
     if gradient_checkpointing:
         enable_gradient_checkpointing(hf)
     if getattr(model_cfg, "use_torch_compile", False):
-        compile_decoder_layers(hf, _decoder_layers(hf))
+        compile_decoder_layers(hf, decoder_layers(hf))
     hf.requires_grad_(trainable)
     module = wrap(hf)
     buffers = {name: buf.detach().clone() for name, buf in module.named_buffers()}
@@ -225,42 +164,9 @@ def build_fsdp_model(
         module, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     )
     del full
-    _copy_generation_config(model_cfg, hf)
+    copy_generation_config(model_cfg, hf)
     module.eval()
     return module
-
-
-def _copy_generation_config(model_cfg: ModelConfig, hf: nn.Module) -> None:
-    """Give a model built from its config the checkpoint's ``generation_config.json`` (stop ids, ...)."""
-    if getattr(hf, "generation_config", None) is None:
-        return
-    try:
-        from transformers import GenerationConfig
-
-        hf.generation_config = GenerationConfig.from_pretrained(model_cfg.path)
-    except (OSError, ValueError):
-        pass
-
-
-def _decoder_layers(module: nn.Module) -> list[nn.Module]:
-    """The transformer blocks: modules whose class is in the HF model's ``_no_split_modules``."""
-    names: set[str] = set()
-    for sub in module.modules():
-        names.update(getattr(sub, "_no_split_modules", None) or [])
-    config = getattr(module, "config", None)
-    if not names and config is not None:
-        raise ValueError(
-            f"{type(module).__name__} declares no _no_split_modules: cannot find its decoder layers"
-        )
-    return [m for m in module.modules() if type(m).__name__ in names]
-
-
-def enable_gradient_checkpointing(hf_model: nn.Module) -> None:
-    """Recompute each decoder layer in backward (HF's non-reentrant checkpointing; only active in
-    train mode). Composes with FSDP2: its hooks skip re-gathering during the recompute."""
-    hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if hasattr(hf_model, "config"):
-        hf_model.config.use_cache = False
 
 
 def apply_fsdp(
@@ -288,7 +194,7 @@ def apply_fsdp(
     """
     device = torch.device(device)
     mp = MixedPrecisionPolicy(
-        param_dtype=_dtype(fsdp_cfg.param_dtype), reduce_dtype=_dtype(fsdp_cfg.reduce_dtype)
+        param_dtype=torch_dtype(fsdp_cfg.param_dtype), reduce_dtype=torch_dtype(fsdp_cfg.reduce_dtype)
     )
     offload: OffloadPolicy = (
         CPUOffloadPolicy(pin_memory=device.type == "cuda") if fsdp_cfg.param_offload else OffloadPolicy()
@@ -296,21 +202,15 @@ def apply_fsdp(
     on_meta = any(p.is_meta for p in module.parameters())
     if not fsdp_cfg.param_offload and device.type != "cpu" and not on_meta:
         module.to(device)
-    for layer in layers if layers is not None else _decoder_layers(module):
+    blocks = layers if layers is not None else decoder_layers(module)
+    for target in [*blocks, module]:  # the layers first, the root last
         fully_shard(
-            layer,
+            target,
             mesh=mesh,
             mp_policy=mp,
             offload_policy=offload,
             reshard_after_forward=fsdp_cfg.reshard_after_forward,
         )
-    fully_shard(
-        module,
-        mesh=mesh,
-        mp_policy=mp,
-        offload_policy=offload,
-        reshard_after_forward=fsdp_cfg.reshard_after_forward,
-    )
     return module
 
 
@@ -328,17 +228,27 @@ def hf_name(name: str) -> str:
     return name
 
 
-def _full(param: torch.Tensor, device: torch.device | None) -> torch.Tensor:
-    """The full tensor of a (possibly sharded) parameter; collective across the mesh for DTensors."""
-    if not isinstance(param, DTensor):
-        return param.detach()
+def local_shard(param: DTensor, device: torch.device | None = None) -> torch.Tensor:
+    """This rank's shard of a DTensor on its mesh's device type: a CPU-offloaded shard of a CUDA
+    mesh is copied to ``device`` (default: the current CUDA device), where the collectives run."""
     local = param.to_local()
     mesh_device = param.device_mesh.device_type
-    if param.device_mesh.size() == 1 and local.shape == param.shape:
-        # a one-rank mesh: the shard is the whole tensor (no collective: ~8x less per parameter)
-        return (local if local.device.type == mesh_device else local.to(device or mesh_device)).detach()
-    if local.device.type != mesh_device:  # CPU-offloaded shard on a CUDA mesh: gather on the GPU
+    if local.device.type != mesh_device:
         local = local.to(device if device is not None else mesh_device)
+    return local
+
+
+def full_param(param: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """The full tensor of a (possibly sharded) parameter; collective across the mesh for DTensors
+    (on the mesh's device, see ``local_shard``)."""
+    if not isinstance(param, DTensor):
+        return param.detach()
+    offloaded = param.to_local().device.type != param.device_mesh.device_type
+    local = local_shard(param, device)
+    if param.device_mesh.size() == 1 and local.shape == param.shape:
+        # a one-rank mesh: the shard is the whole tensor (no collective per parameter)
+        return local.detach()
+    if offloaded:
         param = DTensor.from_local(
             local,
             param.device_mesh,
@@ -361,104 +271,8 @@ def iter_full_params(
     """
     reshard_all(module)
     for name, param in module.named_parameters():
-        full = _full(param, device)
+        full = full_param(param, device)
         yield hf_name(name), (full if dtype is None else full.to(dtype))
-
-
-def warmup_lambda(warmup_steps: int):
-    """LR multiplier for optimizer step ``s`` (0-based): ``min(1, (s + 1) / warmup_steps)``, so
-    the first step already moves and the full LR is reached at step ``warmup_steps - 1``."""
-
-    def fn(step: int) -> float:
-        if warmup_steps <= 0:
-            return 1.0
-        return min(1.0, (step + 1) / warmup_steps)
-
-    return fn
-
-
-def build_optimizer(
-    module: nn.Module, optim_cfg: OptimConfig
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the trainable parameters and a LambdaLR with linear warmup, then constant.
-
-    Warmup length: ``warmup_steps`` if > 0, else ``warmup_steps_ratio * total_training_steps``.
-    ``optim_cfg.fused``: True = AdamW's fused kernel (one kernel for all parameters; works on
-    FSDP2's DTensor shards, CUDA and CPU), False = torch's default (foreach on CUDA, a loop over
-    parameters on CPU), None = fused when the parameters are on CUDA.
-    """
-    params = [p for p in module.parameters() if p.requires_grad]
-    fused = optim_cfg.fused
-    if fused is None:
-        fused = bool(params) and all(p.device.type == "cuda" for p in params)
-    optimizer = torch.optim.AdamW(
-        params,
-        lr=optim_cfg.lr,
-        betas=tuple(optim_cfg.betas),
-        eps=optim_cfg.eps,
-        weight_decay=optim_cfg.weight_decay,
-        fused=True if fused else None,
-    )
-    warmup = optim_cfg.warmup_steps
-    if warmup <= 0 and optim_cfg.warmup_steps_ratio > 0:
-        if not optim_cfg.total_training_steps:
-            raise ValueError("optim.warmup_steps_ratio needs optim.total_training_steps")
-        warmup = int(optim_cfg.warmup_steps_ratio * optim_cfg.total_training_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(warmup))
-    return optimizer, scheduler
-
-
-def optimizer_kernel(optimizer: torch.optim.Optimizer) -> str:
-    """Which AdamW kernel ``optimizer`` runs: ``fused``, ``foreach`` or ``for-loop`` (torch's
-    default picks foreach for CUDA tensors, FSDP2's DTensors included, and the loop on CPU)."""
-    from torch.optim.optimizer import _default_to_fused_or_foreach
-
-    group = optimizer.param_groups[0]
-    if group.get("fused"):
-        return "fused"
-    if group.get("foreach") is None:
-        _, foreach = _default_to_fused_or_foreach(group["params"], differentiable=False, use_fused=False)
-        return "foreach" if foreach else "for-loop"
-    return "foreach" if group["foreach"] else "for-loop"
-
-
-def clip_and_step(
-    module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, max_norm: float
-) -> tuple[float, bool]:
-    """Clip the global gradient norm, then step optimizer and scheduler unless the norm is
-    non-finite (the step is skipped and the gradients dropped). ``max_norm <= 0`` only measures.
-
-    Returns:
-        ``(grad_norm, stepped)``; ``grad_norm`` is the norm before clipping.
-    """
-    params = [p for p in module.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm if max_norm > 0 else math.inf)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    norm_value = float(norm)
-    stepped = math.isfinite(norm_value)
-    if stepped:
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm_value, stepped
-
-
-def global_sum(values: list[float], device: torch.device) -> list[float]:
-    """All-reduce (sum) a few floats over the default group, in float64."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t.tolist()
-
-
-def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
-    """Move every tensor of the optimizer state (sharded or not) to ``device`` (offload/reload)."""
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step":
-                state[key] = value.to(device, non_blocking=True)
 
 
 def mesh_info(mesh: DeviceMesh, module: nn.Module) -> dict[str, Any]:
@@ -473,30 +287,4 @@ def mesh_info(mesh: DeviceMesh, module: nn.Module) -> dict[str, Any]:
         "placements": placements,
         "num_params": sum(p.numel() for p in module.parameters()),
         "local_numel": local,
-    }
-
-
-def finish_mini_batch(
-    module: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    grad_clip: float,
-    sums: dict[str, float],
-    device: torch.device,
-    prefix: str,
-) -> dict[str, float]:
-    """End of one mini-batch: sum the weighted metric ``sums`` over ranks, then clip and step.
-
-    Returns the summed metrics plus ``<prefix>/grad_norm``, ``<prefix>/lr`` (the LR this step used)
-    and ``<prefix>/skipped_steps`` (1.0 when a non-finite gradient norm skipped the step).
-    """
-    keys = sorted(sums)
-    reduced = dict(zip(keys, global_sum([sums[k] for k in keys], device)))
-    lr = optimizer.param_groups[0]["lr"]
-    grad_norm, stepped = clip_and_step(module, optimizer, scheduler, grad_clip)
-    return {
-        **reduced,
-        f"{prefix}/grad_norm": grad_norm,
-        f"{prefix}/lr": lr,
-        f"{prefix}/skipped_steps": float(not stepped),
     }

@@ -27,12 +27,20 @@ from torch import nn
 from ppoflow.workers.lm_head import DEFAULT_CHUNK, HEAD_IMPLS, chunked_log_probs
 from ppoflow.workers.packing import checked_index, pack, packed_hidden
 
-__all__ = ["PolicyLM", "ValueModel", "chunked_log_probs", "HEAD_IMPLS"]
+__all__ = ["HFRoot", "PolicyLM", "ValueModel", "base_hidden", "one_label", "chunked_log_probs", "HEAD_IMPLS"]
 
 
 def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Place (N,) values at the N true positions of a (B, R) bool mask; zeros elsewhere."""
     return values.new_zeros(mask.shape).masked_scatter(mask, values)
+
+
+def base_hidden(
+    base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor:
+    """Final hidden states (B, T, H) of the HF base model on a padded batch (no KV cache)."""
+    out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
 def _response_hidden(
@@ -43,9 +51,7 @@ def _response_hidden(
     response_length: int,
 ) -> torch.Tensor:
     """Final hidden states that predict each response token: (B, R, H)."""
-    out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    return hidden[:, -response_length - 1 : -1]
+    return base_hidden(base, input_ids, attention_mask, position_ids)[:, -response_length - 1 : -1]
 
 
 def _masked_response_hidden(
@@ -65,7 +71,34 @@ def _masked_response_hidden(
     return packed_hidden(base, rows)[checked_index(index, "the state before a response token")]
 
 
-class PolicyLM(nn.Module):
+def one_label(hf_model: nn.Module, role: str) -> None:
+    """ValueError unless the HF model has a one-label head (``role`` names the model in it)."""
+    if getattr(hf_model.config, "num_labels", 1) != 1:
+        raise ValueError(f"{role} needs num_labels=1, got {hf_model.config.num_labels}")
+
+
+class HFRoot(nn.Module):
+    """What the FSDP roots around an HF model share: the HF base model registered under its own
+    attribute name (``base_model_prefix``: ``model``, ...), so parameter names are the HF names,
+    the HF config, and the HF model object itself kept unregistered in ``hf_model`` (its head and
+    ``generate``; registering it would add its parameters twice under other names). A subclass
+    registers its head after ``HFRoot.__init__``, as the HF model orders its parameters."""
+
+    hf_key_prefix = ""  # parameter names already are HF names (for ppoflow.infra.checkpoint.sharded)
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        self.base_prefix = hf_model.base_model_prefix
+        setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
+        self.config = hf_model.config
+        object.__setattr__(self, "hf_model", hf_model)
+
+    @property
+    def base(self) -> nn.Module:
+        return getattr(self, self.base_prefix)
+
+
+class PolicyLM(HFRoot):
     """Causal LM wrapper whose forward gives the log-probs of the response tokens.
 
     Holds the HF model's base (``model``) and output embedding (``lm_head``) as children; the HF
@@ -74,8 +107,6 @@ class PolicyLM(nn.Module):
     the fused head's elementwise math as ``torch.compile`` kernels (``ppoflow.workers.lm_head``).
     """
 
-    hf_key_prefix = ""  # parameter names already are HF names (for ppoflow.infra.checkpoint.sharded)
-
     def __init__(
         self,
         hf_model: nn.Module,
@@ -83,21 +114,12 @@ class PolicyLM(nn.Module):
         head_impl: str = "checkpoint",
         compiled_head: bool = False,
     ):
-        super().__init__()
-        cfg = hf_model.config
         for attr in ("final_logit_softcapping", "logit_scale"):
-            if getattr(cfg, attr, None) not in (None, 1.0):
+            if getattr(hf_model.config, attr, None) not in (None, 1.0):
                 raise NotImplementedError(f"{type(hf_model).__name__} uses {attr}: not supported by PolicyLM")
-        self.base_prefix = hf_model.base_model_prefix
-        setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
+        super().__init__(hf_model)
         self.lm_head = hf_model.get_output_embeddings()
-        self.config = cfg
         self.chunk_size, self.head_impl, self.compiled_head = chunk_size, head_impl, compiled_head
-        object.__setattr__(self, "hf_model", hf_model)
-
-    @property
-    def base(self) -> nn.Module:
-        return getattr(self, self.base_prefix)
 
     def forward(
         self,
@@ -141,7 +163,7 @@ class PolicyLM(nn.Module):
         return out
 
 
-class ValueModel(nn.Module):
+class ValueModel(HFRoot):
     """Critic wrapper around an HF token-classification model with one label.
 
     ``forward`` returns (B, R) values on the response positions: ``values[:, t] = V(s_t)``, the
@@ -149,28 +171,18 @@ class ValueModel(nn.Module):
     The head's dropout is not applied (the critic is deterministic).
     """
 
-    hf_key_prefix = ""
-
     def __init__(self, hf_model: nn.Module):
-        super().__init__()
-        if getattr(hf_model.config, "num_labels", 1) != 1:
-            raise ValueError(f"a critic needs num_labels=1, got {hf_model.config.num_labels}")
-        self.base_prefix = hf_model.base_model_prefix
-        setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
-        self.head_name = next(
+        one_label(hf_model, "a critic")
+        head_name = next(
             (n for n in ("score", "classifier") if isinstance(getattr(hf_model, n, None), nn.Module)), None
         )
-        if self.head_name is None:
+        if head_name is None:
             raise TypeError(
                 f"{type(hf_model).__name__} has no token-classification head (score / classifier)"
             )
-        setattr(self, self.head_name, getattr(hf_model, self.head_name))
-        self.config = hf_model.config
-        object.__setattr__(self, "hf_model", hf_model)
-
-    @property
-    def base(self) -> nn.Module:
-        return getattr(self, self.base_prefix)
+        super().__init__(hf_model)
+        self.head_name = head_name
+        setattr(self, head_name, getattr(hf_model, head_name))
 
     def forward(
         self,

@@ -18,8 +18,8 @@ earlier tokens of its own sequence:
 Without those kwargs (a padded forward, ``generate``) it is exactly transformers' ``sdpa``.
 Why not ``sdpa`` with packed ``position_ids``: transformers then builds a dense (1, 1, T, T)
 block-diagonal mask and computes attention across all T tokens (quadratic in the micro-batch's
-tokens); and only with ``use_cache=False`` (FIELD-NOTES). ``flash_attention_2`` needs the
-flash-attn package, which the GPU machines here lack.
+tokens); and only with ``use_cache=False``. ``flash_attention_2`` needs the flash-attn package,
+which ppoflow's GPU set-up does not install.
 
 Micro-batches. ``token_budget_micro_batches`` groups rows so that each micro-batch holds at most
 ``budget`` real tokens (first-fit decreasing), then splits the largest groups until every rank

@@ -1,4 +1,4 @@
-"""RewardModelWorker: scores rollouts with a sequence-classification reward model (seed 2.2.4).
+"""RewardModelWorker: scores rollouts with a sequence-classification reward model.
 
 Config given to the group: ``{"config": ExperimentConfig as JSON dict (or string), "role": "reward_model"}``;
 the model is ``reward.reward_model.model`` (an HF ``*ForSequenceClassification`` with one label).
@@ -31,11 +31,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.device_memory import release_cached
-from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, load_hf_model, mesh_info, reshard_all
+from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, mesh_info, reshard_all
+from ppoflow.workers.hf_models import load_hf_model
+from ppoflow.workers.modeling import HFRoot, base_hidden, one_label
 from ppoflow.workers.packing import (
     checked_index,
     pack,
@@ -43,29 +44,24 @@ from ppoflow.workers.packing import (
     token_budget_micro_batches,
     use_varlen_attention,
 )
+from ppoflow.workers.worker_setup import experiment_config
 
 __all__ = ["RewardModelWorker", "LastTokenScorer", "same_tokenizer"]
 
 
-class LastTokenScorer(nn.Module):
+class LastTokenScorer(HFRoot):
     """Wraps an HF sequence-classification model: base model + ``score`` head applied to the hidden
     state of one chosen token per row. Parameter names stay the HF names."""
 
-    hf_key_prefix = ""
-
     def __init__(self, hf_model: nn.Module):
-        super().__init__()
-        if getattr(hf_model.config, "num_labels", 1) != 1:
-            raise ValueError(f"a reward model needs num_labels=1, got {hf_model.config.num_labels}")
+        one_label(hf_model, "a reward model")
         if not isinstance(getattr(hf_model, "score", None), nn.Module):
             raise ValueError(
                 f"{type(hf_model).__name__} has no `score` head; use an HF *ForSequenceClassification "
                 "model (Llama, Qwen2, Mistral, ...) as the reward model"
             )
-        self.base_prefix = hf_model.base_model_prefix
-        setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
+        super().__init__(hf_model)
         self.score = hf_model.score
-        self.config = hf_model.config
 
     def forward(
         self,
@@ -77,16 +73,12 @@ class LastTokenScorer(nn.Module):
     ) -> torch.Tensor:
         """(B,) float32 score at ``last_index`` (B,) of each row (``packed``: the model runs on the
         real tokens only; needs ``use_varlen_attention`` on the HF model)."""
-        base = getattr(self, self.base_prefix)
         if packed:
             rows = pack(input_ids, attention_mask, position_ids)
             at = rows.index[torch.arange(len(last_index), device=last_index.device), last_index]
-            picked = packed_hidden(base, rows)[checked_index(at, "the scored last token")]
+            picked = packed_hidden(self.base, rows)[checked_index(at, "the scored last token")]
             return self.score(picked).squeeze(-1).float()
-        out = base(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        )
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        hidden = base_hidden(self.base, input_ids, attention_mask, position_ids)
         picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_index]
         return self.score(picked).squeeze(-1).float()
 
@@ -107,16 +99,7 @@ class RewardModelWorker(Worker):
 
     def __init__(self, config: dict[str, Any]):
         super().__init__(config)
-        if "config" not in config:
-            raise KeyError(
-                "the worker config needs a 'config' entry (ExperimentConfig.model_dump(mode='json'))"
-            )
-        raw = config["config"]
-        self.cfg = (
-            ExperimentConfig.model_validate_json(raw)
-            if isinstance(raw, str)
-            else ExperimentConfig.model_validate(raw)
-        )
+        self.cfg = experiment_config(config)
         self.rm_cfg = self.cfg.reward.reward_model
         if self.rm_cfg.model is None:
             raise ValueError(

@@ -155,7 +155,7 @@ def test_critic_values_and_update_match_single_process(tiny):
 
 def test_warmup_schedule():
     from ppoflow.infra.config import OptimConfig
-    from ppoflow.workers.fsdp_utils import build_optimizer
+    from ppoflow.workers.optim import build_optimizer
 
     opt, sched = build_optimizer(torch.nn.Linear(2, 2), OptimConfig(lr=1.0, warmup_steps=4))
     lrs = []
@@ -205,7 +205,7 @@ def test_non_finite_grad_norm_skips_the_step(tiny):
 
 
 def test_mini_batch_rows_cover_every_row_each_epoch():
-    from ppoflow.workers.actor import mini_batch_rows
+    from ppoflow.workers.minibatch import mini_batch_rows
 
     plain = [r.tolist() for r in mini_batch_rows(10, 4, 2, shuffle=False, seed=0)]
     assert plain == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] * 2
@@ -215,7 +215,7 @@ def test_mini_batch_rows_cover_every_row_each_epoch():
 
 
 def test_update_shuffle_follows_the_iteration_not_the_call_count():
-    from ppoflow.workers.actor import mini_batch_rows, shuffle_seed
+    from ppoflow.workers.minibatch import mini_batch_rows, shuffle_seed
 
     batch = DataProto.from_dict({"x": torch.zeros(10, 1)}, meta_info={"iteration": 7})
     first, retried = shuffle_seed(3, batch, calls=1), shuffle_seed(3, batch, calls=5)
@@ -235,7 +235,8 @@ def test_full_params_carry_the_checkpoint_names(tiny):
     from safetensors.torch import load_file
 
     from ppoflow.infra.config import ModelConfig
-    from ppoflow.workers.fsdp_utils import iter_full_params, load_hf_model
+    from ppoflow.workers.fsdp_utils import iter_full_params
+    from ppoflow.workers.hf_models import load_hf_model
     from ppoflow.workers.modeling import PolicyLM
 
     stored = load_file(os.path.join(tiny["dir"], "model.safetensors"))

@@ -101,7 +101,7 @@ def test_config_token_budget_must_hold_the_longest_row():
 
 def _policy(model_dir: str, packed: bool, chunk_size: int = 5):
     from ppoflow.infra.config import ModelConfig
-    from ppoflow.workers.fsdp_utils import load_hf_model
+    from ppoflow.workers.hf_models import load_hf_model
     from ppoflow.workers.modeling import PolicyLM
     from ppoflow.workers.packing import use_varlen_attention
 
@@ -165,7 +165,7 @@ def test_packed_llama_equals_padded(tmp_path):
 
 def test_packed_values_equal_plain(tiny):
     from ppoflow.infra.config import ModelConfig
-    from ppoflow.workers.fsdp_utils import load_hf_model
+    from ppoflow.workers.hf_models import load_hf_model
     from ppoflow.workers.modeling import ValueModel
     from ppoflow.workers.packing import use_varlen_attention
 

@@ -33,7 +33,15 @@ import torch
 
 from ppoflow.infra.config import RolloutConfig
 
-__all__ = ["Rollout", "SamplingSettings", "assemble_output", "prompt_token_lists", "PROMPT_KEYS"]
+__all__ = [
+    "Rollout",
+    "SamplingSettings",
+    "assemble_output",
+    "check_prompts",
+    "generation_metrics",
+    "prompt_token_lists",
+    "PROMPT_KEYS",
+]
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
@@ -119,7 +127,9 @@ class Rollout:
         """Free the engine (called once when the worker shuts down)."""
 
 
-def _check_prompts(prompts) -> None:
+def check_prompts(prompts) -> None:
+    """KeyError unless ``prompts`` has ``input_ids`` and ``attention_mask``; ValueError unless both
+    are the same (B, P) shape."""
     missing = [k for k in ("input_ids", "attention_mask") if k not in prompts.batch]
     if missing:
         raise KeyError(f"generate_sequences needs prompt columns {missing}; got {sorted(prompts.batch)}")
@@ -129,6 +139,20 @@ def _check_prompts(prompts) -> None:
             f"input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} must be the "
             "same (B, P) shape"
         )
+
+
+def generation_metrics(
+    generate_s: float, generated: int, cpu: Any, extra: dict[str, float] | None = None
+) -> dict[str, float]:
+    """A rollout's ``meta_info["metrics"]``: ``rollout/generate_s``, ``rollout/tokens_per_s`` (the
+    ``generated`` tokens over those seconds), ``extra``, then the CPU the decoding got
+    (``perf/rollout_*`` from ``cpu``, an ``infra.host_cpu.cpu_use`` reading)."""
+    return {
+        "rollout/generate_s": generate_s,
+        "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,
+        **(extra or {}),
+        **cpu.metrics("perf/rollout_"),
+    }
 
 
 def prompt_token_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
@@ -156,30 +180,16 @@ def _position_ids(prompts, n: int) -> torch.Tensor:
     return pos.cpu().repeat_interleave(n, dim=0)
 
 
-def assemble_output(
-    prompts,
+def _response_tensors(
     responses: Sequence[Sequence[int]],
     log_probs: Sequence[Sequence[float]] | None,
-    settings: SamplingSettings,
+    bsz: int,
+    n: int,
+    resp_len: int,
     pad_token_id: int,
-    metrics: dict[str, float],
-):
-    """Build the rollout DataProto from ``B*n`` token lists (sample-major per prompt).
-
-    Args:
-        prompts: the input DataProto (B rows): ``input_ids``, ``attention_mask``, optional
-            ``position_ids`` and non-tensor columns.
-        responses: ``B*n`` lists of generated token ids (row ``i*n + j`` = sample j of prompt i),
-            each at most ``settings.response_length`` long (EOS included when it stopped there).
-        log_probs: the matching per-token log-probs, or None (no ``rollout_log_probs`` column).
-        pad_token_id: right-padding value of ``responses``.
-        metrics: merged into ``meta_info["metrics"]``.
-    """
-    from ppoflow.infra.data.dataproto import DataProto
-
-    _check_prompts(prompts)
-    n, resp_len = settings.n, settings.response_length
-    bsz = len(prompts)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(responses, response_mask, log_probs)``, each (B*n, R), right-padded from the token lists
+    (log-probs 0 where there are none); ValueError on a count or a length that does not fit."""
     with_lp = log_probs is not None
     if len(responses) != bsz * n or (with_lp and len(log_probs) != bsz * n):
         raise ValueError(
@@ -203,6 +213,46 @@ def assemble_output(
             if with_lp:
                 lp[i, :k] = torch.as_tensor(lps, dtype=torch.float32)
             resp_mask[i, :k] = 1
+    return resp, resp_mask, lp
+
+
+def _output_meta(prompts, settings: SamplingSettings, metrics: dict[str, float]) -> dict[str, Any]:
+    """The input's ``meta_info`` with the call's sampling settings in place of any given, and
+    ``metrics`` merged into its ``metrics``."""
+    meta = {
+        k: v
+        for k, v in prompts.meta_info.items()
+        if k not in ("n", "temperature", "top_p", "top_k", "do_sample", "response_length", "metrics")
+    }
+    meta.update(settings.meta())
+    meta["metrics"] = {**prompts.meta_info.get("metrics", {}), **metrics}
+    return meta
+
+
+def assemble_output(
+    prompts,
+    responses: Sequence[Sequence[int]],
+    log_probs: Sequence[Sequence[float]] | None,
+    settings: SamplingSettings,
+    pad_token_id: int,
+    metrics: dict[str, float],
+):
+    """Build the rollout DataProto from ``B*n`` token lists (sample-major per prompt).
+
+    Args:
+        prompts: the input DataProto (B rows): ``input_ids``, ``attention_mask``, optional
+            ``position_ids`` and non-tensor columns.
+        responses: ``B*n`` lists of generated token ids (row ``i*n + j`` = sample j of prompt i),
+            each at most ``settings.response_length`` long (EOS included when it stopped there).
+        log_probs: the matching per-token log-probs, or None (no ``rollout_log_probs`` column).
+        pad_token_id: right-padding value of ``responses``.
+        metrics: merged into ``meta_info["metrics"]``.
+    """
+    from ppoflow.infra.data.dataproto import DataProto
+
+    check_prompts(prompts)
+    n, resp_len = settings.n, settings.response_length
+    resp, resp_mask, lp = _response_tensors(responses, log_probs, len(prompts), n, resp_len, pad_token_id)
     prompt_ids = prompts.batch["input_ids"].cpu().long().repeat_interleave(n, dim=0)
     prompt_mask = prompts.batch["attention_mask"].cpu().repeat_interleave(n, dim=0)
     prompt_pos = _position_ids(prompts, n)
@@ -216,14 +266,7 @@ def assemble_output(
         "position_ids": torch.cat([prompt_pos, resp_pos], dim=1),
         "response_mask": resp_mask,
     }
-    if with_lp:
+    if log_probs is not None:
         tensors["rollout_log_probs"] = lp
     non_tensors = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensor_batch.items()}
-    meta = {
-        k: v
-        for k, v in prompts.meta_info.items()
-        if k not in ("n", "temperature", "top_p", "top_k", "do_sample", "response_length", "metrics")
-    }
-    meta.update(settings.meta())
-    meta["metrics"] = {**prompts.meta_info.get("metrics", {}), **metrics}
-    return DataProto.from_dict(tensors, non_tensors, meta)
+    return DataProto.from_dict(tensors, non_tensors, _output_meta(prompts, settings, metrics))

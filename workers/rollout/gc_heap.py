@@ -1,13 +1,13 @@
 """Keep Python's cyclic garbage collector off the long-lived heap while the engine decodes.
 
-vLLM's decode loop is CPU-bound Python (a step of 256 sequences of a 0.5B model takes ~6 ms on an
-H200), and vLLM freezes the garbage collector's heap once, after building the engine
-(``gc.freeze()``), so that collections during decoding only look at young objects. In a ppoflow
-rank much of the heap is made after that: the FSDP modules' runtime state and, with
-``model.use_torch_compile``, the compiled graphs of the actor and reference (hundreds of thousands
-of objects). Every full collection then walks all of it: vLLM's own ``sleep()`` runs one
-(``gc.collect()``) after each rollout, 0.25-0.30 s in the flow on an H200 against 0.04 s in the
-first iteration, before anything was compiled, and the automatic ones fall inside ``generate``.
+vLLM's decode loop is CPU-bound Python (a GPU decode step of a small model takes milliseconds), and
+vLLM freezes the garbage collector's heap once, after building the engine (``gc.freeze()``), so
+that collections during decoding only look at young objects. In a ppoflow rank much of the heap is
+made after that: the FSDP modules' runtime state and, with ``model.use_torch_compile``, the
+compiled graphs of the actor and reference (hundreds of thousands of objects). Every full
+collection then walks all of it: vLLM's own ``sleep()`` runs one (``gc.collect()``) after each
+rollout, several times longer once the graphs exist than before anything was compiled, and the
+automatic ones fall inside ``generate``.
 
 :func:`frozen_heap` collects what is garbage now (once the long-lived objects are frozen this only
 walks the objects made since the last rollout), freezes every surviving object, and times the

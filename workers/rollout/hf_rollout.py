@@ -1,6 +1,6 @@
 """HFRollout: transformers ``generate`` on the actor's own FSDP module (``rollout.engine: hf``).
 
-For machines without vLLM. There is no second copy of the weights and nothing to synchronise:
+For hosts without vLLM. There is no second copy of the weights and nothing to synchronise:
 generation runs on the live FSDP2 policy, so it always samples from the current weights (its
 sharding manager is a no-op).
 
@@ -21,13 +21,21 @@ log-probs; greedy decoding reports temperature-1 log-probs.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from torch import nn
 
 from ppoflow.infra.config import RolloutConfig
 from ppoflow.infra.host_cpu import cpu_use
-from ppoflow.workers.rollout.base import Rollout, SamplingSettings, assemble_output
+from ppoflow.workers.fsdp_utils import reshard_all
+from ppoflow.workers.rollout.base import (
+    Rollout,
+    SamplingSettings,
+    assemble_output,
+    check_prompts,
+    generation_metrics,
+)
 
 __all__ = ["HFRollout"]
 
@@ -96,16 +104,23 @@ class HFRollout(Rollout):
     @torch.no_grad()
     def generate_sequences(self, prompts):
         """Sample ``n`` responses per prompt row with ``generate``; columns as in ``ppoflow.workers.rollout.base``."""
-        from torch.distributed.fsdp import FSDPModule
-
         s = SamplingSettings.resolve(self.config, prompts.meta_info)
-        if "input_ids" not in prompts.batch or "attention_mask" not in prompts.batch:
-            raise KeyError(
-                f"generate_sequences needs input_ids and attention_mask; got {sorted(prompts.batch)}"
-            )
+        check_prompts(prompts)
         ids = prompts.batch["input_ids"].long().repeat_interleave(s.n, dim=0).to(self.device)
         mask = prompts.batch["attention_mask"].long().repeat_interleave(s.n, dim=0).to(self.device)
-        kwargs = dict(
+        out, generate_s, cpu = self._sample(
+            ids, mask, self._generate_kwargs(s), prompts.meta_info.get("seed")
+        )
+        gen, token_lp = _sampled_tokens(out, ids.shape[1])
+        del out
+        responses, log_probs = _cut_at_eos(gen, token_lp, self.eos_token_id)
+        metrics = generation_metrics(generate_s, sum(len(r) for r in responses), cpu)
+        return assemble_output(prompts, responses, log_probs, s, self.pad_token_id, metrics)
+
+    def _generate_kwargs(self, s: SamplingSettings) -> dict[str, Any]:
+        """``generate``'s keyword arguments for one call's sampling settings (greedy: no sampling
+        parameters, so the model's generation config cannot add any)."""
+        kwargs: dict[str, Any] = dict(
             max_new_tokens=s.response_length,
             do_sample=s.do_sample,
             eos_token_id=self.eos_token_id,
@@ -119,49 +134,65 @@ class HFRollout(Rollout):
             kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0)
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
+        return kwargs
+
+    def _sample(
+        self, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict[str, Any], meta_seed: Any
+    ) -> tuple[Any, float, Any]:
+        """``generate`` in eval mode on a forked, seeded RNG, then the FSDP module resharded and put
+        back in its mode; returns (generate's output, its seconds, the CPU it got)."""
+        from torch.distributed.fsdp import FSDPModule
+
         was_training = self.module.training
         self.module.eval()
         t0 = time.perf_counter()
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            # the iteration's seed (meta_info["seed"]) when the caller gives one, so a retried or
-            # resumed rollout samples what the first attempt did; else a per-call stream
-            base = prompts.meta_info.get("seed")
-            base = self.config.seed * 1_000_003 + self.calls if base is None else int(base)
-            torch.manual_seed((base * 7_919 + self.rank) % (2**63 - 1))
+            torch.manual_seed(self._seed(meta_seed))
             with cpu_use() as cpu:
                 out = self._generate(input_ids=ids, attention_mask=mask, **kwargs)
         generate_s = time.perf_counter() - t0
         self.calls += 1
         if isinstance(self.module, FSDPModule):
-            for sub in self.module.modules():
-                if isinstance(sub, FSDPModule):
-                    sub.reshard()
+            reshard_all(self.module)
         self.module.train(was_training)
-        gen_dev = out.sequences[:, ids.shape[1] :]
-        # one (B, V) step at a time on the device: stacking the scores would be a (B, R, V) fp32
-        # tensor (40 GB for 256 x 256 tokens over a 152k vocabulary) copied to the host
-        steps = [
-            torch.log_softmax(sc.float(), dim=-1).gather(-1, gen_dev[:, t : t + 1]).squeeze(-1)
-            for t, sc in enumerate(out.scores or ())
-        ]
-        token_lp = (torch.stack(steps, dim=1) if steps else torch.zeros(len(ids), 0)).cpu()
-        gen = gen_dev.cpu()
-        del out
-        responses, log_probs = [], []
-        eos = set([self.eos_token_id] if isinstance(self.eos_token_id, int) else (self.eos_token_id or []))
-        for row, lp in zip(gen.tolist(), token_lp.tolist()):
-            k = len(row)
-            for j, tok in enumerate(row):
-                if tok in eos:
-                    k = j + 1
-                    break
-            responses.append(row[:k])
-            log_probs.append(lp[:k])
-        generated = sum(len(r) for r in responses)
-        metrics = {
-            "rollout/generate_s": generate_s,
-            "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,
-            **cpu.metrics("perf/rollout_"),
-        }
-        return assemble_output(prompts, responses, log_probs, s, self.pad_token_id, metrics)
+        return out, generate_s, cpu
+
+    def _seed(self, meta_seed: Any) -> int:
+        """This rank's seed for one call: from the iteration's seed (``meta_info["seed"]``) when the
+        caller gives one, so a retried or resumed rollout samples what the first attempt did; else
+        from a per-call stream. Ranks sample different streams."""
+        base = self.config.seed * 1_000_003 + self.calls if meta_seed is None else int(meta_seed)
+        return (base * 7_919 + self.rank) % (2**63 - 1)
+
+
+def _sampled_tokens(out: Any, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(generated tokens (B*n, R'), their log-probs (B*n, R')) on the CPU from ``generate``'s output:
+    the log-softmax of each step's scores at the token it chose."""
+    gen_dev = out.sequences[:, prompt_len:]
+    # one (B, V) step at a time on the device: stacking the scores would be a (B, R, V) fp32
+    # tensor (40 GB for 256 x 256 tokens over a 152k vocabulary) copied to the host
+    steps = [
+        torch.log_softmax(sc.float(), dim=-1).gather(-1, gen_dev[:, t : t + 1]).squeeze(-1)
+        for t, sc in enumerate(out.scores or ())
+    ]
+    token_lp = (torch.stack(steps, dim=1) if steps else torch.zeros(len(gen_dev), 0)).cpu()
+    return gen_dev.cpu(), token_lp
+
+
+def _cut_at_eos(
+    gen: torch.Tensor, token_lp: torch.Tensor, eos_token_id: int | list[int] | None
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Each row's tokens and log-probs up to and including its first stop token (all of them when
+    it has none: it ran to the length limit)."""
+    eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+    responses, log_probs = [], []
+    for row, lp in zip(gen.tolist(), token_lp.tolist()):
+        k = len(row)
+        for j, tok in enumerate(row):
+            if tok in eos:
+                k = j + 1
+                break
+        responses.append(row[:k])
+        log_probs.append(lp[:k])
+    return responses, log_probs

@@ -95,7 +95,7 @@ class FSDPVLLMShardingManager:
         storage_options: fsspec options for checkpoint URLs.
         quiet: a context-manager factory held around the entry's wake and push, e.g. the worker's
             ``CheckpointWriter.paused`` (a background checkpoint write in the same process slows
-            the push, which is latency-bound Python, about 2x).
+            the push, which is latency-bound Python).
     """
 
     def __init__(

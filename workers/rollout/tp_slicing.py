@@ -152,30 +152,6 @@ def _fsdp_rows(dtensor) -> tuple[int, int] | None:
     return (lo, hi) if dtensor.to_local().shape[0] == hi - lo else None
 
 
-def _full(param: torch.Tensor) -> torch.Tensor:
-    """Full tensor of a parameter: ``full_tensor()`` of a DTensor (on its mesh's device, for shards
-    offloaded to the CPU), the tensor itself otherwise."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(param, DTensor):
-        return param.detach()
-    local = param.to_local()
-    mesh_type = param.device_mesh.device_type
-    if local.device.type != mesh_type:
-        local = local.to(
-            torch.device(mesh_type, torch.cuda.current_device()) if mesh_type == "cuda" else mesh_type
-        )
-        param = DTensor.from_local(
-            local,
-            param.device_mesh,
-            param.placements,
-            run_check=False,
-            shape=param.shape,
-            stride=param.stride(),
-        )
-    return param.full_tensor().detach()
-
-
 def _region(spec: list[int], shape: torch.Size) -> list[tuple[int, int]]:
     """Per-dim [lo, hi) of a spec over a tensor of ``shape``."""
     region = [(0, s) for s in shape]
@@ -231,7 +207,7 @@ class TPSlicer:
         """Like ``weight_sync.live_weights``, with TP-sharded tensors cut to this rank's slice."""
         from torch.distributed.tensor import DTensor
 
-        from ppoflow.workers.fsdp_utils import reshard_all
+        from ppoflow.workers.fsdp_utils import full_param, reshard_all
 
         self.prepare(module)
         reshard_all(module)
@@ -243,18 +219,15 @@ class TPSlicer:
                 or rows is None
                 or param.device_mesh.size() != dist.get_world_size()
             ):
-                yield name, _full(param)
+                yield name, full_param(param)
                 continue
             yield name, self._exchange(param, rows, specs)
 
     def _exchange(self, param, rows: tuple[int, int], specs: list[list[int]]) -> torch.Tensor:
         """all_to_all_single: send each rank the part of my rows inside its slice; get mine."""
-        local = param.to_local().detach()
-        mesh_type = param.device_mesh.device_type
-        if local.device.type != mesh_type:  # CPU-offloaded shard on a CUDA mesh: exchange on the GPU
-            local = local.to(
-                torch.device(mesh_type, torch.cuda.current_device()) if mesh_type == "cuda" else mesh_type
-            )
+        from ppoflow.workers.fsdp_utils import local_shard
+
+        local = local_shard(param).detach()  # a CPU-offloaded shard of a CUDA mesh: exchanged on the GPU
         shape, world, me = param.shape, len(specs), dist.get_rank()
         chunk = -(-shape[0] // world)
         sends, send_sizes = [], []

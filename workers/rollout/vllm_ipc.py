@@ -4,7 +4,7 @@ With TP > 1 on the CPU backend, vLLM's groups set up, per engine start:
 - one POSIX shm segment per rank for the shm all-reduce (``/dev/shm/-tp:0-[0-1]-cpushm_<rank>``).
   Under ``external_launcher`` the name has no per-run part, and the segment is created with
   O_EXCL: a group that ends with ``os._exit`` (as ppoflow's ranks do) or is killed leaves it behind,
-  and the next TP engine on the machine fails with "create shm in SHMManager failed. errno: 17";
+  and the next TP engine on the host fails with "create shm in SHMManager failed. errno: 17";
 - a 24 MiB ``multiprocessing.shared_memory`` ring buffer (``/dev/shm/psm_*``) and two ZeroMQ IPC
   sockets (``/tmp/<uuid>``) for the TP group's message-queue broadcaster, unlinked only by
   ``__del__``: every run that exits with ``os._exit`` leaks them.

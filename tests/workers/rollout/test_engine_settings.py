@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ppoflow.infra.config import ConfigError, RolloutConfig, parse_config
-from ppoflow.workers.rollout.vllm_rollout import (
+from ppoflow.workers.rollout.vllm_engine import (
     auto_kv_cache_bytes,
     engine_kwargs_for,
     kv_bytes_per_token,

