@@ -39,6 +39,7 @@ import gc
 import time
 from typing import Any
 
+from ppoflow.infra.checkpoint.state import seed_rngs
 from ppoflow.infra.config import FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
@@ -48,7 +49,7 @@ from ppoflow.workers.device_memory import GIB, PeakMemory, engine_pool_bytes, re
 from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.modeling import PolicyLM
 from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
-from ppoflow.workers.worker_setup import parse_worker_config, seed_rngs
+from ppoflow.workers.worker_setup import parse_worker_config
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
 

@@ -19,6 +19,7 @@ import gc
 import time
 from typing import Any
 
+from ppoflow.infra.checkpoint.state import seed_rngs
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.checkpointing import CheckpointMethods
@@ -27,7 +28,7 @@ from ppoflow.workers.device_memory import PeakMemory, release_cached, resident_g
 from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.modeling import ValueModel
 from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
-from ppoflow.workers.worker_setup import parse_worker_config, seed_rngs
+from ppoflow.workers.worker_setup import parse_worker_config
 
 __all__ = ["CriticWorker"]
 

@@ -52,7 +52,6 @@ from ppoflow.workers.hf_models import (
 
 # Moved to ppoflow.workers.optim; importable from here too while tests/support imports it (and
 # ``load_hf_model``, imported above) from this module.
-from ppoflow.workers.optim import build_optimizer as build_optimizer
 from ppoflow.workers.packing import use_varlen_attention
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)

@@ -1,21 +1,17 @@
 """What every worker class does first: rebuild the ``ExperimentConfig`` from the group's config
-dict, pick its role, and seed the rank's RNGs.
+dict and pick its role (its ``init_model`` then seeds the rank's RNGs with
+:func:`ppoflow.infra.checkpoint.state.seed_rngs`).
 
     cfg, role = parse_worker_config(config, ROLES, "actor_rollout_ref")   # in Worker.__init__
-    seed_rngs(cfg.seed)                                                  # in init_model
 """
 
 from __future__ import annotations
 
-import random
 from typing import Any
-
-import numpy as np
-import torch
 
 from ppoflow.infra.config import ExperimentConfig
 
-__all__ = ["experiment_config", "parse_worker_config", "seed_rngs"]
+__all__ = ["experiment_config", "parse_worker_config"]
 
 
 def experiment_config(config: dict[str, Any]) -> ExperimentConfig:
@@ -39,11 +35,3 @@ def parse_worker_config(
     if role not in roles:
         raise ValueError(f"unknown role {role!r}; allowed: {', '.join(roles)}")
     return cfg, role
-
-
-def seed_rngs(seed: int) -> None:
-    """Seed this rank's torch, Python and numpy RNGs (they go into checkpoints: two experiments of
-    one config must commit the same bits)."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)

@@ -194,23 +194,15 @@ class WorkerGroup:
         output tail."""
         by_rank: dict[int, Connection] = {}
         while len(by_rank) < self.nprocs:
-            now = time.monotonic()
+            now, cause = time.monotonic(), self.launcher.failure()
             if now > deadline:
-                self._fail(
+                cause = (
                     f"only {len(by_rank)}/{self.nprocs} ranks connected within {self.start_timeout_s:.0f} s"
-                    f"{self.launcher.missing(self.hellos)}",
-                    None,
-                    "__start__",
-                    with_tail=True,
                 )
-            cause = self.launcher.failure()
+            elif cause is not None:
+                cause += " before all ranks connected"
             if cause is not None:
-                self._fail(
-                    f"{cause} before all ranks connected{self.launcher.missing(self.hellos)}",
-                    None,
-                    "__start__",
-                    with_tail=True,
-                )
+                self._fail(cause + self.launcher.missing(self.hellos), None, "__start__", with_tail=True)
             try:
                 got = self.launcher.poll_hello(min(0.2, deadline - now))
             except EOFError as err:

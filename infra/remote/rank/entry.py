@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from ppoflow.infra import faults
+from ppoflow.infra.checkpoint.state import seed_rngs
 from ppoflow.infra.remote.dispatch import Dispatch, dispatch_mode_of, registered_methods
 from ppoflow.infra.remote.errors import error_types
 from ppoflow.infra.remote.procs import block_until_exit
@@ -102,22 +103,6 @@ def _orphaned(why: str) -> None:
     _flush_and_exit(1)
 
 
-def seed_process_rngs(rank: int) -> None:
-    """Give the global RNGs (torch, python, numpy) a start that depends only on the rank. Each
-    starts from OS entropy in a new process (torch's ``initial_seed()`` differs per process too),
-    so two runs of one config would otherwise save different RNG states in their checkpoints:
-    a run's commits could not be compared with another's (a local group against a multi-node
-    one, a rerun against the original), and whatever a library draws from them would differ.
-    Workers still seed what their math uses themselves (model init, sampling)."""
-    import random
-
-    import numpy as np
-
-    random.seed(rank)
-    np.random.seed(rank)
-    torch.manual_seed(rank)
-
-
 def _layout(worker: Any) -> Layout:
     return Layout(
         dp_rank=int(getattr(worker, "dp_rank", dist.get_rank())),
@@ -155,7 +140,10 @@ class RankServer:
             if not cls_name:
                 raise ValueError(f"worker path must be 'module:Class', got {self.worker_path!r}")
             self.cls = getattr(importlib.import_module(module_name), cls_name)
-            seed_process_rngs(self.rank)
+            # the global RNGs start from OS entropy in a new process: give them a start that depends
+            # only on the rank, so two runs of one config save the same RNG states in their
+            # checkpoints (workers still seed what their math uses themselves)
+            seed_rngs(self.rank)
             self.worker = self.cls(config)
             methods = {k: v.value for k, v in registered_methods(self.cls).items()}
             send(self.conn, Ready(ok=True, methods=methods, layout=_layout(self.worker)))

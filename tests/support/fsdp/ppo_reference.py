@@ -251,8 +251,9 @@ def plain_actor(model_dir: str, cfg: ExperimentConfig, chunk_size: int = 1024):
     """DataParallelPPOActor on an unsharded PolicyLM (no process group: dp 1)."""
     from ppoflow.infra.config import ModelConfig
     from ppoflow.workers.actor import DataParallelPPOActor
-    from ppoflow.workers.fsdp_utils import build_optimizer, load_hf_model
+    from ppoflow.workers.hf_models import load_hf_model
     from ppoflow.workers.modeling import PolicyLM
+    from ppoflow.workers.optim import build_optimizer
 
     module = PolicyLM(load_hf_model(ModelConfig(path=model_dir), "causal_lm"), chunk_size=chunk_size)
     optimizer, scheduler = build_optimizer(module, cfg.actor.optim)

@@ -62,8 +62,10 @@ class RolloutTestWorker(Worker):
         from transformers import AutoTokenizer
 
         from ppoflow.workers.actor import DataParallelPPOActor
-        from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, build_optimizer, load_hf_model
+        from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh
+        from ppoflow.workers.hf_models import load_hf_model
         from ppoflow.workers.modeling import PolicyLM
+        from ppoflow.workers.optim import build_optimizer
         from ppoflow.workers.rollout import build_rollout, build_sharding_manager
 
         cfg = self.cfg = self._experiment_config()
