@@ -11,10 +11,10 @@ on the most frequent one (with two independent digits, "9" alone would be right 
 There are 100 distinct problems and 10 possible answers, so guessing scores 0.1.
 
 Why this task: it is verifiable by a one-line rule, its reward is in [0, 1], and a tiny Qwen2 (two
-layers, hidden 128) learns it from the reward alone in tens of PPO iterations on a 2-core CPU: it
-first learns to answer with one of the two digits it was given (right about half the time), then
-to pick the larger. (Single-digit addition was the first candidate; measured on the same model it
-learns too, but how soon it starts varies a lot with the seed: 0.1 -> 0.4-0.8 in 30-40 iterations.)
+layers, hidden 128) learns it from the reward alone within a demo's budget on a CPU: it first
+learns to answer with one of the two digits it was given (right about half the time), then to
+pick the larger. (Single-digit addition was the first candidate: the same model learns it too,
+but how soon it starts varies a lot with the seed.)
 
 The warm start (:func:`warm_start_examples`, used with ``ppoflow.demo.sft``) teaches only the *format*:
 the same kind of prompts with uniformly random answers. The warm-started policy answers every

@@ -1,7 +1,7 @@
 """Tiny models and a character tokenizer built locally, for tests, the demo and benchmarks.
 
-No model hub is reachable on the machines ppoflow is developed on, so everything small is made
-from a transformers config and saved with ``save_pretrained`` as a normal Hugging Face directory
+Tests, the demo and benchmarks need no model hub: everything small is made from a transformers
+config and saved with ``save_pretrained`` as a normal Hugging Face directory
 that ``AutoModelForCausalLM.from_pretrained``, ``AutoTokenizer.from_pretrained`` and vLLM load.
 Head dim is kept >= 32 (vLLM's CPU attention needs one of 32, 64, 80, 96, 112, 128, ...).
 """

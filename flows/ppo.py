@@ -4,9 +4,8 @@
     ppo(load_config("experiment.yaml"), iterations=20)      # or ppo("experiment.yaml", 20)
 
 A run continues the experiment from its last committed iteration (``manifest.json``; a new
-experiment is initialised first) and runs ``iterations`` more. Each iteration is the graph of
-DESIGN.md (the order of the tasks, pipelined commits and the one-step overlap are in
-:mod:`ppoflow.flows.schedule`)::
+experiment is initialised first) and runs ``iterations`` more. Each iteration is this graph of
+tasks (their order, pipelined commits and the one-step overlap are in :mod:`ppoflow.flows.schedule`)::
 
     generate ──► ref_log_prob ─┐
        │    ├──► values ───────┼──► advantage ──► update_actor ──┐

@@ -1,6 +1,6 @@
 """The order of a run's tasks: one iteration's graph, pipelined commits, and one-step overlap.
 
-Each iteration n is the graph of DESIGN.md::
+Each iteration n is this graph of tasks::
 
     generate ──► ref_log_prob ─┐
        │    ├──► values ───────┼──► advantage ──► update_actor ──┐

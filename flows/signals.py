@@ -4,12 +4,12 @@ Python's default SIGTERM action kills the process without running ``finally`` bl
 hooks; Prefect's handler (installed while a flow runs) raises its ``TerminationSignal`` and then
 re-sends the signal to the handler that was there before. With :func:`install_stop_handlers`
 that handler raises :class:`Terminated`, a ``SystemExit``: the flow kills its worker groups,
-releases the experiment lock and the device slots, the temporary Prefect server is stopped, and
+releases the experiment lock and the device slots, the local Prefect server is stopped, and
 the process exits with status 143.
 
 An exception raised by a signal handler lands wherever the main thread is, and a process start
-is mostly imports. Raised inside one it was seen to go wrong twice (measured with the CLI, SIGTERM
-at 0.1-7 s after start, on a loaded 2-core machine): inside ``import torch.distributed`` (torch's
+is mostly imports. Raised inside one it was seen to go wrong twice (SIGTERM sent to the CLI at
+random moments of its start): inside ``import torch.distributed`` (torch's
 C++ calls back into Python) it became a C++ exception and the process aborted (``terminate called
 after throwing an instance of 'pybind11::error_already_set'``, exit -6); inside a library's import
 that catches everything, the signal was swallowed and the run went on to commit. A Ctrl-C
@@ -17,7 +17,7 @@ that catches everything, the signal was swallowed and the run went on to commit.
 
 - :func:`exit_while_starting`, for the start of a command, before it holds anything: the signal
   prints one line and ends the process at once (``os._exit``, status 143 or 130). Nothing needs
-  releasing yet; the temporary Prefect server's process ends with its parent
+  releasing yet; the local Prefect server's process ends with its parent
   (``ppoflow.flows.local_api``).
 - :func:`install_stop_handlers`, for the rest: SIGTERM raises :class:`Terminated` and Ctrl-C
   ``KeyboardInterrupt``, except in the middle of an import: then the signal is re-sent to this

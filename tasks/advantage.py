@@ -5,7 +5,7 @@
 2. ``token_level_rewards``: with ``algorithm.use_kl_in_reward`` the scores minus
    ``beta * KL(old || ref)`` per token (``ppoflow.algos.apply_kl_penalty``); the KL controller's
    coefficient comes from the manifest of iteration n-1 and its updated value goes into the
-   receipt (``extra.kl_coef``), which ``commit`` stores in manifest n. Otherwise the scores.
+   receipt (``AdvantageReceipt.kl_coef``), which ``commit`` stores in manifest n. Otherwise the scores.
    (KL as a loss, ``actor.use_kl_loss``, happens in ``update_actor`` with ``ref_log_prob``.)
 3. ``advantages``, ``returns`` by ``algorithm.adv_estimator`` (GAE with the critic's values;
    GRPO / RLOO group the responses of one prompt by ``uid``).

@@ -46,7 +46,7 @@ class RolloutConfig(Section):
         None, ge=1, description="tokens per engine step (chunked prefill budget); None = vLLM's default"
     )
     enforce_eager: bool | None = Field(
-        None, description="None: eager on CPU, CUDA graphs on GPU (2-2.5x faster decoding); or force it"
+        None, description="None: eager on CPU, CUDA graphs on GPU (faster decoding); or force it"
     )
     sleep_level: Literal[1, 2] | None = Field(
         None,
@@ -64,8 +64,8 @@ class RolloutConfig(Section):
         False,
         description="vLLM: also return the engine's log-prob of each sampled token (the "
         "rollout_log_probs column, a check of engine/trainer agreement: benchmarks/gpu_check.py). PPO "
-        "never needs it (the actor recomputes old_log_probs), and it costs vLLM about a fifth of its "
-        "sampling rate (H200, 0.5B: 36.5k against 45.5k tokens/s). The HF engine always returns it",
+        "never needs it (the actor recomputes old_log_probs), and it slows vLLM's sampling "
+        "(docs/benchmarks.md). The HF engine always returns it",
     )
     seed: int = 0
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
