@@ -95,6 +95,7 @@ def demo_config(root: str, spec: DemoSpec = DEFAULT_SPEC) -> ExperimentConfig:
         "model": {"path": os.path.join(root, "models", "sft")},
         "data": {
             "train_files": [os.path.join(root, "data", "train.parquet")],
+            "val_files": [os.path.join(root, "data", "val.parquet")],
             "train_batch_size": 64,
             "shuffle": True,
             "seed": 0,
@@ -136,6 +137,7 @@ def demo_config(root: str, spec: DemoSpec = DEFAULT_SPEC) -> ExperimentConfig:
             "kl_penalty": "kl",
             "kl_ctrl": {"type": "fixed", "kl_coef": 0.05},
         },
+        "evaluation": {"every": 10, "before_training": True, "at_end": True},
         "storage": {"root": root, "experiment": EXPERIMENT},
         "resources": {"nprocs": 2, "device": "cpu"},
         "seed": 0,
@@ -204,6 +206,10 @@ def prepare(
         demo_task.write_parquet(
             demo_task.build_rows(spec.prompts, seed=spec.data_seed, max_digit=spec.max_digit), data
         )
+    val = os.path.join(root, "data", "val.parquet")
+    if not os.path.exists(val):
+        say(f"writing every problem once, for the greedy evaluation -> {val}")
+        demo_task.write_parquet(demo_task.every_problem(spec.max_digit), val)
     if not os.path.isdir(warm):
         say(
             f"warm start: {spec.sft.steps} supervised steps on the answer format with random answers -> {warm}"

@@ -40,6 +40,7 @@ __all__ = [
     "ABILITY",
     "make_problem",
     "build_rows",
+    "every_problem",
     "write_parquet",
     "warm_start_examples",
     "score",
@@ -83,6 +84,26 @@ def build_rows(count: int, seed: int = 0, max_digit: int = 9, split: str = "trai
                 "extra_info": {"split": split, "index": index, "question": question},
             }
         )
+    return rows
+
+
+def every_problem(max_digit: int = 9) -> list[dict[str, Any]]:
+    """Every distinct problem once, ``max(a,b)=`` for each ordered pair of digits: the demo's
+    evaluation set. The task has only these (100 for digits 0..9), so the demo evaluates all of
+    them, greedily: what the policy answers, not a sample at temperature 1."""
+    rows = []
+    for first in range(max_digit + 1):
+        for second in range(max_digit + 1):
+            question = f"max({first},{second})="
+            rows.append(
+                {
+                    "data_source": DATA_SOURCE,
+                    "prompt": [{"role": "user", "content": question}],
+                    "ability": ABILITY,
+                    "reward_model": {"style": "rule", "ground_truth": str(max(first, second))},
+                    "extra_info": {"split": "test", "index": len(rows), "question": question},
+                }
+            )
     return rows
 
 

@@ -84,6 +84,27 @@ def _add_run_commands(sub: Any) -> None:
         "--verbose", action="store_true", help="show Prefect's and the ranks' logs in the terminal"
     )
 
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a committed iteration (or a model directory) on held-out prompts",
+        description="Run the ppo-eval flow: generate responses to data.val_files (or --files) with the "
+        "weights of a committed iteration, score them with the reward functions, and keep the result "
+        "beside the iteration (iterations/<n>/eval/<files>/).",
+    )
+    p.add_argument(
+        "experiment", help="the experiment's YAML config, or its URL/path (its last config is used)"
+    )
+    p.add_argument(
+        "--iteration", type=_positive, default=None, help="committed iteration (default: the latest)"
+    )
+    p.add_argument(
+        "--files", nargs="+", default=None, metavar="PARQUET", help="held-out files (default: data.val_files)"
+    )
+    p.add_argument("--model", default=None, help="a Hugging Face model directory to evaluate instead")
+    p.add_argument(
+        "--verbose", action="store_true", help="show Prefect's and the ranks' logs, and tracebacks"
+    )
+
     p = sub.add_parser("run", help="run the ppo flow on an experiment config")
     p.add_argument("config", help="YAML config: a path or fsspec URL")
     p.add_argument("--iterations", type=_positive, default=1, help="iterations to add (default 1)")
@@ -223,6 +244,42 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ppoflow.infra.config import ConfigError
+
+    cfg = commands.experiment_config(args.experiment)
+    _prepare_run()
+    from ppoflow.flows.evaluate import evaluate, target_of
+    from ppoflow.flows.failure import terminal
+    from ppoflow.infra.experiment.metrics import evaluation_line
+
+    files = list(args.files or cfg.data.val_files)
+    try:  # what is wrong with the request is said before a worker group starts
+        if not files:
+            raise ConfigError("nothing to evaluate on: set data.val_files in the config or pass --files")
+        target_of(cfg, args.iteration, files, args.model)
+    except ConfigError as err:
+        raise CLIError(str(err), code=2) from None
+    with terminal(args.verbose), _prefect_api():
+        state = evaluate(cfg, args.iteration, files, args.model, return_state=True)
+    result = state.result(raise_on_failure=False)
+    if not state.is_completed():
+        raise CLIError(
+            f"the evaluation failed: {result}\n(logs: prefect flow-run logs {state.state_details.flow_run_id})"
+        )
+    n = result["iteration"]
+    print(
+        evaluation_line(
+            n if n is not None else 0, result["metrics"], " (reused)" if result["resumed"] else ""
+        )
+    )
+    for key, value in sorted(result["metrics"].items()):
+        if key.startswith("val/") and not key.endswith("_s"):
+            print(f"  {key:<40} {value:.6g}")
+    print(f"responses and scores: {result['out_dir']}/generations.arrow")
+    return 0
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from ppoflow.infra.remote.agent.node_agent import run_agent
 
@@ -232,6 +289,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 COMMANDS = {
     "demo": cmd_demo,
     "run": cmd_run,
+    "eval": cmd_eval,
     "status": commands.cmd_status,
     "export-hf": commands.cmd_export_hf,
     "rollback": commands.cmd_rollback,

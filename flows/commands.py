@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 __all__ = ["CLIError", "cmd_status", "cmd_export_hf", "cmd_rollback", "cmd_tensorboard", "read_state"]
 
@@ -56,6 +57,24 @@ def read_state(text: str):
     return paths, manifest
 
 
+def experiment_config(text: str) -> Any:
+    """The config of an experiment: the YAML config given, or the last config the experiment at
+    the URL/path ``text`` committed with."""
+    from ppoflow.infra.config import ConfigError, load_config
+
+    if text.endswith((".yaml", ".yml")):
+        try:
+            return load_config(text)
+        except FileNotFoundError:
+            raise CLIError(f"config {text} does not exist", code=2) from None
+        except ConfigError as err:
+            raise CLIError(str(err), code=2) from None
+    paths, manifest = read_state(text)
+    if not manifest.config_history:
+        raise CLIError(f"{paths.root} records no config; give the experiment's YAML config instead")
+    return load_config(paths.url(manifest.config_history[-1]["config"]))
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from ppoflow.infra.data import storage
     from ppoflow.infra.experiment.metrics import headline
@@ -96,14 +115,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
-    if manifest.trend and len(manifest.trend) > 1:
-        first, last = manifest.trend[0], manifest.trend[-1]
-        score = headline("score")
-        if score.key_in(first) and score.key_in(last):
+    for name, label in (("score", "score"), ("val", "held-out score")):
+        h = headline(name)
+        having = [r for r in manifest.trend if h.key_in(r)]
+        if having:
+            first, last = having[0], having[-1]
             print(
-                f"{'score':<{width}}  {score.value(first):.3f} (iteration {first['iteration']}) -> "
-                f"{score.value(last):.3f} (iteration {last['iteration']})"
+                f"{label:<{width}}  {h.value(first):.3f} (iteration {first['iteration']}) -> "
+                f"{h.value(last):.3f} (iteration {last['iteration']})"
             )
+    _print_evaluations(paths, n)
     _print_checkpoints(paths, n)
     if metrics:
         print(f"\nmetrics of iteration {n} ({paths.file(n, 'metrics.json')}):")
@@ -114,6 +135,28 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif n == 0:
         print("\nno iteration has run yet (iteration 0 is the initial state)")
     return 0
+
+
+def _print_evaluations(paths: Any, n: int) -> None:
+    """The evaluations kept on storage (iterations with an ``eval/`` directory), one line each."""
+    from ppoflow.infra.data import storage
+    from ppoflow.infra.experiment.evaluation import EVAL_DIR
+
+    rows = []
+    iterations = storage.join(paths.root, "iterations")
+    listed = storage.listdir(iterations) if storage.exists(iterations) else []
+    for k in sorted(int(name) for name in listed if name.isdigit() and int(name) <= n):
+        root = paths.file(k, EVAL_DIR)
+        for tag in storage.listdir(root) if storage.exists(root) else []:
+            url = storage.join(root, tag, "metrics.json")
+            if storage.exists(url):
+                m = storage.read_json(url)
+                score, prompts = m.get("val/score", float("nan")), int(m.get("val/prompts", 0))
+                rows.append(f"  {k:>9}  {tag:<18} {score:.4f}  ({prompts} prompts)")
+    if rows:
+        print(f"\nevaluations ({paths.root}/iterations/<n>/{EVAL_DIR}/<files>/):")
+        print(f"  {'iteration':>9}  {'files':<18} val/score")
+        print("\n".join(rows))
 
 
 def _gb(size: int | None) -> str:

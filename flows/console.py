@@ -16,7 +16,7 @@ from typing import Any
 
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
-from ppoflow.infra.experiment.metrics import headline, headline_line
+from ppoflow.infra.experiment.metrics import evaluation_line, headline, headline_line
 
 __all__ = ["run_with_progress", "print_summary", "command"]
 
@@ -32,6 +32,8 @@ class _Progress(threading.Thread):
 
         self.paths, self.out, self.poll_s, self.quiet_s = ExperimentPaths.of(cfg), out, poll_s, quiet_s
         self.stop_event = threading.Event()
+        self.zero_url = self.paths.file(0, "eval/val/metrics.json")
+        self.zero_shown = False
         self.shown = 0
         self.shown = self._committed()  # iterations committed before this run are not shown
         self.last_news = time.monotonic()
@@ -43,6 +45,14 @@ class _Progress(threading.Thread):
             return self.shown
 
     def poll(self) -> None:
+        if self.shown == 0 and not self.zero_shown:  # a new experiment's base policy, evaluated
+            try:
+                zero = storage.read_json(self.zero_url)
+            except (OSError, ValueError):
+                zero = None
+            if zero is not None:
+                self.out(evaluation_line(0, zero, " (before training)"))
+                self.zero_shown = True
         current = self._committed()
         while self.shown < current:
             n = self.shown + 1
@@ -130,6 +140,25 @@ def _ui_hint(flow_run_id: str | None) -> list[str]:
     ]
 
 
+def trend_lines(trend: list[dict[str, Any]]) -> list[str]:
+    """The training score's and the held-out score's first and last values over ``trend``."""
+    lines = []
+    for name, label, what in (
+        ("score", "score:", "mean score of the reward function on the training rollouts"),
+        ("val", "held-out score:", "evaluation of data.val_files"),
+    ):
+        h = headline(name)
+        rows = [r for r in trend if h.key_in(r)]
+        if rows:
+            first, last = rows[0], rows[-1]
+            a, b = h.value(first), h.value(last)
+            lines.append(
+                f"{label:<18} iteration {first['iteration']}: {a:.3f} -> iteration {last['iteration']}: "
+                f"{b:.3f}   (difference {b - a:+.3f}; {what})"
+            )
+    return lines
+
+
 def print_summary(
     cfg: ExperimentConfig,
     run: dict[str, Any],
@@ -146,15 +175,8 @@ def print_summary(
     wall = run["wall_s"] if wall_s is None else wall_s
     out("")
     out(f"experiment:        {paths.root}   (iteration {manifest.iteration if manifest else 0} committed)")
-    score = headline("score")
-    trend = [r for r in (manifest.trend if manifest else []) if score.key_in(r)]
-    if trend:
-        first, last = trend[0], trend[-1]
-        a, b = score.value(first), score.value(last)
-        out(
-            f"score:             iteration {first['iteration']}: {a:.3f} -> iteration {last['iteration']}: "
-            f"{b:.3f}   (difference {b - a:+.3f}; mean score of the reward function)"
-        )
+    for line in trend_lines(manifest.trend if manifest else []):
+        out(line)
     out(f"wall time:         {wall:.0f} s ({wall / 60:.1f} min)")
     plot = storage.join(paths.root, "plots", "metrics.png")
     if storage.exists(plot):

@@ -1,4 +1,4 @@
-"""Entrypoint of the ``ppo/iteration`` deployment (``prefect.yaml``).
+"""Entrypoints of the ``ppo/iteration`` and ``ppo-eval/evaluate`` deployments (``prefect.yaml``).
 
 ``iteration`` *is* the ``ppo`` flow — same name, same body (it calls ``ppo.fn``, so a run is one
 flow run holding the iteration's tasks, not a parent run with a child) — with one addition: the
@@ -12,6 +12,11 @@ start, ``config.yaml`` — with the demo's own builder (``ppoflow.demo.experimen
     prefect deployment run ppo/iteration                              # the embedded default
     prefect deployment run ppo/iteration -p iterations=20
     prefect deployment run ppo/iteration -p config=experiments/my.yaml  # any experiment
+
+``evaluation`` is the ``ppo-eval`` flow (``ppoflow.flows.evaluate``) with the same default:
+
+    prefect deployment run ppo-eval/evaluate                          # the demo's latest iteration
+    prefect deployment run ppo-eval/evaluate -p iteration=10 -p config=experiments/my.yaml
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from ppoflow.flows.evaluate import evaluate
 from ppoflow.flows.ppo import ppo, resolve_config
 from ppoflow.infra.config import ExperimentConfig
 
-__all__ = ["iteration", "default_config", "DEFAULT_DEMO_STORAGE"]
+__all__ = ["iteration", "evaluation", "default_config", "DEFAULT_DEMO_STORAGE"]
 
 #: Where the embedded default experiment lives, relative to the working directory.
 DEFAULT_DEMO_STORAGE = "runs/demo"
@@ -73,3 +79,31 @@ def iteration(
     else:
         cfg = resolve_config(config)
     return ppo.fn(cfg, iterations)
+
+
+@flow(name=evaluate.name, log_prints=evaluate.log_prints)
+def evaluation(
+    config: ExperimentConfig | str | None = None,
+    iteration: int | None = None,
+    files: list[str] | None = None,
+    model: str | None = None,
+    demo_storage: str = DEFAULT_DEMO_STORAGE,
+) -> dict[str, Any]:
+    """Evaluate a committed iteration of an experiment (the ``ppo-eval`` flow).
+
+    Args:
+        config: the experiment config, or a YAML path / fsspec URL; empty: the embedded default
+            (the demo's experiment under ``demo_storage``).
+        iteration: the committed iteration (default: the latest).
+        files: held-out parquet files (default: the config's ``data.val_files``).
+        model: a Hugging Face model directory to evaluate instead of a checkpoint.
+        demo_storage: the embedded default's local directory; unused when ``config`` is given.
+
+    Returns:
+        ``{iteration, tag, out_dir, metrics, resumed}`` as the ``ppo-eval`` flow returns them.
+    """
+    if config in (None, ""):
+        cfg = default_config(demo_storage, log=get_run_logger().info)
+    else:
+        cfg = resolve_config(config)
+    return evaluate.fn(cfg, iteration, files, model)

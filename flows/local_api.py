@@ -173,7 +173,10 @@ class LocalServer:
                 os.unlink(self.log_path)
 
     def stop(self) -> None:
-        """End the server and give ``PREFECT_API_URL`` back its value from before (idempotent)."""
+        """Send what Prefect's log and event workers still hold, end the server, and give
+        ``PREFECT_API_URL`` back its value from before (idempotent)."""
+        if self._proc is not None:
+            _drain_prefect_workers()
         self._end_process()
         with self._lock:
             if not self._started:
@@ -188,6 +191,17 @@ class LocalServer:
         refresh_global_settings_context()
         self._done.clear()
         self._error = None
+
+
+def _drain_prefect_workers() -> None:
+    """Prefect sends logs and events from background workers: let them deliver what they hold
+    (at most a few seconds each) while the server still answers."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogHandler
+
+    for drain in (APILogHandler().flush, lambda: EventsWorker.drain_all(timeout=5)):
+        with contextlib.suppress(Exception):  # best effort: the run's outcome is already decided
+            drain()
 
 
 _SERVER: LocalServer | None = None

@@ -34,7 +34,6 @@ run a plot of the experiment's metrics.
 from __future__ import annotations
 
 import base64
-import re
 import sys
 import uuid
 from typing import Any
@@ -51,8 +50,9 @@ from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_i
 from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend_markdown
 from ppoflow.infra.experiment.plots import plot_metrics
 from ppoflow.infra.remote.driver.slots import device_slots
-from ppoflow.tasks import init_experiment, preflight
+from ppoflow.tasks import evaluate, init_experiment, preflight
 from ppoflow.tasks.run import RunContext, open_run, worker_groups
+from ppoflow.tasks.step import artifact_slug
 
 __all__ = ["ppo", "resolve_config", "install_stop_handlers", "Terminated", "needs_reference"]
 
@@ -70,12 +70,8 @@ def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
     )
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "experiment"
-
-
 def _publish_iteration(ctx: RunContext, manifest: Manifest, metrics: dict[str, Any]) -> None:
-    slug = _slug(ctx.cfg.storage.experiment)
+    slug = artifact_slug(ctx.cfg.storage.experiment)
     n = manifest.iteration
     create_table_artifact(
         metrics_table(metrics),
@@ -104,7 +100,7 @@ def _publish_plot(ctx: RunContext, manifest: Manifest) -> str | None:
     create_markdown_artifact(
         f"# {ctx.cfg.storage.experiment}: metrics after iteration {manifest.iteration}\n\n"
         f"![metrics](data:image/png;base64,{png})\n\n`{url}`",
-        key=f"{_slug(ctx.cfg.storage.experiment)}-plot",
+        key=f"{artifact_slug(ctx.cfg.storage.experiment)}-plot",
         description="metrics plot",
     )
     return url
@@ -156,6 +152,9 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
                             else ["actor"] + (["critic"] if cfg.critic.enable else [])
                         )
                         manifest = init_experiment(key)
+                    if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
+                        # the base policy's held-out score, on the actor group that saved it
+                        evaluate(key, 0, paths.url(manifest.actor_checkpoint))
                     manifest, metrics = run_iterations(
                         ctx, manifest, iterations, lambda m, x: _publish_iteration(ctx, m, x)
                     )

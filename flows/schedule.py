@@ -4,7 +4,9 @@ Each iteration n is this graph of tasks::
 
     generate ──► ref_log_prob ─┐
        │    ├──► values ───────┼──► advantage ──► update_actor ──┐
-       │    └──► rm_score ─────┘                  update_critic ─┴──► commit
+       │    └──► rm_score ─────┘                  update_critic ─┴──► [evaluate] ──► commit
+
+(``evaluate`` every ``evaluation.every`` iterations and at the end of a run, with ``data.val_files``.)
 
 ``commit n`` is *submitted*, not awaited: it waits in the background for checkpoint n (written by
 the groups after the update tasks returned) while iteration n+1 already runs on the live weights.
@@ -43,6 +45,7 @@ from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest
 from ppoflow.tasks import (
     advantage,
     commit,
+    evaluate,
     generate,
     ref_log_prob,
     rm_score,
@@ -50,6 +53,7 @@ from ppoflow.tasks import (
     update_critic,
     values,
 )
+from ppoflow.tasks.evaluate import due
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, IterationReceipts, R, Receipt
 from ppoflow.tasks.run import RunContext
 
@@ -252,8 +256,13 @@ def run_iterations(
             if one_step and i + 1 < iterations:
                 upcoming = _submit_data(ctx, n + 1, _next_data_side(ctx, n, start, data))
             receipts = _updates(ctx, n, start, data, upcoming)
+            evaluated = None
+            if due(ctx.cfg, n, last_of_run=i + 1 == iterations):  # on the actor group, holding update n
+                evaluated = evaluate.submit(ctx.key, n, ctx.paths.checkpoint("actor", n))
             start = start.after(receipts, one_step)
-            previous = commit.submit(ctx.key, n, previous, receipts, started, start.rollout_record())
+            previous = commit.submit(
+                ctx.key, n, previous, receipts, started, start.rollout_record(), evaluation=evaluated
+            )
             commits.add(previous)
             data = upcoming
             commits.report(block=False)

@@ -9,6 +9,7 @@
     advantage        -> advantages.arrow (scores, KL penalty, advantages, returns; CPU)
     update_actor     -> checkpoints/actor/n
     update_critic    -> checkpoints/critic/n
+    evaluate         -> iterations/n/eval/val/ (held-out generations, val/* metrics)
     commit           -> metrics.json, manifest n
 
 ``ppoflow.tasks.run`` holds the flow-run-scoped state (worker groups, inputs) the tasks look up by run key.
@@ -16,6 +17,7 @@
 
 from ppoflow.tasks.advantage import advantage
 from ppoflow.tasks.commit import commit, init_experiment
+from ppoflow.tasks.evaluate import evaluate
 from ppoflow.tasks.generate import generate
 from ppoflow.tasks.preflight import preflight
 from ppoflow.tasks.score import ref_log_prob, rm_score, values
@@ -24,6 +26,7 @@ from ppoflow.tasks.update import update_actor, update_critic
 __all__ = [
     "advantage",
     "commit",
+    "evaluate",
     "generate",
     "init_experiment",
     "preflight",

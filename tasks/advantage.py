@@ -28,7 +28,7 @@ from ppoflow.infra.experiment.metrics import compute_data_metrics
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, Receipt
 from ppoflow.tasks.step import Step, ppo_task
 
-__all__ = ["advantage", "rule_scores", "kl_controller"]
+__all__ = ["advantage", "rule_scores", "kl_controller", "decode_responses", "response_scores", "shorten"]
 
 
 def kl_controller(cfg: ExperimentConfig, kl_coef: float | None):
@@ -41,20 +41,32 @@ def kl_controller(cfg: ExperimentConfig, kl_coef: float | None):
     return get_kl_controller("fixed", kl_coef=kc.kl_coef)
 
 
-def rule_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any) -> torch.Tensor:
-    """(B,) rule / custom-function score of each decoded response."""
+def decode_responses(batch: DataProto, tokenizer: Any) -> list[str]:
+    """The text of each response of a rollout (its unmasked tokens, special tokens dropped)."""
+    responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
+    return [tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(responses, mask)]
+
+
+def response_scores(cfg: ExperimentConfig, batch: DataProto, texts: list[str]) -> list[float]:
+    """The rule / custom-function score of each response text of ``batch`` (its rows' data
+    sources, ground truths and extra info)."""
     from ppoflow.infra.rewards import score_batch
 
-    responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
-    texts = [tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(responses, mask)]
     nt = batch.non_tensor_batch
+    extra = list(nt["extra_info"]) if "extra_info" in nt else [None] * len(texts)
     scores = score_batch(
-        list(nt["data_source"]),
+        [str(s) for s in nt["data_source"]],
         texts,
         list(nt["ground_truth"]),
-        list(nt.get("extra_info", [None] * len(texts))),
+        extra,
         custom_function=cfg.reward.custom_function,
     )
+    return [float(s) for s in scores]
+
+
+def rule_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any) -> torch.Tensor:
+    """(B,) rule / custom-function score of each decoded response."""
+    scores = response_scores(cfg, batch, decode_responses(batch, tokenizer))
     return torch.as_tensor(np.asarray(scores, dtype=np.float32))
 
 
@@ -118,4 +130,46 @@ def advantage(
     metrics.update(compute_data_metrics(batch.batch))
     out = step.file("advantages.arrow")
     batch.save(out)
+    if cfg.evaluation.samples_shown:
+        _samples_artifact(step, batch, cfg.evaluation.samples_shown)
     return step.receipt(outputs={"advantages": out}, metrics=metrics, kl_coef=new_kl)
+
+
+def _samples_artifact(step: Step[AdvantageReceipt], batch: DataProto, rows: int) -> None:
+    """A table artifact of the iteration's first ``rows`` training rollouts: prompt, response,
+    score, reward and advantage (what one opens first when a run looks wrong)."""
+    from prefect.artifacts import create_table_artifact
+
+    tok = step.ctx.inputs.tokenizer
+    head = batch[: min(rows, len(batch))]
+    responses = decode_responses(head, tok)
+    width = head.batch["prompts"].shape[1]
+    prompts = [
+        tok.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
+        for ids, m in zip(head.batch["prompts"], head.batch["attention_mask"][:, :width])
+    ]
+    mask = head.batch["response_mask"]
+    table = [
+        {
+            "row": i,
+            "data_source": str(head.non_tensor_batch["data_source"][i]),
+            "prompt": shorten(prompts[i]),
+            "response": shorten(responses[i]),
+            "score": round(float((head.batch["token_level_scores"][i] * mask[i]).sum()), 4),
+            "reward": round(float((head.batch["token_level_rewards"][i] * mask[i]).sum()), 4),
+            "advantage": round(
+                float(head.batch["advantages"][i][mask[i].bool()].mean()) if mask[i].any() else 0.0, 4
+            ),
+        }
+        for i in range(len(head))
+    ]
+    create_table_artifact(
+        table,
+        key=f"{step.slug}-rollouts",
+        description=f"iteration {step.n}: the first {len(head)} training rollouts",
+    )
+
+
+def shorten(text: str, limit: int = 300) -> str:
+    """``text`` cut to ``limit`` characters (an ellipsis marks a cut), for tables people read."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -44,6 +44,7 @@ CRITICAL_PATH = (
     ("ref_log_prob", "values", "rm_score"),
     ("advantage",),
     ("update_actor", "update_critic"),
+    ("evaluate",),
     ("commit",),
 )
 
@@ -117,6 +118,12 @@ def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, f
     return metrics
 
 
+def _evaluation_of_zero(paths) -> dict[str, float] | None:
+    """The metrics of iteration 0's evaluation (``evaluation.before_training``), if it ran."""
+    url = paths.receipt(0, "evaluate")
+    return Receipt.model_validate(storage.read_json(url)).metrics if storage.exists(url) else None
+
+
 @task(name="commit", task_run_name="commit-{n}", **TASK_OPTIONS)
 def commit(
     run: str,
@@ -125,12 +132,15 @@ def commit(
     receipts: IterationReceipts,
     started: float,
     rollout_checkpoints: dict[str, str | None] | None = None,
+    evaluation: Receipt | None = None,
 ) -> Manifest:
     """Publish manifest ``n`` on top of ``previous`` (manifest n-1) from the iteration's receipts.
 
     ``started``: ``time.time()`` when the flow began the iteration (for ``timing_s/iteration``).
     ``rollout_checkpoints``: what iteration n+1's rollout and values use when they are not the
     new checkpoints (``algorithm.overlap: one_step``); kept by retention as long as manifest n is.
+    ``evaluation``: the ``evaluate`` receipt of iteration n when it was evaluated (its ``val/*``
+    metrics join ``metrics.json``). Commit 1 also adds iteration 0's evaluation to the trend.
     """
     ctx = get_run(run)
     cfg, paths = ctx.cfg, ctx.paths
@@ -143,8 +153,9 @@ def commit(
         written = _settle_checkpoints(ctx, receipts, logger)
         # the wait for the background checkpoint writes is the commit's time on the critical path
         commit_time = Receipt(task="commit", iteration=n, timing_s=time.time() - t0)
+        extra = [evaluation] if evaluation is not None else []
         metrics = iteration_metrics(
-            [*receipts.all(), commit_time], wall_s=time.time() - started, nprocs=cfg.resources.nprocs
+            [*receipts.all(), *extra, commit_time], wall_s=time.time() - started, nprocs=cfg.resources.nprocs
         )
         metrics.update(written)
         metrics["iteration"] = n
@@ -161,6 +172,7 @@ def commit(
             kl_coef=receipts.advantage.kl_coef,
             metrics=metrics,
             rollout_checkpoints=rollout_checkpoints,
+            before=_evaluation_of_zero(paths) if n == 1 else None,
         )
         ctx.lock.check()
         publish(paths, manifest)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -63,6 +64,11 @@ __all__ = [
 ]
 
 TASK_RETRIES = 2
+
+
+def artifact_slug(text: str) -> str:
+    """``text`` as a Prefect artifact key: lowercase letters, digits and dashes."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "experiment"
 
 
 def _credential_errors() -> tuple[type[BaseException], ...]:
@@ -159,6 +165,11 @@ class Step(Generic[R]):
     @property
     def paths(self) -> ExperimentPaths:
         return self.ctx.paths
+
+    @property
+    def slug(self) -> str:
+        """The experiment's name as a Prefect artifact key (lowercase letters, digits, dashes)."""
+        return artifact_slug(self.cfg.storage.experiment)
 
     def file(self, name: str) -> str:
         """The URL of ``name`` in this iteration's directory (``iterations/{n:06d}/name``)."""

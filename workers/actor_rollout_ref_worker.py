@@ -13,6 +13,7 @@ Driver-callable methods (see ``ppoflow.infra.remote.driver.group.WorkerGroup.cal
 
     init_model()                              ONE_TO_ALL   -> per-rank {role, mesh, params, seconds}
     generate_sequences(prompts)               DP_COMPUTE_PROTO -> rollout + "old_log_probs"
+    generate_responses(prompts)               DP_COMPUTE_PROTO -> rollout only (evaluation)
     compute_log_prob(data, calculate_entropy) DP_COMPUTE_PROTO -> "old_log_probs" (+ "entropys")
     compute_ref_log_prob(data)                DP_COMPUTE_PROTO -> "ref_log_prob"
     update_actor(data)                        DP_COMPUTE_PROTO -> metrics dict (same on every rank)
@@ -236,6 +237,18 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
                 if tag in pool:
                     metrics[f"perf/mem/engine_{tag}_gib"] = pool[tag] / GIB
         out.batch["old_log_probs"] = log_probs
+        return out
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def generate_responses(self, prompts: DataProto) -> DataProto:
+        """Responses only, no old log-probs (evaluation): the engine's output with the sampling
+        settings of ``prompts.meta_info`` (``do_sample=False``: greedy), after the same weight push
+        as :meth:`generate_sequences`."""
+        rollout = self._need("rollout")
+        manager = self.sharding_manager
+        with manager:
+            out = rollout.generate_sequences(prompts)
+        out.meta_info.setdefault("metrics", {})["rollout/weight_sync_s"] = manager.last_sync_s
         return out
 
     @register(Dispatch.DP_COMPUTE_PROTO)

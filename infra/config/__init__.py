@@ -12,6 +12,7 @@ The sections live by subject: ``models`` (policy, reference, critic, reward), ``
 whole tree and the checks that span sections), ``loading`` (YAML in and out, errors).
 """
 
+from ppoflow.infra.config.evaluation import EvaluationConfig
 from ppoflow.infra.config.experiment import ExperimentConfig
 from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, KLControlConfig, RolloutConfig
 from ppoflow.infra.config.loading import (
@@ -37,6 +38,7 @@ from ppoflow.infra.config.system import CheckpointConfig, RendezvousConfig, Reso
 
 __all__ = [
     "ExperimentConfig",
+    "EvaluationConfig",
     "ModelConfig",
     "FSDPConfig",
     "OptimConfig",

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from ppoflow.infra.config.evaluation import EvaluationConfig
 from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, RolloutConfig
 from ppoflow.infra.config.models import ActorConfig, CriticConfig, ModelConfig, RefConfig, RewardConfig
 from ppoflow.infra.config.names import Section
@@ -28,6 +29,7 @@ class ExperimentConfig(Section):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     seed: int = 0
 
     @model_validator(mode="after")

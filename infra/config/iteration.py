@@ -101,6 +101,10 @@ class AlgorithmConfig(Section):
 
 class DataConfig(Section):
     train_files: list[str] = Field(description="parquet files in veRL's format")
+    val_files: list[str] = Field(
+        default_factory=list,
+        description="held-out parquet files in the same format (evaluation section: when and how)",
+    )
     prompt_key: str = "prompt"
     train_batch_size: int = Field(16, ge=1, description="prompts per iteration")
     shuffle: bool = True

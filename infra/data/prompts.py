@@ -99,10 +99,12 @@ class PromptDataset:
         prompt_key: str = "prompt",
         require_ground_truth: bool = True,
         storage_options: dict | None = None,
+        role: str = "data.train_files",
     ):
         if not files:
-            raise DataError("data.train_files is empty: list at least one parquet file")
-        tables = [self._read(url, storage_options) for url in files]
+            raise DataError(f"{role} is empty: list at least one parquet file")
+        self.role = role
+        tables = [self._read(url, storage_options, role) for url in files]
         for url, table in zip(files, tables):
             required = [prompt_key, "data_source"] + (["reward_model"] if require_ground_truth else [])
             missing = [c for c in required if c not in table.column_names]
@@ -117,9 +119,9 @@ class PromptDataset:
         try:
             self.table = pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise DataError(f"data.train_files {files}: the files' columns do not agree: {exc}") from None
+            raise DataError(f"{role} {files}: the files' columns do not agree: {exc}") from None
         if self.table.num_rows == 0:
-            raise DataError(f"data.train_files {files} hold no rows")
+            raise DataError(f"{role} {files} hold no rows")
         self.files, self.prompt_key = list(files), prompt_key
         self._starts = np.cumsum([0] + [t.num_rows for t in tables])
         self._origin = np.arange(self.table.num_rows)  # row -> row of the concatenated files
@@ -131,14 +133,14 @@ class PromptDataset:
         return f"{self.files[k]} row {origin - int(self._starts[k])}"
 
     @staticmethod
-    def _read(url: str, storage_options: dict | None) -> pa.Table:
+    def _read(url: str, storage_options: dict | None, role: str) -> pa.Table:
         try:
             fs, path = storage.url_to_fs(url, storage_options)
             with fs.open(path, "rb") as f:
                 return pq.read_table(f)
         except FileNotFoundError:
             raise DataError(
-                f"prompt file {url} not found (data.train_files); check the path, "
+                f"prompt file {url} not found ({role}); check the path, "
                 f"relative paths resolve against the flow's working directory"
             ) from None
         except (pa.ArrowInvalid, OSError) as exc:

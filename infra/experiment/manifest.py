@@ -234,10 +234,16 @@ def next_manifest(
     kl_coef: float | None,
     metrics: dict[str, Any],
     rollout_checkpoints: dict[str, str | None] | None = None,
+    before: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Manifest ``prev.iteration + 1`` after an iteration ran with ``cfg``."""
+    """Manifest ``prev.iteration + 1`` after an iteration ran with ``cfg``. ``before``: metrics of
+    iteration ``prev.iteration`` measured after it was committed (the evaluation of iteration 0,
+    which runs once manifest 0 exists), added to the trend ahead of the new iteration's row."""
     n = prev.iteration + 1
     row = {"iteration": n, **{k: metrics[k] for k in TREND_KEYS if k in metrics}}
+    rows = (
+        [{"iteration": prev.iteration, **{k: before[k] for k in TREND_KEYS if k in before}}] if before else []
+    )
     return Manifest(
         experiment=prev.experiment,
         iteration=n,
@@ -250,7 +256,7 @@ def next_manifest(
         created_at=prev.created_at,
         committed_at=now_iso(),
         config_history=_history(prev.config_history, n, cfg, paths.ref(record_config(paths, cfg))),
-        trend=[*prev.trend, row],
+        trend=[*prev.trend, *rows, row],
         rollout_checkpoints=(
             {role: paths.ref(url) for role, url in rollout_checkpoints.items()}
             if rollout_checkpoints

@@ -28,6 +28,7 @@ __all__ = [
     "metrics_table",
     "trend_markdown",
     "headline_line",
+    "evaluation_line",
     "headline",
     "HEADLINES",
     "TREND_KEYS",
@@ -150,6 +151,7 @@ class Headline:
     series: tuple[tuple[str, str], ...]  # (metric key, legend label), in order of preference
     fmt: str
     panel: tuple[str, str] | None = None  # (plot panel title, y label); None: not plotted
+    sometimes: bool = False  # present in some iterations only: the line shows it only there
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -190,6 +192,13 @@ HEADLINES: tuple[Headline, ...] = (
         ".2f",
         ("Response length", "tokens"),
     ),
+    Headline(
+        "val",
+        (("val/score", "held-out score (evaluation)"),),
+        ".3f",
+        ("Held-out score", "mean score per response"),
+        sometimes=True,
+    ),
     Headline("vf loss", (("critic/vf_loss", "value loss"),), ".4g", ("Value loss", "critic loss")),
     Headline("seconds", (("timing_s/iteration", "seconds"),), ".1f"),
 )
@@ -209,9 +218,25 @@ def _shown(h: Headline, metrics: dict[str, Any]) -> str:
 
 
 def headline_line(n: int, metrics: dict[str, Any]) -> str:
-    """One line per committed iteration (terminal and flow log): the headlines but the value loss."""
-    parts = [f"{h.name} {_shown(h, metrics)}" for h in HEADLINES if h.name not in ("vf loss", "seconds")]
+    """One line per committed iteration (terminal and flow log): the headlines but the value loss
+    (those present only in some iterations, as the held-out score, only where they are)."""
+    parts = [
+        f"{h.name} {_shown(h, metrics)}"
+        for h in HEADLINES
+        if h.name not in ("vf loss", "seconds") and (not h.sometimes or h.key_in(metrics))
+    ]
     return f"iteration {n:4d} | " + " | ".join(parts) + f" | {_shown(headline('seconds'), metrics)} s"
+
+
+def evaluation_line(n: int, metrics: dict[str, Any], note: str = "") -> str:
+    """One line for an evaluation that is not part of a commit (iteration 0, ``ppoflow eval``)."""
+    prompts = int(metrics.get("val/prompts", 0))
+    extra = "".join(
+        f" | {k.split('/', 1)[1]} {v:.3f}"
+        for k, v in sorted(metrics.items())
+        if k.startswith(("val/pass@", "val/best@"))
+    )
+    return f"iteration {n:4d} | val {metrics.get('val/score', float('nan')):.3f}{extra} | {prompts} prompts{note}"
 
 
 def trend_markdown(experiment: str, rows: list[dict[str, Any]], last: int = 20) -> str:
@@ -229,13 +254,13 @@ def trend_markdown(experiment: str, rows: list[dict[str, Any]], last: int = 20) 
     for r in shown:
         cells = [_fmt(h.value(r)) if h.key_in(r) else "" for h in cols]
         lines.append(f"| {r.get('iteration')} | " + " | ".join(cells) + " |")
-    if len(rows) >= 2:
-        first, end = rows[0], rows[-1]
-        for h in (headline("score"), headline("reward")):
-            if h.key_in(first) and h.key_in(end):
-                lines += [
-                    "",
-                    f"{h.name}: {_fmt(h.value(first))} (iteration {first.get('iteration')}) → "
-                    f"{_fmt(h.value(end))} (iteration {end.get('iteration')})",
-                ]
+    for h in (headline("score"), headline("reward"), headline("val")):
+        having = [r for r in rows if h.key_in(r)]  # the held-out score is there only when it ran
+        if len(having) >= 2:
+            first, end = having[0], having[-1]
+            lines += [
+                "",
+                f"{h.name}: {_fmt(h.value(first))} (iteration {first.get('iteration')}) → "
+                f"{_fmt(h.value(end))} (iteration {end.get('iteration')})",
+            ]
     return "\n".join(lines)

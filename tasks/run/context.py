@@ -36,7 +36,7 @@ _LOG = logging.getLogger("ppoflow.flow")
 class RunContext:
     """Flow-run-scoped state shared by the tasks (see the module docstring)."""
 
-    def __init__(self, key: str, cfg: ExperimentConfig, log: Any = None):
+    def __init__(self, key: str, cfg: ExperimentConfig, log: Any = None, roles: dict[str, str] | None = None):
         self.key, self.cfg = key, cfg
         self.paths = ExperimentPaths.of(cfg)
         self.log = log or _LOG
@@ -44,7 +44,7 @@ class RunContext:
         self._sinks: dict[str, Any] = {}
         self.writes = Writes(timeout_s=cfg.checkpoint.wait_timeout_s)
         self.inputs = RunInputs(cfg)
-        self.groups = RunGroups(key, cfg, self.paths, self.writes, self._emit, self.log)
+        self.groups = RunGroups(key, cfg, self.paths, self.writes, self._emit, self.log, roles)
 
     @property
     def closed(self) -> bool:
@@ -71,8 +71,11 @@ _RUNS: dict[str, RunContext] = {}
 _RUNS_LOCK = threading.Lock()
 
 
-def open_run(key: str, cfg: ExperimentConfig, log: Any = None) -> RunContext:
-    """Create the context of flow run ``key`` (and set the storage options of its protocol)."""
+def open_run(
+    key: str, cfg: ExperimentConfig, log: Any = None, roles: dict[str, str] | None = None
+) -> RunContext:
+    """Create the context of flow run ``key`` (and set the storage options of its protocol);
+    ``roles``: see :class:`~ppoflow.tasks.run.groups.RunGroups`."""
     if cfg.storage.storage_options:
         storage.set_default_storage_options(
             storage.protocol_of(cfg.storage.root), cfg.storage.storage_options
@@ -80,7 +83,7 @@ def open_run(key: str, cfg: ExperimentConfig, log: Any = None) -> RunContext:
     with _RUNS_LOCK:
         if key in _RUNS and not _RUNS[key].closed:
             raise RuntimeError(f"flow run {key} already has an open context")
-        ctx = _RUNS[key] = RunContext(key, cfg, log)
+        ctx = _RUNS[key] = RunContext(key, cfg, log, roles)
         return ctx
 
 

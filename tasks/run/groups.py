@@ -80,7 +80,9 @@ class _Slot:
 
 class RunGroups:
     """The worker groups of flow run ``key`` (see the module docstring). ``emit(role, line)``
-    receives every output line of a role's ranks; ``log`` the run's own notes."""
+    receives every output line of a role's ranks; ``log`` the run's own notes; ``roles`` overrides
+    what a group's worker is built as (e.g. ``{"actor": "rollout"}``: policy and engine, no
+    optimizer or reference, for an evaluation)."""
 
     def __init__(
         self,
@@ -90,9 +92,11 @@ class RunGroups:
         writes: Writes,
         emit: Callable[[str, str], None],
         log: Any,
+        roles: dict[str, str] | None = None,
     ):
         self.key, self.cfg, self.paths, self.writes = key, cfg, paths, writes
         self._emit, self.log = emit, log
+        self.role_names = {**ROLE_NAMES, **(roles or {})}
         self._slots = {role: _Slot() for role in WORKERS}
         self._hub: ClusterHub | None = None
         self._hub_lock = threading.Lock()
@@ -228,7 +232,7 @@ class RunGroups:
         group = WorkerGroup(
             WORKERS[role],
             nprocs=cfg.resources.nprocs,
-            config={"config": cfg.model_dump(mode="json"), "role": ROLE_NAMES[role]},
+            config={"config": cfg.model_dump(mode="json"), "role": self.role_names[role]},
             device=cfg.resources.device,
             log=lambda line: self._emit(role, line),
             env=self._rank_env(),

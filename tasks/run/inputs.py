@@ -11,11 +11,12 @@ __all__ = ["RunInputs"]
 
 
 class RunInputs:
-    """The run's tokenizer and dataset, loaded on first use (thread-safe: tasks run concurrently)."""
+    """The run's tokenizer and datasets, loaded on first use (thread-safe: tasks run concurrently)."""
 
     def __init__(self, cfg: ExperimentConfig):
         self.cfg = cfg
         self._dataset: Any = None
+        self._val: dict[tuple[str, ...], Any] = {}
         self._tokenizer: Any = None
         self._mutex = threading.Lock()
 
@@ -56,3 +57,20 @@ class RunInputs:
                     )
                 self._dataset = dataset
             return self._dataset
+
+    def val_dataset(self, files: list[str]) -> Any:
+        """The held-out prompts of ``files`` (read once per run; every row is kept: an evaluation
+        reads its rows in file order, overlong prompts cut by ``data.truncation``)."""
+        from ppoflow.infra.data.prompts import PromptDataset
+
+        key = tuple(files)
+        with self._mutex:
+            if key not in self._val:
+                self._val[key] = PromptDataset(
+                    list(files),
+                    prompt_key=self.cfg.data.prompt_key,
+                    require_ground_truth=self.cfg.reward.rule,
+                    storage_options=self.cfg.storage.storage_options or None,
+                    role="data.val_files",
+                )
+            return self._val[key]

@@ -26,11 +26,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support.paths import ROOT
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(ROOT)
 POOL = "ppoflow"  # the work pool prefect.yaml names
 
 
@@ -199,6 +200,40 @@ def test_deploy_and_run_iteration_twice(tmp_path):
             manifest = read_manifest(ExperimentPaths.of(default_config(demo_storage)))
             iterations.append(manifest.iteration if manifest else None)
         assert iterations == [1, 2], f"manifest iterations after the runs: {iterations}"
+
+        # The evaluation deployment on the demo's iteration 1, with the held-out file under another
+        # name (so it is evaluated again, not found): the same scores as training's evaluation.
+        cfg = default_config(demo_storage)
+        paths = ExperimentPaths.of(cfg)
+        copy = tmp_path / "heldout.parquet"
+        shutil.copy(cfg.data.val_files[0], copy)
+        cli("--no-prompt", "deploy", "-n", "evaluate", "--param", f"demo_storage={demo_storage}")
+        run = cli(
+            "deployment",
+            "run",
+            "ppo-eval/evaluate",
+            "-p",
+            "iteration=1",
+            "-p",
+            f'files=["{copy}"]',
+            "--watch",
+            "--watch-timeout",
+            "600",
+            timeout=660,
+            check=False,
+        )
+        t = lap("evaluation run", t)
+        assert run.returncode == 0 and "finished successfully in 'Completed'" in run.stdout, (
+            f"the evaluation run did not complete\n{run.stdout[-6000:]}\n{_tail(worker.log, 8000)}"
+        )
+        trained = json.loads(open(paths.file(1, "eval/val/metrics.json")).read())
+        tags = [t for t in os.listdir(paths.file(1, "eval")) if t.startswith("files-")]
+        assert len(tags) == 1, os.listdir(paths.file(1, "eval"))
+        again = json.loads(open(paths.file(1, f"eval/{tags[0]}/metrics.json")).read())
+        assert (
+            again["val/score"] == trained["val/score"]
+            and again["val/prompts"] == trained["val/prompts"] == 100
+        )
         # The flow-run processes (and their rank groups) exit by themselves after the runs.
         deadline = time.monotonic() + 60
         while worker.descendants() and time.monotonic() < deadline:

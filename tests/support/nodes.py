@@ -17,8 +17,9 @@ import uuid
 from pathlib import Path
 
 from ppoflow.infra.remote.procs import pid_alive, processes_with_env
+from tests.support.paths import ROOT as REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(REPO_ROOT)
 KEY = "test-cluster-key-" + "0123456789abcdef" * 2
 
 

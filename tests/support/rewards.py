@@ -17,3 +17,9 @@ def nan_past_preflight(
     """0.0 for the responses the preflight tries (empty, the ground truth); NaN for any other, so
     the error surfaces in the ``advantage`` task of a real iteration."""
     return 0.0 if solution_str in ("", str(ground_truth)) else float("nan")
+
+
+def digit_share(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """The share of the response's characters that are digits (0 for an empty one): a score that
+    varies from response to response even for a tiny random policy."""
+    return sum(c.isdigit() for c in solution_str) / len(solution_str) if solution_str else 0.0
