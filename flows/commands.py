@@ -8,7 +8,16 @@ import json
 import os
 from typing import Any
 
-__all__ = ["CLIError", "cmd_status", "cmd_export_hf", "cmd_rollback", "cmd_tensorboard", "read_state"]
+__all__ = [
+    "CLIError",
+    "cmd_status",
+    "cmd_export_hf",
+    "cmd_rollback",
+    "cmd_tensorboard",
+    "cmd_import_gguf",
+    "read_state",
+    "experiment_config",
+]
 
 
 class CLIError(Exception):
@@ -263,4 +272,15 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise CLIError(str(err)) from None
     print(f"wrote {len(history)} iteration(s) of metrics to {url}\nview them: tensorboard --logdir {logdir}")
+    return 0
+
+
+def cmd_import_gguf(args: argparse.Namespace) -> int:
+    from ppoflow.infra.checkpoint.gguf_import import import_gguf
+
+    try:
+        out = import_gguf(args.source, args.out, dtype=args.dtype)
+    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
+        raise CLIError(str(err)) from None
+    print(f"a Hugging Face model directory from {args.source}: {out}")
     return 0
