@@ -33,10 +33,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slow and not integration" $(PYTEST_ARGS)
 
-# Style: ruff's linter and formatter (config in pyproject.toml; .pre-commit-config.yaml runs the same).
+# Style: ruff's linter and formatter (config in pyproject.toml; .pre-commit-config.yaml runs the same);
+# then mypy over the package (settings in pyproject.toml's [tool.mypy]; tests/ and benchmarks/ are not in it).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy -p ppoflow
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
