@@ -33,7 +33,7 @@ its :class:`Hello`, which the endpoint tells from an agent's :class:`AgentHello`
 from __future__ import annotations
 
 from multiprocessing.connection import Connection
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
@@ -239,6 +239,9 @@ Message = Annotated[
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
 
 M = TypeVar("M", bound=_Message)
+M2 = TypeVar("M2", bound=_Message)
+M3 = TypeVar("M3", bound=_Message)
+M4 = TypeVar("M4", bound=_Message)
 
 
 def encode(msg: _Message) -> bytes:
@@ -266,7 +269,20 @@ def send(conn: Connection, msg: _Message) -> None:
     conn.send_bytes(encode(msg))
 
 
-def receive(conn: Connection, *expect: type[M]) -> M:
+# One overload per number of expected classes, so that the result is their union.
+@overload
+def receive(conn: Connection, e1: type[M], /) -> M: ...
+@overload
+def receive(conn: Connection, e1: type[M], e2: type[M2], /) -> M | M2: ...
+@overload
+def receive(conn: Connection, e1: type[M], e2: type[M2], e3: type[M3], /) -> M | M2 | M3: ...
+@overload
+def receive(
+    conn: Connection, e1: type[M], e2: type[M2], e3: type[M3], e4: type[M4], /
+) -> M | M2 | M3 | M4: ...
+@overload
+def receive(conn: Connection, *expect: type[M]) -> M: ...
+def receive(conn: Connection, *expect: type[_Message]) -> _Message:
     """Receive one message (``EOFError``/``OSError`` when the peer is gone; :class:`ProtocolError`
     for a message that is not one of ``expect``)."""
     return decode(conn.recv_bytes(), *expect)
