@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from ppoflow.infra.config import ConfigError, ExperimentConfig, dump_config
 from ppoflow.infra.data import storage
@@ -77,6 +77,12 @@ class ExperimentPaths:
     def of(cls, cfg: ExperimentConfig) -> ExperimentPaths:
         return cls(cfg.storage.experiment_url)
 
+    @overload
+    def ref(self, url: str) -> str: ...
+    @overload
+    def ref(self, url: None) -> None: ...
+    @overload
+    def ref(self, url: str | None) -> str | None: ...
     def ref(self, url: str | None) -> str | None:
         """``url`` relative to the experiment root, as stored in manifests and receipts (so an
         experiment directory can be copied or moved, e.g. from local disk to S3)."""
@@ -85,6 +91,12 @@ class ExperimentPaths:
         prefix = self.root + "/"
         return url[len(prefix) :] if url.startswith(prefix) else url
 
+    @overload
+    def url(self, ref: str) -> str: ...
+    @overload
+    def url(self, ref: None) -> None: ...
+    @overload
+    def url(self, ref: str | None) -> str | None: ...
     def url(self, ref: str | None) -> str | None:
         """The URL of a stored reference (see :meth:`ref`)."""
         if ref is None or "://" in ref or ref.startswith("/"):
