@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 
 from ppoflow.infra.config import ConfigError
 
@@ -33,7 +34,7 @@ class ClusterKeyError(ConfigError):
     (a ``ConfigError``: retrying cannot fix it)."""
 
 
-def load_cluster_key(env: dict[str, str] | None = None, who: str = "this process") -> bytes:
+def load_cluster_key(env: Mapping[str, str] | None = None, who: str = "this process") -> bytes:
     """The cluster key from ``PPOFLOW_CLUSTER_KEY_FILE`` or ``PPOFLOW_CLUSTER_KEY`` (stripped, UTF-8).
 
     Raises ``ClusterKeyError`` naming the problem and the fix: no key, an unreadable or too

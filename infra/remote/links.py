@@ -18,7 +18,8 @@ import select
 import socket
 import struct
 from collections.abc import Iterator
-from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
+from multiprocessing import AuthenticationError  # the class connection raises (typeshed has it here)
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 __all__ = ["ControlListener", "authenticate", "connect", "read_timeout", "set_keepalive", "hang_up"]
 

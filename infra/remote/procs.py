@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO
 
 import ppoflow
@@ -211,7 +211,7 @@ def _sigkill(kill: Callable[[int, int], None], target: int) -> None:
         pass
 
 
-def kill_process_group(proc: subprocess.Popen, rank_pids: list[int] = (), wait_s: float = 30.0) -> None:
+def kill_process_group(proc: subprocess.Popen, rank_pids: Sequence[int] = (), wait_s: float = 30.0) -> None:
     """SIGKILL torchrun, every process below it and every known rank, reap torchrun, and wait
     (up to ``wait_s`` in all) until the killed processes are gone.
 

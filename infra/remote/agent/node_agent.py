@@ -40,7 +40,9 @@ import sys
 import tempfile
 import threading
 import time
-from multiprocessing.connection import AuthenticationError, Connection
+from collections.abc import Mapping
+from multiprocessing import AuthenticationError  # the class connection raises (typeshed has it here)
+from multiprocessing.connection import Connection
 from typing import Any
 
 from ppoflow.infra.remote.cluster_key import ENV_KEY, ENV_KEY_FILE, ClusterKeyError, load_cluster_key
@@ -77,7 +79,7 @@ NODE_RANK_VARS = ("PPOFLOW_NODE_RANK", "SLURM_NODEID", "JOB_COMPLETION_INDEX")
 NNODES_VARS = ("SLURM_NNODES", "SLURM_JOB_NUM_NODES")
 
 
-def node_rank_from_env(env: dict[str, str] | None = None) -> int | None:
+def node_rank_from_env(env: Mapping[str, str] | None = None) -> int | None:
     """The node number from Slurm (``SLURM_NODEID``), a Kubernetes indexed Job / JobSet
     (``JOB_COMPLETION_INDEX``) or ``PPOFLOW_NODE_RANK``; None if none is set."""
     env = os.environ if env is None else env
@@ -259,6 +261,7 @@ class Agent:
 
     def _pump(self, group: _Group) -> None:
         """Forward torchrun's output line by line; report its exit; clean up after it."""
+        assert group.proc.stdout is not None  # stdout=PIPE
         for raw in iter(group.proc.stdout.readline, b""):
             self._send(Output(group=group.gid, line=raw.decode("utf-8", "replace").rstrip()))
         group.proc.stdout.close()

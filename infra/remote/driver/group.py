@@ -32,7 +32,7 @@ import time
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 from ppoflow.infra.data import storage
 from ppoflow.infra.remote.dispatch import Dispatch
@@ -303,6 +303,7 @@ class WorkerGroup:
                 f"{method} is DP_COMPUTE_PROTO: call it as "
                 f"call({method!r}, data_url, *args, out_url=..., **kwargs)"
             )
+        assert self.launcher.scratch is not None  # a running group's launcher has its scratch space
         call_dir = storage.join(self.launcher.scratch, f"call-{cid:06d}")
         try:
             split = split_proto(args[0], self.nprocs, self.layout, call_dir)
@@ -367,7 +368,7 @@ class WorkerGroup:
         with_tail: bool,
         settle: bool = False,
         error_types: tuple[str, ...] = (),
-    ) -> None:
+    ) -> NoReturn:
         """Kill the group, mark it dead and raise RankFailure(what [+ the launcher's account of
         it, e.g. the node that was lost] [+ output tail])."""
         if settle:  # let the launcher notice the dead rank (torchrun's report, a lost node)

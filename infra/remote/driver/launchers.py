@@ -124,6 +124,7 @@ class LocalLauncher(Launcher):
             start_new_session=True,
         )
         self.pidfd = wait_pidfd(self.proc.pid)
+        assert self.proc.stdout is not None  # stdout=PIPE
         self.pump = OutputPump(self.proc.stdout, log)
         self.pump.start()
 
@@ -153,6 +154,7 @@ class LocalLauncher(Launcher):
         return f"torchrun exited (status {self.proc.returncode})"
 
     def wait(self, timeout: float) -> bool:
+        assert self.proc is not None, "start() first"
         try:
             self.proc.wait(timeout=timeout)
             return True

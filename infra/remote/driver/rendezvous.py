@@ -73,6 +73,8 @@ class RendezvousLauncher(Launcher):
         )
         self._tail: collections.deque[str] = collections.deque(maxlen=200)
         self._lock = threading.Lock()
+        self._event_r: int | None  # None once released
+        self._event_w: int | None
         self._event_r, self._event_w = os.pipe()
         os.set_blocking(self._event_w, False)
         self._released = False
@@ -258,10 +260,12 @@ class RendezvousLauncher(Launcher):
         while not self._inbox.empty():
             self._inbox.get_nowait()[0].close()
         with self._lock:
+            assert self._event_w is not None  # released once (_released above)
             os.close(self._event_w)
             self._event_w = None
+        assert self._event_r is not None
         os.close(self._event_r)
-        self._event_r = None  # type: ignore[assignment]
+        self._event_r = None
         scratch, self.scratch = self.scratch, None
         try:
             if scratch is not None and storage.exists(scratch):

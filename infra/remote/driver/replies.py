@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, cast
 
 from ppoflow.infra.remote.driver.launchers import Launcher
 from ppoflow.infra.remote.protocol import ProtocolError, Ready, Reply, receive
@@ -77,7 +77,7 @@ class ReplyCollector:
                 if isinstance(obj, int):
                     continue  # the launcher has news: handled below, after the links are drained
                 rank = rank_of[id(obj)]
-                msg = self._receive(obj, rank, method, cid, first_error is not None)
+                msg = self._receive(cast(Connection, obj), rank, method, cid, first_error is not None)
                 pending.discard(rank)
                 if msg is None:
                     continue

@@ -179,6 +179,7 @@ class RankServer:
         try:
             if self.worker is None:
                 raise RuntimeError("the worker was not constructed")
+            assert self.cls is not None  # the worker's class, set with it
             mode = dispatch_mode_of(self.cls, method)
             self._inject(method)
             fn = getattr(self.worker, method)
@@ -212,8 +213,8 @@ class RankServer:
                 file=sys.stderr,
                 flush=True,
             )
-            layout = _layout(self.worker) if self.worker is not None else None
-            return Reply(id=cmd.id, ok=False, failure=failure, layout=layout)
+            known = _layout(self.worker) if self.worker is not None else None
+            return Reply(id=cmd.id, ok=False, failure=failure, layout=known)
 
     def shutdown(self, cmd: Shutdown) -> None:
         """Run the worker's shutdown hook, free it, tear down torch.distributed, exit fast."""
