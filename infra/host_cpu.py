@@ -73,7 +73,7 @@ class CpuUse:
     def metrics(self, prefix: str) -> dict[str, float]:
         """``{prefix}thread_cpu_s``, and ``{prefix}host_busy`` / ``host_steal`` where known."""
         out = {f"{prefix}thread_cpu_s": self.thread_cpu_s}
-        if self.host_busy is not None:
+        if self.host_busy is not None and self.host_steal is not None:  # measured together
             out[f"{prefix}host_busy"] = self.host_busy
             out[f"{prefix}host_steal"] = self.host_steal
         return out

@@ -164,8 +164,9 @@ def load_custom_function(path: str) -> RewardFn:
         spec = importlib.util.spec_from_file_location(
             f"ppoflow_custom_reward_{abs(hash(module_name))}", module_name
         )
+        assert spec is not None and spec.loader is not None  # a .py path always has a loader
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        spec.loader.exec_module(module)
     else:
         module = _import_module(path, module_name)
     fn = getattr(module, attr, None)

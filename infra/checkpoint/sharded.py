@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -204,10 +204,10 @@ def _load_tensors(url: str, marker: dict[str, Any], opts: dict, got: Collected, 
         url,
         dcp.load,
         got.model,
-        storage_reader=make_reader(storage.join(url, layout[MODEL]), opts),
+        storage_reader=make_reader(storage.join(url, cast(str, layout[MODEL])), opts),  # always saved
     )
     if with_optim:
-        reader = make_reader(storage.join(url, layout[OPTIM]), opts)
+        reader = make_reader(storage.join(url, cast(str, layout[OPTIM])), opts)  # saved with the state
         dcp_call("loading", url, dcp.load, got.optim, storage_reader=reader)
 
 
@@ -244,7 +244,7 @@ def load_full_state_dict(
     marker = read_marker(url, opts)
     if verify:
         _verify(url, marker, opts, (MODEL,), distributed=False)
-    reader = make_reader(storage.join(url, _layout(marker)[MODEL]), opts)
+    reader = make_reader(storage.join(url, cast(str, _layout(marker)[MODEL])), opts)  # always saved
     metadata = reader.read_metadata()
     lead = MODEL + "."
     available = {k[len(lead) :]: v for k, v in metadata.state_dict_metadata.items() if k.startswith(lead)}

@@ -177,6 +177,7 @@ def restore(
     if optimizer is None or got.osd is None:
         set_model_state_dict(model, got.msd)
         return
+    assert saved_optim is not None  # the marker has it when the checkpoint has an optimizer state
     osd, names = got.osd, got.names
     have = [list(g["params"]) for g in osd["param_groups"]]
     groups = [
@@ -226,6 +227,7 @@ def _b64(t: torch.Tensor) -> str:
 def rng_state() -> dict[str, Any]:
     """This rank's RNG states as JSON: torch CPU, current CUDA device (if used), python, numpy."""
     np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)  # legacy=True: the global MT19937's tuple
     state: dict[str, Any] = {
         "torch_cpu": _b64(torch.get_rng_state()),
         "python": enc(random.getstate(), "python RNG"),

@@ -89,7 +89,7 @@ class ExperimentConfig(Section):
     def _check_token_budgets(self) -> ExperimentConfig:
         """With use_dynamic_bsz every token budget must hold the longest rollout row."""
         longest = self.rollout.prompt_length + self.rollout.response_length
-        budgets = []
+        budgets: list[tuple[str, int | None]] = []
         if self.actor.use_dynamic_bsz:
             budgets.append(("actor.ppo_max_token_len_per_gpu", self.actor.ppo_max_token_len_per_gpu))
         if self.actor.use_dynamic_bsz or self.ref.log_prob_use_dynamic_bsz:

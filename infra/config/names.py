@@ -4,9 +4,9 @@ whose allowed values are the algorithm registries' names."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
 __all__ = [
     "Dtype",
@@ -47,7 +47,7 @@ def one_of(what: str, names: Callable[[], Iterable[str]]) -> Any:
     return Annotated[
         str,
         AfterValidator(check),
-        Field(json_schema_extra=lambda schema: schema.update(enum=sorted(names()))),
+        Field(json_schema_extra=lambda schema: schema.update(enum=cast(list[JsonValue], sorted(names())))),
     ]
 
 

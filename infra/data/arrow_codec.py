@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,8 @@ def encode(
     """Build the Arrow record batch (with ppoflow schema metadata) of a DataProto's parts."""
     arrays, names, columns = [], [], {}
     num_rows = 0
-    for group, items in (("batch", tensors), ("non_tensor", non_tensors)):
+    groups: tuple[tuple[str, dict[str, Any]], ...] = (("batch", tensors), ("non_tensor", non_tensors))
+    for group, items in groups:
         for key, value in items.items():
             try:
                 arr, info = encode_tensor(value) if group == "batch" else encode_array(key, value)
@@ -121,7 +123,8 @@ def decode(
         raise DataProtoFormatError(
             f"{url}: has {table.num_rows} rows, its metadata says {n}; the file is corrupt. {_FIX}."
         )
-    tensors, non_tensors = {}, {}
+    tensors: dict[str, Any] = {}  # decode_column's tensors and arrays, by group
+    non_tensors: dict[str, Any] = {}
     for key in columns if columns is not None else header["columns"]:
         info = header["columns"][key]
         try:
@@ -203,7 +206,7 @@ def _read(url: str, source: Any, head: bytes, columns: list[str] | None, ranged:
 
 
 def load(
-    url: str, columns: list[str] | None = None, storage_options: dict | None = None
+    url: str, columns: Iterable[str] | None = None, storage_options: dict | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray], dict]:
     """Read ``(tensors, non_tensors, meta_info)`` from the DataProto file at ``url``.
 

@@ -85,8 +85,8 @@ def encode_array(key: str, a: np.ndarray) -> tuple[pa.Array, dict]:
         arr = _wrap_rows(pa.array(flat), n, shape, tensor_like=True)
         return arr, {"kind": "ndarray", "dtype": a.dtype.str, "shape": shape}
     if a.dtype.kind in "US":
-        flat = a.reshape(-1).tolist()
-        values = pa.array(flat, type=pa.string() if a.dtype.kind == "U" else pa.binary())
+        items = a.reshape(-1).tolist()
+        values = pa.array(items, type=pa.string() if a.dtype.kind == "U" else pa.binary())
         return _wrap_rows(values, n, shape, False), {"kind": "ndarray", "dtype": a.dtype.str, "shape": shape}
     if a.dtype.kind == "O":
         values, encoding = encode_objects(key, a.reshape(-1))

@@ -16,7 +16,7 @@ share tensor/array storage where they can (slices are views, like torch's); only
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +98,7 @@ class DataProto:
     def from_dict(
         cls,
         tensors: dict[str, torch.Tensor] | None = None,
-        non_tensors: dict[str, np.ndarray | list] | None = None,
+        non_tensors: Mapping[str, np.ndarray | list] | None = None,
         meta_info: dict | None = None,
     ) -> DataProto:
         """Build a DataProto; lists in ``non_tensors`` become 1-D object arrays.
@@ -150,8 +150,8 @@ class DataProto:
     def __len__(self) -> int:
         for value in self.batch.values():
             return value.shape[0]
-        for value in self.non_tensor_batch.values():
-            return value.shape[0]
+        for array in self.non_tensor_batch.values():
+            return array.shape[0]
         return 0
 
     def __repr__(self) -> str:
@@ -194,7 +194,7 @@ class DataProto:
         both_have_rows = (self.batch or self.non_tensor_batch) and (other.batch or other.non_tensor_batch)
         if both_have_rows and len(self) != len(other):
             raise ValueError(f"cannot union DataProtos of lengths {len(self)} and {len(other)}")
-        checks = (
+        checks: tuple[tuple[str, dict[str, Any], dict[str, Any], Callable[[Any, Any], bool]], ...] = (
             ("batch", self.batch, other.batch, _tensors_equal),
             ("non_tensor_batch", self.non_tensor_batch, other.non_tensor_batch, _arrays_equal),
             ("meta_info", self.meta_info, other.meta_info, _values_equal),

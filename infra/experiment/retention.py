@@ -18,6 +18,7 @@ experiment cannot be rolled back to it (``ppoflow rollback`` says so).
 from __future__ import annotations
 
 import logging
+from collections.abc import Set
 from typing import Any
 
 from ppoflow.infra.checkpoint.marker import checkpoint_bytes, is_complete, read_marker, write_marker
@@ -48,7 +49,7 @@ def _manifest_refs(paths: ExperimentPaths, k: int, current: Manifest) -> list[st
 
 
 def referenced(
-    paths: ExperimentPaths, current: Manifest, kept: set[int], own_only: set[int] = frozenset()
+    paths: ExperimentPaths, current: Manifest, kept: set[int], own_only: Set[int] = frozenset()
 ) -> set[str]:
     """Relative references of every checkpoint a kept manifest names; for iterations in
     ``own_only`` only their own iteration's checkpoints (weights-only kept: nothing resumes there)."""

@@ -78,9 +78,9 @@ def rollback(paths: ExperimentPaths, to: int, verify: bool = True) -> Manifest:
             try:
                 marker = verify_checkpoint(checkpoint, deep=verify)
             except (CheckpointError, FileNotFoundError) as exc:
-                exc = str(exc).replace(ROLLBACK_HINT, "").rstrip("; \n")
+                reason = str(exc).replace(ROLLBACK_HINT, "").rstrip("; \n")
                 raise _refuse(
-                    paths, to, current.iteration, f"its checkpoint {ref} is not usable ({exc})"
+                    paths, to, current.iteration, f"its checkpoint {ref} is not usable ({reason})"
                 ) from None
             if marker.get("optimizer") is None:
                 raise _refuse(
