@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,11 @@ from ppoflow.workers.hf_models import (
 from ppoflow.workers.packing import use_varlen_attention
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
+    from transformers import PreTrainedModel
+
     from ppoflow.infra.config import FSDPConfig, ModelConfig
+
+M = TypeVar("M", bound=nn.Module)  # the wrapper build_fsdp_model puts around the HF model
 
 __all__ = [
     "build_mesh",
@@ -101,17 +105,17 @@ def _parameters_on_meta() -> Iterator[None]:
         if param is not None and param.device.type != "meta":
             module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
-    nn.Module.register_parameter = on_meta
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]  # the patch, on purpose
     try:
         yield
     finally:
-        nn.Module.register_parameter = register
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 def build_fsdp_model(
     model_cfg: ModelConfig,
     kind: str,
-    wrap: Callable[[nn.Module], nn.Module],
+    wrap: Callable[[PreTrainedModel], M],
     mesh: DeviceMesh,
     fsdp_cfg: FSDPConfig,
     device: torch.device | str,
@@ -120,7 +124,7 @@ def build_fsdp_model(
     gradient_checkpointing: bool = False,
     seed: int = 0,
     varlen_attention: bool = False,
-) -> nn.Module:
+) -> M:
     """Sharded model with the checkpoint's weights, read by rank 0 only.
 
     Every rank builds the model with meta parameters, wraps it (``wrap(hf_model)``, e.g.
@@ -155,7 +159,7 @@ def build_fsdp_model(
     with torch.no_grad():
         for name, buf in module.named_buffers():
             buf.copy_(buffers[name].to(buf.device))
-    full: dict[str, torch.Tensor] = {}
+    full: dict[str, Any] = {}
     if not dist.is_initialized() or dist.get_rank() == 0:
         torch.manual_seed(seed)
         full = wrap(load_hf_model(model_cfg, kind)).state_dict()
@@ -278,7 +282,7 @@ def mesh_info(mesh: DeviceMesh, module: nn.Module) -> dict[str, Any]:
     """JSON description of the sharding: mesh shape and dim names, placements of a parameter,
     number of parameters (full) and of local (sharded) elements on this rank."""
     first = next(iter(module.parameters()), None)
-    placements = [repr(p) for p in first.placements] if isinstance(first, DTensor) else []
+    placements: list[str] = [repr(p) for p in first.placements] if isinstance(first, DTensor) else []
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
     return {
         "mesh_shape": list(mesh.shape),

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
+    from transformers import PreTrainedModel
+
     from ppoflow.infra.config import ModelConfig
 
 __all__ = [
@@ -73,7 +75,7 @@ def hf_config(model_cfg: ModelConfig, kind: str):
     return hf_cfg
 
 
-def load_hf_model(model_cfg: ModelConfig, kind: str, dtype: str | None = None) -> nn.Module:
+def load_hf_model(model_cfg: ModelConfig, kind: str, dtype: str | None = None) -> PreTrainedModel:
     """Load a Hugging Face model on the CPU with ``from_pretrained`` (a full copy: the actor's and
     the critic's workers call it on rank 0 only, through ``build_fsdp_model``). A head the checkpoint lacks (a critic's
     ``score`` on top of a causal LM) is initialised from torch's global RNG.
@@ -94,7 +96,7 @@ def load_hf_model(model_cfg: ModelConfig, kind: str, dtype: str | None = None) -
 
 def model_from_config(
     hf_cfg, kind: str, dtype: str = "float32", trust_remote_code: bool = False
-) -> nn.Module:
+) -> PreTrainedModel:
     """A randomly initialised model of ``kind`` from a transformers config (benchmarks, tests)."""
     for key, value in _kind_overrides(kind).items():
         setattr(hf_cfg, key, value)
@@ -105,7 +107,7 @@ def model_from_config(
     return model
 
 
-def copy_generation_config(model_cfg: ModelConfig, hf: nn.Module) -> None:
+def copy_generation_config(model_cfg: ModelConfig, hf: PreTrainedModel) -> None:
     """Give a model built from its config the checkpoint's ``generation_config.json`` (stop ids, ...)."""
     if getattr(hf, "generation_config", None) is None:
         return
@@ -130,7 +132,7 @@ def decoder_layers(module: nn.Module) -> list[nn.Module]:
     return [m for m in module.modules() if type(m).__name__ in names]
 
 
-def enable_gradient_checkpointing(hf_model: nn.Module) -> None:
+def enable_gradient_checkpointing(hf_model: PreTrainedModel) -> None:
     """Recompute each decoder layer in backward (HF's non-reentrant checkpointing; only active in
     train mode). Composes with FSDP2: its hooks skip re-gathering during the recompute."""
     hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -21,11 +21,16 @@ activation checkpointing, so backward recomputes that chunk's logits instead of 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from ppoflow.workers.lm_head import DEFAULT_CHUNK, HEAD_IMPLS, chunked_log_probs
 from ppoflow.workers.packing import checked_index, pack, packed_hidden
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["HFRoot", "PolicyLM", "ValueModel", "base_hidden", "one_label", "chunked_log_probs", "HEAD_IMPLS"]
 
@@ -71,7 +76,7 @@ def _masked_response_hidden(
     return packed_hidden(base, rows)[checked_index(index, "the state before a response token")]
 
 
-def one_label(hf_model: nn.Module, role: str) -> None:
+def one_label(hf_model: PreTrainedModel, role: str) -> None:
     """ValueError unless the HF model has a one-label head (``role`` names the model in it)."""
     if getattr(hf_model.config, "num_labels", 1) != 1:
         raise ValueError(f"{role} needs num_labels=1, got {hf_model.config.num_labels}")
@@ -85,8 +90,9 @@ class HFRoot(nn.Module):
     registers its head after ``HFRoot.__init__``, as the HF model orders its parameters."""
 
     hf_key_prefix = ""  # parameter names already are HF names (for ppoflow.infra.checkpoint.sharded)
+    hf_model: PreTrainedModel  # set with object.__setattr__ (unregistered)
 
-    def __init__(self, hf_model: nn.Module):
+    def __init__(self, hf_model: PreTrainedModel):
         super().__init__()
         self.base_prefix = hf_model.base_model_prefix
         setattr(self, self.base_prefix, getattr(hf_model, self.base_prefix))
@@ -109,7 +115,7 @@ class PolicyLM(HFRoot):
 
     def __init__(
         self,
-        hf_model: nn.Module,
+        hf_model: PreTrainedModel,
         chunk_size: int = DEFAULT_CHUNK,
         head_impl: str = "checkpoint",
         compiled_head: bool = False,
@@ -159,6 +165,7 @@ class PolicyLM(HFRoot):
         )
         out = {"log_probs": _scatter(lp, mask)}
         if with_entropy:
+            assert ent is not None  # chunked_log_probs computes it with with_entropy
             out["entropy"] = _scatter(ent, mask)
         return out
 
@@ -171,7 +178,7 @@ class ValueModel(HFRoot):
     The head's dropout is not applied (the critic is deterministic).
     """
 
-    def __init__(self, hf_model: nn.Module):
+    def __init__(self, hf_model: PreTrainedModel):
         one_label(hf_model, "a critic")
         head_name = next(
             (n for n in ("score", "classifier") if isinstance(getattr(hf_model, n, None), nn.Module)), None

@@ -30,12 +30,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = [
     "VARLEN_ATTENTION",
@@ -132,7 +137,7 @@ def checked_index(idx: torch.Tensor, what: str) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=1)
-def _varlen_kernel() -> tuple[object, frozenset[str]] | None:
+def _varlen_kernel() -> tuple[Callable[..., Any], frozenset[str]] | None:
     """torch's FlashAttention varlen entry point and its keyword names (they changed between
     torch 2.9 and 2.12: ``is_causal`` became ``window_size``; ``enable_gqa`` arrived), or None."""
     try:
@@ -246,7 +251,7 @@ def _register() -> None:
     AttentionMaskInterface.register(VARLEN_ATTENTION, mask)
 
 
-def use_varlen_attention(hf_model: nn.Module) -> None:
+def use_varlen_attention(hf_model: PreTrainedModel) -> None:
     """Switch an HF model to ``VARLEN_ATTENTION`` (packed forwards become possible; padded ones
     compute what ``sdpa`` computes). ValueError for a model that does not dispatch its attention
     through transformers' ``AttentionInterface`` or uses sliding-window layers."""

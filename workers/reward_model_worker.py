@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -46,6 +46,9 @@ from ppoflow.workers.packing import (
 )
 from ppoflow.workers.worker_setup import experiment_config
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 __all__ = ["RewardModelWorker", "LastTokenScorer", "same_tokenizer"]
 
 
@@ -53,7 +56,7 @@ class LastTokenScorer(HFRoot):
     """Wraps an HF sequence-classification model: base model + ``score`` head applied to the hidden
     state of one chosen token per row. Parameter names stay the HF names."""
 
-    def __init__(self, hf_model: nn.Module):
+    def __init__(self, hf_model: PreTrainedModel):
         one_label(hf_model, "a reward model")
         if not isinstance(getattr(hf_model, "score", None), nn.Module):
             raise ValueError(
@@ -61,7 +64,7 @@ class LastTokenScorer(HFRoot):
                 "model (Llama, Qwen2, Mistral, ...) as the reward model"
             )
         super().__init__(hf_model)
-        self.score = hf_model.score
+        self.score = cast(nn.Module, hf_model.score)  # checked above
 
     def forward(
         self,
@@ -117,6 +120,7 @@ class RewardModelWorker(Worker):
 
         t0 = time.perf_counter()
         model_cfg = self.rm_cfg.model
+        assert model_cfg is not None  # checked in __init__
         self.rm_tokenizer = AutoTokenizer.from_pretrained(
             model_cfg.tokenizer, trust_remote_code=model_cfg.trust_remote_code
         )
