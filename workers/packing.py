@@ -242,10 +242,10 @@ def _register() -> None:
     if VARLEN_ATTENTION in ALL_MASK_ATTENTION_FUNCTIONS:
         return
 
-    def mask(*args, attention_mask=None, **kwargs):
+    def mask(*, attention_mask=None, **kwargs):  # transformers passes every argument by keyword
         if attention_mask is None:
             return None
-        return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+        return sdpa_mask(attention_mask=attention_mask, **kwargs)
 
     AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
     AttentionMaskInterface.register(VARLEN_ATTENTION, mask)
