@@ -124,6 +124,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         from ppoflow.workers.rollout import build_rollout, build_sharding_manager
 
         model = self.cfg.model
+        assert self.actor is not None  # init_model builds the policy first
         self.tokenizer = AutoTokenizer.from_pretrained(
             model.tokenizer, trust_remote_code=model.trust_remote_code
         )
@@ -166,7 +167,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         cfg = self.cfg
         seed_rngs(cfg.seed)
         info: dict[str, Any] = {"rank": self.rank, "role": self.role}
-        common = dict(
+        common: dict[str, Any] = dict(
             rollout_n=cfg.rollout.n,
             dp_size=self.dp_size,
             device=self.device,
@@ -258,6 +259,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         tensors = {"old_log_probs": log_probs}
         if entropy is not None:
             tensors["entropys"] = entropy
+        assert self.actor is not None  # _need("actor") above
         return DataProto.from_dict(tensors, meta_info={"temperature": self.actor._temperature(data)})
 
     @register(Dispatch.DP_COMPUTE_PROTO)

@@ -101,6 +101,7 @@ class CriticWorker(CheckpointMethods, Worker):
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Clipped value-loss update on this rank's share; returns the (globally reduced) metrics."""
         critic = self._need()
+        assert critic.optimizer is not None  # init_model built it with one
         with optimizer_state_on(critic.optimizer, self.cfg.critic.fsdp, self.device):
             t0 = time.perf_counter()
             with PeakMemory(self.device) as mem:

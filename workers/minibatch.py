@@ -245,6 +245,7 @@ class MiniBatchTrainer:
             (loss * (weight * self.grad_scale)).backward()
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + weight * value
+        assert self.optimizer is not None  # built with one to update
         out = finish_mini_batch(
             self.module,
             self.optimizer,

@@ -66,7 +66,7 @@ def build_optimizer(
     optimizer = torch.optim.AdamW(
         params,
         lr=optim_cfg.lr,
-        betas=tuple(optim_cfg.betas),
+        betas=optim_cfg.betas,
         eps=optim_cfg.eps,
         weight_decay=optim_cfg.weight_decay,
         fused=True if fused else None,

@@ -191,21 +191,21 @@ def _response_tensors(
     """``(responses, response_mask, log_probs)``, each (B*n, R), right-padded from the token lists
     (log-probs 0 where there are none); ValueError on a count or a length that does not fit."""
     with_lp = log_probs is not None
-    if len(responses) != bsz * n or (with_lp and len(log_probs) != bsz * n):
+    if len(responses) != bsz * n or (log_probs is not None and len(log_probs) != bsz * n):
         raise ValueError(
             f"expected {bsz}*{n} responses, got {len(responses)}"
-            + (f" (and {len(log_probs)} log-prob rows)" if with_lp else "")
+            + (f" (and {len(log_probs)} log-prob rows)" if log_probs is not None else "")
         )
     resp = torch.full((bsz * n, resp_len), pad_token_id, dtype=torch.long)
     resp_mask = torch.zeros((bsz * n, resp_len), dtype=torch.long)
     lp = torch.zeros((bsz * n, resp_len), dtype=torch.float32)
     for i, toks in enumerate(responses):
         k = len(toks)
-        lps = log_probs[i] if with_lp else None
-        if k > resp_len or (with_lp and len(lps) != k):
+        lps = log_probs[i] if log_probs is not None else None
+        if k > resp_len or (lps is not None and len(lps) != k):
             raise ValueError(
                 f"response {i} has {k} tokens"
-                + (f" and {len(lps)} log-probs" if with_lp else "")
+                + (f" and {len(lps)} log-probs" if lps is not None else "")
                 + f" (limit {resp_len})"
             )
         if k:

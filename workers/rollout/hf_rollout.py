@@ -72,7 +72,7 @@ class HFRollout(Rollout):
             )
         self.config = config
         self.module = actor_module
-        self.hf_model = getattr(actor_module, "hf_model", actor_module)
+        self.hf_model: Any = getattr(actor_module, "hf_model", actor_module)  # an HF causal LM
         if not hasattr(self.hf_model, "generate"):
             raise TypeError(
                 f"{type(self.hf_model).__name__} has no generate(): HFRollout needs a Hugging Face "

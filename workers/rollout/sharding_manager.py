@@ -47,7 +47,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -55,6 +55,9 @@ from torch import nn
 
 from ppoflow.workers.device_memory import release_for_wake
 from ppoflow.workers.rollout import weight_sync
+
+if TYPE_CHECKING:
+    from ppoflow.workers.rollout.tp_slicing import TPSlicer
 
 __all__ = ["FSDPVLLMShardingManager", "NoOpShardingManager"]
 
@@ -119,7 +122,7 @@ class FSDPVLLMShardingManager:
         self._source: tuple[str, str | None] = ("live", None)
         self._dirty = True  # the engine holds the model_path weights, not (yet) the actor's
         self._weights_lost = False  # GPU level-2 sleep discarded the engine's weights
-        self._slicer = None
+        self._slicer: TPSlicer | None = None
         self.last_sync_s = 0.0
         self.last_timing: dict[str, float] = {}
         self.last_push: dict[str, Any] = {}
@@ -154,6 +157,7 @@ class FSDPVLLMShardingManager:
     def _stream(self):
         kind, url = self._source
         if kind == "checkpoint":
+            assert url is not None  # set_source_checkpoint(url)
             names = self._param_names()
             return weight_sync.checkpoint_weights(url, names, self.storage_options)
         if self.module is None:
@@ -161,6 +165,7 @@ class FSDPVLLMShardingManager:
                 "no weight source: call set_source_checkpoint(url) (the manager has no actor module)"
             )
         if self._sliced():
+            assert self._slicer is not None  # made by _sliced()
             return self._slicer.sliced_weights(self.module)
         return weight_sync.live_weights(self.module)
 
@@ -179,6 +184,8 @@ class FSDPVLLMShardingManager:
         kind, url = self._source
         t0 = time.perf_counter()
         if self._sliced():
+            assert self._slicer is not None  # made by _sliced()
+            assert self.module is not None  # _sliced(): a live source, which needs the module
             self._slicer.prepare(self.module)
             with self._slicer.engine_accepts_slices():
                 stats = weight_sync.push_into_engine(self.rollout, self._stream())

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -129,12 +129,13 @@ def set_sharded_flag_rpc(worker: Any, paths: list[str], value: bool) -> int:
         for t in (getattr(mod, param, None), get_layerwise_info(mod).restore_metadata[0].get(param)):
             if not isinstance(t, torch.Tensor):
                 continue
+            flagged: Any = t  # vLLM's loaders read these ad-hoc attributes off the tensor
             if isinstance(t, BasevLLMParameter) or "tp_rank" in t.__dict__:
-                t.tp_rank = 0 if value else mod.tp_rank
+                flagged.tp_rank = 0 if value else mod.tp_rank
             elif value:
-                t.is_sharded_weight = True
+                flagged.is_sharded_weight = True
             elif "is_sharded_weight" in t.__dict__:
-                del t.is_sharded_weight
+                del flagged.is_sharded_weight
             done += 1
     return done
 
@@ -210,6 +211,7 @@ class TPSlicer:
         from ppoflow.workers.fsdp_utils import full_param, reshard_all
 
         self.prepare(module)
+        assert self._specs is not None  # set by prepare()
         reshard_all(module)
         for i, (name, param) in enumerate(self._params(module)):
             specs = self._specs[:, i].tolist()
@@ -217,7 +219,7 @@ class TPSlicer:
             if (
                 all(s[0] < 0 for s in specs)
                 or rows is None
-                or param.device_mesh.size() != dist.get_world_size()
+                or cast(DTensor, param).device_mesh.size() != dist.get_world_size()  # rows: a DTensor
             ):
                 yield name, full_param(param)
                 continue

@@ -32,7 +32,7 @@ _STALE_S = 120.0
 
 def remove_stale_segments(max_age_s: float = _STALE_S) -> list[str]:
     """Unlink CPU-TP shm-allreduce segments whose names are older than ``max_age_s``."""
-    removed = []
+    removed: list[str] = []
     try:
         names = [n for n in os.listdir(_SHM_DIR) if "-cpushm_" in n]
     except OSError:

@@ -255,7 +255,7 @@ class VLLMRollout(Rollout):
         """One ``SamplingParams`` per prompt; sampled requests carry their own seed (see ``request_seed``)."""
         from vllm import SamplingParams
 
-        common = dict(
+        common: dict[str, Any] = dict(
             n=s.n,
             temperature=s.temperature if s.do_sample else 0.0,
             top_p=s.top_p,
