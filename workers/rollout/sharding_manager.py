@@ -173,6 +173,8 @@ class FSDPVLLMShardingManager:
         """True when this push uses the dtensor_weight_loader (live source, TP > 1, loader dtensor)."""
         if self.loader != "dtensor" or self.rollout.tp_size == 1 or self._source[0] != "live":
             return False
+        if self.module is None:  # nothing to slice: _stream raises its "no weight source" error
+            return False
         if self._slicer is None:
             from ppoflow.workers.rollout.tp_slicing import TPSlicer
 
@@ -184,8 +186,7 @@ class FSDPVLLMShardingManager:
         kind, url = self._source
         t0 = time.perf_counter()
         if self._sliced():
-            assert self._slicer is not None  # made by _sliced()
-            assert self.module is not None  # _sliced(): a live source, which needs the module
+            assert self._slicer is not None and self.module is not None  # as _sliced() checked
             self._slicer.prepare(self.module)
             with self._slicer.engine_accepts_slices():
                 stats = weight_sync.push_into_engine(self.rollout, self._stream())
