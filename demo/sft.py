@@ -147,7 +147,8 @@ def _train_and_save(
 
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+    # transformers' @wraps(nn.Module.to) on PreTrainedModel.to hides the method's binding from mypy
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)  # type: ignore[arg-type]
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(

@@ -50,7 +50,7 @@ def build_char_tokenizer():
     tok = Qwen2Tokenizer(
         vocab=vocab,
         merges=[],
-        unk_token=None,
+        unk_token=None,  # type: ignore[arg-type]  # annotated str in transformers; None (no unknown token) works
         eos_token="<|endoftext|>",
         pad_token="<|pad|>",
         additional_special_tokens=SPECIAL_TOKENS[2:],
