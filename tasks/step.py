@@ -33,7 +33,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic
+from typing import Any, Generic, overload
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -96,7 +96,7 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def is_permanent(exc: BaseException) -> bool:
+def is_permanent(exc: BaseException | None) -> bool:
     """True when retrying cannot help: a :data:`PERMANENT_ERRORS` raised here, or inside a rank
     (a :class:`RankFailure` carries the rank exception's class names). A dead rank, an S3 5xx or
     a timeout are not permanent."""
@@ -194,9 +194,14 @@ class Step(Generic[R]):
         return self.kind(task=self.task, iteration=self.n, **fields)
 
 
+# Two overloads so that ``kind`` defaults to Receipt for the type checker too.
+@overload
+def ppo_task(name: str, *, roles: tuple[str, ...] = ()) -> Callable[[Callable[..., Receipt]], Any]: ...
+@overload
+def ppo_task(name: str, kind: type[R], roles: tuple[str, ...] = ()) -> Callable[[Callable[..., R]], Any]: ...
 def ppo_task(
-    name: str, kind: type[R] = Receipt, roles: tuple[str, ...] = ()
-) -> Callable[[Callable[..., R]], Any]:
+    name: str, kind: type[Any] = Receipt, roles: tuple[str, ...] = ()
+) -> Callable[[Callable[..., Any]], Any]:
     """Make ``body(step, *args)`` the Prefect task ``name(run, n, *args) -> kind`` (module docstring)."""
 
     def deco(body: Callable[..., R]) -> Any:
@@ -227,8 +232,9 @@ def ppo_task(
             inspect.Parameter("run", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str),
             inspect.Parameter("n", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
         ]
+        # inspect.signature() reads __signature__; typeshed's functools._Wrapped does not declare it
         run_step.__signature__ = inspect.Signature(head + params, return_annotation=kind)  # type: ignore[attr-defined]
-        del run_step.__wrapped__  # type: ignore[attr-defined]  # signature() must not look through
+        del run_step.__wrapped__  # signature() must not look through
         return task(name=name, task_run_name=f"{name}-{{n}}", **TASK_OPTIONS)(run_step)
 
     return deco
