@@ -72,6 +72,7 @@ def init_experiment(run: str) -> Manifest:
             # weights and the fresh optimizer's settings only: it has no state yet
             worker.save_checkpoint(url, extra={"iteration": 0, "experiment": cfg.storage.experiment})
             ctx.groups.set_state(role, url)
+    assert checkpoints["actor"] is not None  # "actor" is always in roles
     manifest = initial_manifest(
         cfg, paths, checkpoints["actor"], checkpoints["critic"], kl_coef=cfg.algorithm.kl_ctrl.kl_coef
     )
@@ -102,8 +103,8 @@ def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, f
     """Wait for (or recover, concurrently per role) the iteration's checkpoints; their write metrics."""
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
-    wanted = {role: receipts.checkpoint(role) for role in ("actor", "critic")}
-    wanted = {role: url for role, url in wanted.items() if url is not None}
+    urls = {role: receipts.checkpoint(role) for role in ("actor", "critic")}
+    wanted = {role: url for role, url in urls.items() if url is not None}
     with ThreadPoolExecutor(max_workers=len(wanted) or 1, thread_name_prefix="ppoflow-commit") as pool:
         jobs = [pool.submit(ctx.groups.materialize, role, url, logger.info) for role, url in wanted.items()]
         for job in jobs:
@@ -162,11 +163,13 @@ def commit(
         metrics["time/started_unix_s"] = started
         metrics["time/committed_unix_s"] = time.time()
         storage.write_json_atomic(paths.file(n, "metrics.json"), metrics)
+        actor_checkpoint = receipts.checkpoint("actor")
+        assert actor_checkpoint is not None  # update_actor runs in every iteration
         manifest = next_manifest(
             previous,
             cfg,
             paths,
-            actor_checkpoint=receipts.checkpoint("actor"),
+            actor_checkpoint=actor_checkpoint,
             critic_checkpoint=receipts.checkpoint("critic") or paths.url(previous.critic_checkpoint),
             data_cursor=receipts.generate.next_cursor,
             kl_coef=receipts.advantage.kl_coef,

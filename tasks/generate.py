@@ -12,6 +12,9 @@ so a retried or resumed iteration samples exactly what an uninterrupted one woul
 
 from __future__ import annotations
 
+from typing import cast
+from uuid import UUID
+
 import numpy as np
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
@@ -36,7 +39,8 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
     Outputs ``prompts``, ``rollout``; metrics ``rollout/*``, ``weight_sync_s``, ``data/*``.
     """
     cfg, ctx, n = step.cfg, step.ctx, step.n
-    progress = create_progress_artifact(0.0, description=f"iteration {n}: generation")
+    # a sync task: prefect's async_dispatch runs the sync implementation (typed UUID | Coroutine)
+    progress = cast(UUID, create_progress_artifact(0.0, description=f"iteration {n}: generation"))
     rows, next_cursor = ctx.inputs.dataset.take(
         cursor, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
     )
