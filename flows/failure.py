@@ -16,6 +16,7 @@ reports (this block replaces them) and the event and log workers' shutdown notes
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import traceback
 from collections.abc import Callable, Iterator
@@ -75,7 +76,8 @@ def _failed_task(flow_run_id: str | None) -> tuple[str | None, int]:
     failed = [r for r in runs if r.state is not None and r.state.is_failed()]
     if not failed:
         return None, 0
-    last = max(failed, key=lambda r: r.end_time or r.start_time or r.expected_start_time)
+    never = datetime.datetime.min.replace(tzinfo=datetime.UTC)  # a run with no time at all
+    last = max(failed, key=lambda r: r.end_time or r.start_time or r.expected_start_time or never)
     return last.name, int(last.run_count or 1)
 
 
