@@ -180,8 +180,8 @@ def _print_checkpoints(paths, n: int) -> None:
     if not rows:
         return
     by_iteration: dict[int, dict[str, dict]] = {}
-    for row in rows:
-        by_iteration.setdefault(row["iteration"], {})[row["role"]] = row
+    for entry in rows:
+        by_iteration.setdefault(entry["iteration"], {})[entry["role"]] = entry
     print(f"\ncheckpoints kept ({paths.root}/checkpoints):")
     print(f"  {'iteration':>9}  {'actor':>10}  {'critic':>10}  note")
     total = 0

@@ -260,8 +260,15 @@ def run_iterations(
             if due(ctx.cfg, n, last_of_run=i + 1 == iterations):  # on the actor group, holding update n
                 evaluated = evaluate.submit(ctx.key, n, ctx.paths.checkpoint("actor", n))
             start = start.after(receipts, one_step)
+            # Prefect resolves a future argument; submit's ParamSpec typing allows only a Manifest
             previous = commit.submit(
-                ctx.key, n, previous, receipts, started, start.rollout_record(), evaluation=evaluated
+                ctx.key,
+                n,
+                previous,  # type: ignore[arg-type]
+                receipts,
+                started,
+                start.rollout_record(),
+                evaluation=evaluated,
             )
             commits.add(previous)
             data = upcoming

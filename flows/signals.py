@@ -97,7 +97,7 @@ def exit_while_starting(what: str) -> None:
     SIGTERM while starting (``what`` had not begun)" to stderr and ends the process at once with
     status 143 or 130, running no cleanup: for a command's start, while it holds nothing (module
     docstring). Main thread only."""
-    lines = {
+    lines: dict[int, bytes] = {
         signum: f"ppoflow: stopped by {name} while starting ({what} had not begun)\n".encode()
         for signum, name in STOP_SIGNALS.items()
     }
