@@ -91,7 +91,7 @@ def every_problem(max_digit: int = 9) -> list[dict[str, Any]]:
     """Every distinct problem once, ``max(a,b)=`` for each ordered pair of digits: the demo's
     evaluation set. The task has only these (100 for digits 0..9), so the demo evaluates all of
     them, greedily: what the policy answers, not a sample at temperature 1."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for first in range(max_digit + 1):
         for second in range(max_digit + 1):
             question = f"max({first},{second})="

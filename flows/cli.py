@@ -29,7 +29,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ppoflow.flows import commands
 from ppoflow.flows.commands import CLIError
@@ -278,6 +278,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CLIError(
             f"the evaluation failed: {result}\n(logs: prefect flow-run logs {state.state_details.flow_run_id})"
         )
+    result = cast(dict[str, Any], result)  # completed: evaluate's return value, not an exception
     n = result["iteration"]
     print(
         evaluation_line(
