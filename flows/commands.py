@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import uuid
 from typing import Any
 
 __all__ = [
@@ -81,7 +82,12 @@ def experiment_config(text: str) -> Any:
     paths, manifest = read_state(text)
     if not manifest.config_history:
         raise CLIError(f"{paths.root} records no config; give the experiment's YAML config instead")
-    return load_config(paths.url(manifest.config_history[-1]["config"]))
+    cfg = load_config(paths.url(manifest.config_history[-1]["config"]))
+    # the experiment where it is now (it may have been copied or moved since the config was written)
+    parent, _, name = paths.root.rpartition("/")
+    return cfg.model_copy(
+        update={"storage": cfg.storage.model_copy(update={"root": parent, "experiment": name})}
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -111,8 +117,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = [
         ("experiment", f"{manifest.experiment}  ({paths.root})"),
         ("iteration", f"{n} (committed {manifest.committed_at}; created {manifest.created_at})"),
-        ("actor checkpoint", paths.url(manifest.actor_checkpoint)),
-        ("critic checkpoint", paths.url(manifest.critic_checkpoint) or "-"),
+        ("actor state", _state_line(paths, manifest, "actor")),
+        ("critic state", _state_line(paths, manifest, "critic")),
         (
             "data cursor",
             f"epoch {manifest.data_cursor.get('epoch')}, offset {manifest.data_cursor.get('offset')}",
@@ -144,6 +150,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif n == 0:
         print("\nno iteration has run yet (iteration 0 is the initial state)")
     return 0
+
+
+def _state_line(paths: Any, manifest: Any, role: str) -> str:
+    """Where ``role``'s state is: its checkpoint, or the snapshot a resume replays it from."""
+    state = manifest.state(role)
+    if state is None:
+        return "-"
+    chain = manifest.replay.get(role, [])
+    if not chain:
+        return f"{paths.url(state)} (a snapshot)"
+    return (
+        f"iteration {manifest.iteration}, rebuilt on resume from the snapshot {paths.url(manifest.snapshot(role))} "
+        f"by replaying {len(chain)} update(s) (iterations {chain[0]['iteration']}-{chain[-1]['iteration']})"
+    )
 
 
 def _print_evaluations(paths: Any, n: int) -> None:
@@ -239,8 +259,6 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     checkpoint = paths.url(source.get(f"{args.role}_checkpoint"))
     if checkpoint is None:
         raise CLIError(f"the experiment has no {args.role} checkpoint (is the critic disabled?)")
-    if not is_complete(checkpoint):
-        raise CLIError(f"checkpoint {checkpoint} is missing or incomplete")
     key = "model.path" if args.role == "actor" else "critic.model"
     base = manifest.identity.get(key) or manifest.identity.get("model.path")
     if not base or not os.path.isdir(base):
@@ -248,12 +266,28 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
             f"the experiment's base model {base!r} ({key}) is not a local directory; export_hf "
             "copies config and tokenizer from it"
         )
+    scratch = None
     try:
+        if not is_complete(checkpoint):  # not a snapshot iteration: rebuilt from the latest one
+            scratch = storage.join(paths.root, "scratch", f"export-{uuid.uuid4().hex[:12]}")
+            checkpoint = _rebuilt(args.experiment, args.role, checkpoint, scratch)
         out = export_hf(checkpoint, args.out, base, dtype=args.dtype)
     except (CheckpointError, ValueError, FileNotFoundError) as err:
         raise CLIError(str(err)) from None
+    finally:
+        if scratch is not None and storage.exists(scratch):
+            storage.rm(scratch, recursive=True)
     print(f"wrote a Hugging Face directory of the {args.role} at iteration {n} to {out}")
     return 0
+
+
+def _rebuilt(experiment: str, role: str, state: str, scratch: str) -> str:
+    """``state`` (not written) rebuilt by replay into a checkpoint under ``scratch``."""
+    from ppoflow.infra.data import storage
+    from ppoflow.tasks.run.materialize import materialize_state
+
+    cfg = experiment_config(experiment)
+    return materialize_state(cfg, role, state, storage.join(scratch, role), say=print)
 
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:

@@ -7,7 +7,8 @@ directory, on held-out prompts; the result is kept beside the iteration.
     evaluate("experiment.yaml", model="/models/my-hf-dir")   # any HF directory, with the config's settings
 
 The flow starts one worker group of its own (the policy and its rollout engine: no optimizer, no
-reference), loads the iteration's actor checkpoint into it, and runs the same generation and
+reference), loads the iteration's actor checkpoint into it (or rebuilds the state from the
+latest snapshot when the iteration is not one: the group then has the optimizer too), and runs the same generation and
 scoring as training's ``evaluate`` task (``ppoflow.tasks.evaluate``): for ``data.val_files`` the
 same responses and scores. It takes the machine's device slots but not the experiment lock: it
 reads committed checkpoints and writes only under ``iterations/<n>/eval/<files>/`` (a model
@@ -99,7 +100,9 @@ def evaluate(
     cfg, checkpoint, out_dir, tag, n = target_of(cfg, iteration, files, model)
     logger = get_run_logger()
     key = f"eval-{uuid.uuid4().hex[:12]}"
-    ctx = open_run(key, cfg, log=logger, roles={"actor": "rollout"})
+    # the policy and its engine; with its optimizer too when the state is rebuilt by replay
+    rebuild = checkpoint is not None and not is_complete(checkpoint)
+    ctx = open_run(key, cfg, log=logger, roles={"actor": "actor_rollout" if rebuild else "rollout"})
     what = f"iteration {n}" if n is not None else f"model {model}"
     logger.info(f"evaluating {what} of {ctx.paths.root} on {files} -> {out_dir}")
     with worker_groups(key), device_slots(cfg, logger.info, run_id=key, wait_log=logger.warning):

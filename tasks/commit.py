@@ -33,6 +33,7 @@ from ppoflow.infra.experiment.metrics import throughput_metrics
 from ppoflow.infra.experiment.retention import apply_retention
 from ppoflow.infra.faults import maybe_fail
 from ppoflow.tasks.receipts import IterationReceipts, Receipt
+from ppoflow.tasks.replay import replay_entry
 from ppoflow.tasks.run import get_run
 from ppoflow.tasks.step import TASK_OPTIONS, task_logs
 
@@ -103,8 +104,8 @@ def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, f
     """Wait for (or recover, concurrently per role) the iteration's checkpoints; their write metrics."""
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
-    urls = {role: receipts.checkpoint(role) for role in ("actor", "critic")}
-    wanted = {role: url for role, url in urls.items() if url is not None}
+    updates = {role: receipts.update_of(role) for role in ("actor", "critic")}
+    wanted = {r: u.checkpoints[r] for r, u in updates.items() if u is not None and r not in u.replay}
     with ThreadPoolExecutor(max_workers=len(wanted) or 1, thread_name_prefix="ppoflow-commit") as pool:
         jobs = [pool.submit(ctx.groups.materialize, role, url, logger.info) for role, url in wanted.items()]
         for job in jobs:
@@ -117,6 +118,17 @@ def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, f
             metrics[f"perf/checkpoint_bytes_{role}"] = float(marker["bytes"])
     metrics["timing_s/commit_wait_checkpoints"] = time.perf_counter() - t0
     return metrics
+
+
+def _updated(paths, receipts: IterationReceipts) -> dict[str, dict | None]:
+    """The roles iteration n updated: None where the state was written, else the update's record
+    for the manifest's replay chain (the batch hashed now, once)."""
+    out: dict[str, dict | None] = {}
+    for role in ("actor", "critic"):
+        update = receipts.update_of(role)
+        if update is not None:
+            out[role] = replay_entry(paths, update, role) if role in update.replay else None
+    return out
 
 
 def _evaluation_of_zero(paths) -> dict[str, float] | None:
@@ -176,6 +188,7 @@ def commit(
             metrics=metrics,
             rollout_checkpoints=rollout_checkpoints,
             before=_evaluation_of_zero(paths) if n == 1 else None,
+            updated=_updated(paths, receipts),
         )
         ctx.lock.check()
         publish(paths, manifest)

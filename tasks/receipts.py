@@ -53,7 +53,14 @@ class Receipt(BaseModel):
     task: str
     iteration: int
     outputs: dict[str, str] = Field(default_factory=dict, description="Arrow files by name (URLs)")
-    checkpoints: dict[str, str] = Field(default_factory=dict, description="checkpoints by role (URLs)")
+    checkpoints: dict[str, str] = Field(
+        default_factory=dict, description="the state each update left, by role (a checkpoint's URL)"
+    )
+    replay: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="roles whose state was not written (not a snapshot iteration): how to rebuild it, "
+        "{previous: state URL, batch: URL, method: the worker's update method}",
+    )
     metrics: dict[str, float] = Field(default_factory=dict)
     timing_s: float = 0.0
     finished_at: str = ""
@@ -106,13 +113,20 @@ def _map_urls(receipt: R, convert) -> R:
         update={
             "outputs": {k: convert(v) for k, v in receipt.outputs.items()},
             "checkpoints": {k: convert(v) for k, v in receipt.checkpoints.items()},
+            "replay": {
+                role: {**entry, "previous": convert(entry["previous"]), "batch": convert(entry["batch"])}
+                for role, entry in receipt.replay.items()
+            },
         }
     )
 
 
 def _complete(receipt: Receipt) -> bool:
+    """Every output exists, and every state is a complete checkpoint or can be rebuilt (its batch
+    is on storage: the state it started from was the previous iteration's)."""
     return all(storage.exists(u) for u in receipt.outputs.values()) and all(
-        is_complete(u) for u in receipt.checkpoints.values()
+        storage.exists(receipt.replay[role]["batch"]) if role in receipt.replay else is_complete(u)
+        for role, u in receipt.checkpoints.items()
     )
 
 
@@ -186,5 +200,9 @@ class IterationReceipts(BaseModel):
         return [self.generate, *self.scored, self.advantage, *self.updates]
 
     def checkpoint(self, role: str) -> str | None:
-        """The checkpoint of ``role`` an update of this iteration wrote (None: no update of it)."""
+        """The state of ``role`` an update of this iteration left (None: no update of it)."""
         return next((r.checkpoints[role] for r in self.updates if role in r.checkpoints), None)
+
+    def update_of(self, role: str) -> Receipt | None:
+        """The receipt of the update of ``role`` in this iteration (None: none ran)."""
+        return next((r for r in self.updates if role in r.checkpoints), None)

@@ -49,6 +49,7 @@ from ppoflow.infra.remote.driver.handle import WorkerHandle
 from ppoflow.infra.remote.errors import RankFailure
 from ppoflow.infra.rewards import RewardError
 from ppoflow.tasks.receipts import R, Receipt, find_receipt, input_stamps, write_receipt
+from ppoflow.tasks.replay import ReplayError
 from ppoflow.tasks.run import RunClosed, RunContext, get_run
 
 __all__ = [
@@ -88,6 +89,7 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     RewardError,
     IncompleteCheckpointError,
     CorruptCheckpointError,  # a file's size or content hash differs from its marker
+    ReplayError,  # a state to rebuild lost a batch (or its record): a rollback is the way out
     ExperimentLocked,
     ManifestConflict,
     RunClosed,
@@ -157,6 +159,7 @@ class Step(Generic[R]):
     kind: type[R]
     logger: Any
     held: list[str] = field(default_factory=list)
+    replays: dict[str, float] = field(default_factory=dict)  # states rebuilt for this task
 
     @property
     def cfg(self) -> ExperimentConfig:
@@ -182,7 +185,9 @@ class Step(Generic[R]):
         if role not in self.held:
             self.ctx.groups.acquire(role)
             self.held.append(role)
-        return self.ctx.groups.worker(role, state, progress=self.logger.info)
+        handle = self.ctx.groups.worker(role, state, progress=self.logger.info)
+        self.replays.update(self.ctx.groups.take_replays(role))
+        return handle
 
     def release(self) -> None:
         """Let go of the groups :meth:`worker` held (the decorator calls it)."""
@@ -220,7 +225,12 @@ def ppo_task(
                 finally:
                     step.release()
             receipt = receipt.model_copy(
-                update={"timing_s": timer.seconds, "finished_at": now_iso(), "inputs": inputs}
+                update={
+                    "timing_s": timer.seconds,
+                    "finished_at": now_iso(),
+                    "inputs": inputs,
+                    "metrics": {**receipt.metrics, **step.replays},
+                }
             )
             receipt = write_receipt(ctx.paths, receipt)
             faults.maybe_fail(name, "after", n)

@@ -13,6 +13,11 @@ only while its checkpoint is complete (``find_receipt``), so a rerun after a cra
 updates again from n-1. Within the run, a lost write is recomputed from its lineage
 (:mod:`ppoflow.tasks.checkpoints`).
 
+Only every ``checkpoint.snapshot_every``-th iteration writes its state (a snapshot). Any other
+iteration writes nothing: its receipt records how the state came about (the state it started
+from, the batch, the method), and a run that needs the state later rebuilds it by replaying the
+updates since the snapshot (:mod:`ppoflow.tasks.replay`).
+
 Metrics: ``timing_s/save_checkpoint_<role>`` is what the checkpoint cost this task (staging, plus
 waiting for the group's previous write if it was still running: ``timing_s/checkpoint_wait_<role>``),
 i.e. the checkpoint time on the iteration's critical path.
@@ -23,6 +28,7 @@ from __future__ import annotations
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
 from ppoflow.tasks.checkpoints import Lineage
 from ppoflow.tasks.receipts import AdvantageReceipt, Receipt
+from ppoflow.tasks.replay import update_blocks
 from ppoflow.tasks.step import Step, Timer, ppo_task
 
 __all__ = ["update_actor", "update_critic"]
@@ -37,7 +43,11 @@ def _update(
     worker = step.worker(role, previous)
     ctx.groups.set_state(role, None)  # the live module leaves checkpoint n-1 from here on
     data = advantages.output("advantages")
-    metrics = reduce_rank_metrics(getattr(worker, method)(data))
+    metrics = reduce_rank_metrics(getattr(worker, method)(data, dp_blocks=update_blocks(step.cfg, method)))
+    if step.n % step.cfg.checkpoint.snapshot_every:  # not a snapshot: the state is rebuilt when needed
+        ctx.groups.set_state(role, checkpoint)
+        replay = {role: {"previous": previous, "batch": data, "method": method}}
+        return step.receipt(checkpoints={role: checkpoint}, replay=replay, metrics=metrics)
     extra = {"iteration": step.n, "experiment": step.cfg.storage.experiment}
     with Timer() as save:
         per_rank = worker.save_checkpoint(checkpoint, extra=extra, background=background)

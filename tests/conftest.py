@@ -119,6 +119,9 @@ def flow_config(flow_assets):
             },
             "storage": {"root": root, "experiment": experiment},
             "resources": {"nprocs": 2, "device": "cpu"},
+            # every state written: the flow tests compare checkpoints of every iteration (the
+            # snapshot tests set snapshot_every themselves)
+            "checkpoint": {"snapshot_every": 1},
             "seed": 7,
         }
         return parse_config(apply_overrides(data, over), source="flow test config")

@@ -59,7 +59,17 @@ class RendezvousConfig(Section):
 
 
 class CheckpointConfig(Section):
-    """The actor's and critic's sharded checkpoints, one per committed iteration."""
+    """The actor's and critic's sharded checkpoints: a snapshot every ``snapshot_every`` iterations;
+    every committed iteration in between is rebuilt from the latest snapshot by replaying its
+    stored updates (docs/checkpoints.md)."""
+
+    snapshot_every: int = Field(
+        10,
+        ge=1,
+        description="write the model and optimizer state every k-th iteration; the iterations in "
+        "between commit without writing it, and are rebuilt when needed (a resume, export-hf, eval, "
+        "rollback) by replaying their updates from the stored batches. 1: write every iteration",
+    )
 
     async_save: bool = Field(
         True,
@@ -67,7 +77,10 @@ class CheckpointConfig(Section):
         "next iteration does not); false: the update tasks write before they finish",
     )
     keep_last: int | None = Field(
-        3, ge=1, description="keep the checkpoints of the last K committed iterations; null = keep all"
+        3,
+        ge=1,
+        description="keep what the last K committed iterations need (their snapshot, or their own "
+        "checkpoint); null = keep all",
     )
     keep_every: int = Field(
         0, ge=0, description="also keep every M-th iteration's checkpoints (0 = none beyond keep_last)"

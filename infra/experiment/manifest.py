@@ -149,10 +149,25 @@ class Manifest:
     # what iteration n+1's rollout and values use when not actor/critic_checkpoint (one-step
     # off-policy: the checkpoints of iteration n-1); {"actor": ref, "critic": ref}; None = those
     rollout_checkpoints: dict[str, str | None] | None = None
+    # per role, the updates since its last written state (snapshot), oldest first: {iteration,
+    # state, previous, batch, bytes, xxh3} (ppoflow.tasks.replay); empty: its state is written
+    replay: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def state(self, role: str) -> str | None:
+        """The reference of ``role``'s state after this iteration (written or to be replayed)."""
+        return self.actor_checkpoint if role == "actor" else self.critic_checkpoint
+
+    def snapshot(self, role: str) -> str | None:
+        """The written state ``role``'s state is rebuilt from (the state itself when written)."""
+        chain = self.replay.get(role)
+        return chain[0]["previous"] if chain else self.state(role)
 
     def checkpoints(self) -> list[str]:
-        """Every checkpoint this manifest needs (relative references)."""
-        refs = [self.actor_checkpoint, self.critic_checkpoint, *(self.rollout_checkpoints or {}).values()]
+        """Every checkpoint this manifest needs on storage (relative references): each role's
+        snapshot, and the rollout's when it is not a replayed state of the chains."""
+        replayed = {entry["state"] for chain in self.replay.values() for entry in chain}
+        refs = [self.snapshot("actor"), self.snapshot("critic")]
+        refs += [r for r in (self.rollout_checkpoints or {}).values() if r not in replayed]
         return sorted({r for r in refs if r})
 
     def to_json(self) -> dict[str, Any]:
@@ -247,10 +262,13 @@ def next_manifest(
     metrics: dict[str, Any],
     rollout_checkpoints: dict[str, str | None] | None = None,
     before: dict[str, Any] | None = None,
+    updated: dict[str, dict[str, Any] | None] | None = None,
 ) -> Manifest:
     """Manifest ``prev.iteration + 1`` after an iteration ran with ``cfg``. ``before``: metrics of
     iteration ``prev.iteration`` measured after it was committed (the evaluation of iteration 0,
-    which runs once manifest 0 exists), added to the trend ahead of the new iteration's row."""
+    which runs once manifest 0 exists), added to the trend ahead of the new iteration's row.
+    ``updated``: the roles this iteration updated, each with None (its state was written) or the
+    record of the update to replay (``ppoflow.tasks.replay.replay_entry``)."""
     n = prev.iteration + 1
     row = {"iteration": n, **{k: metrics[k] for k in TREND_KEYS if k in metrics}}
     rows = (
@@ -274,7 +292,19 @@ def next_manifest(
             if rollout_checkpoints
             else None
         ),
+        replay=_chains(prev.replay, updated or {}),
     )
+
+
+def _chains(
+    previous: dict[str, list[dict[str, Any]]], updated: dict[str, dict[str, Any] | None]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each role's updates since its last written state: a written state ends the chain, a
+    replayed one extends it, a role not updated keeps its chain."""
+    chains = {role: list(chain) for role, chain in previous.items()}
+    for role, entry in updated.items():
+        chains[role] = [] if entry is None else [*chains.get(role, []), entry]
+    return {role: chain for role, chain in chains.items() if chain}
 
 
 def publish(paths: ExperimentPaths, manifest: Manifest) -> None:

@@ -120,9 +120,10 @@ def throughput_metrics(total_tokens: float, seconds: float, nprocs: int) -> dict
 
 
 def is_timing_key(key: str) -> bool:
-    """True for metrics that measure time (they differ between otherwise identical runs)."""
+    """True for metrics that measure time, or how a run went (a state rebuilt by replay): they
+    differ between runs that commit the same iteration."""
     return (
-        key.startswith(("timing_s/", "perf/"))
+        key.startswith(("timing_s/", "perf/", "replay/"))
         or key.endswith("_s")
         or "tokens_per_s" in key
         or key.endswith("/throughput")

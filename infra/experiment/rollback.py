@@ -3,9 +3,10 @@
     manifest = rollback(ExperimentPaths(url), 5)
 
 1. Under the experiment lock (no run may be active), read ``iterations/N/manifest.json``.
-2. Verify every checkpoint it names (every file's size and content hash): a missing, incomplete,
-   damaged or weights-only checkpoint refuses the rollback, naming it and the iterations that
-   could be used instead.
+2. Verify every checkpoint it needs (every file's size and content hash) and, for a state that
+   is rebuilt from a snapshot, every batch its updates replay (size and hash as committed): a
+   missing, incomplete, damaged or weights-only checkpoint, or a missing or changed batch, refuses
+   the rollback, naming it and the iterations that could be used instead.
 3. Remove the task receipts of the iterations after N, so a rerun computes them again instead of
    reusing work from the abandoned timeline (their data and checkpoints stay on storage; rerun
    iterations replace them, retention removes what no kept manifest needs).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import uuid
 
+from ppoflow.infra.checkpoint.integrity import hash_file
 from ppoflow.infra.checkpoint.marker import ROLLBACK_HINT, CheckpointError, verify_checkpoint
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.lock import ExperimentLock
@@ -33,14 +35,23 @@ class RollbackRefused(CheckpointError):
 
 
 def restorable_iterations(paths: ExperimentPaths, up_to: int) -> list[int]:
-    """Iterations <= ``up_to`` whose manifest copy exists and whose actor checkpoint is on storage
-    with optimizer state (a quick check from the markers; :func:`rollback` verifies in full)."""
+    """Iterations <= ``up_to`` whose manifest copy exists and whose actor state is on storage with
+    optimizer state, or is rebuilt from a snapshot that is (a quick check from the markers and the
+    manifests; :func:`rollback` verifies in full)."""
     resumable = {
-        row["iteration"]
+        paths.ref(paths.checkpoint("actor", row["iteration"]))
         for row in checkpoint_sizes(paths, up_to)
         if row["role"] == "actor" and row["resumable"]
     }
-    return [k for k in sorted(resumable) if storage.exists(paths.file(k, "manifest.json"))]
+    out = []
+    for k in range(up_to + 1):
+        url = paths.file(k, "manifest.json")
+        if (
+            storage.exists(url)
+            and Manifest.from_json(storage.read_json(url), url).snapshot("actor") in resumable
+        ):
+            out.append(k)
+    return out
 
 
 def _refuse(paths: ExperimentPaths, to: int, current: int, why: str) -> RollbackRefused:
@@ -72,7 +83,8 @@ def rollback(paths: ExperimentPaths, to: int, verify: bool = True) -> Manifest:
             raise _refuse(
                 paths, to, current.iteration, f"{url} is the manifest of iteration {target.iteration}"
             )
-        own = [r for r in (target.actor_checkpoint, target.critic_checkpoint) if r]
+        _verify_replay(paths, target, current.iteration)
+        own = [r for r in (target.snapshot("actor"), target.snapshot("critic")) if r]
         for ref in [*own, *(r for r in target.checkpoints() if r not in own)]:
             checkpoint = paths.url(ref)
             try:
@@ -93,6 +105,28 @@ def rollback(paths: ExperimentPaths, to: int, verify: bool = True) -> Manifest:
         _forget_later_receipts(paths, to)
         storage.write_json_atomic(paths.manifest, target.to_json())
     return target
+
+
+def _verify_replay(paths: ExperimentPaths, target: Manifest, current: int) -> None:
+    """The batches ``target``'s states are replayed from must be as their commits recorded them."""
+    for role, chain in target.replay.items():
+        for entry in chain:
+            url = paths.url(entry["batch"])
+            if not storage.exists(url):
+                raise _refuse(
+                    paths,
+                    target.iteration,
+                    current,
+                    f"the {role}'s state is rebuilt from {url}, which is missing",
+                )
+            fs, path = storage.url_to_fs(url)
+            if hash_file(fs, path) != (entry["bytes"], entry["xxh3"]):
+                raise _refuse(
+                    paths,
+                    target.iteration,
+                    current,
+                    f"the {role}'s state is rebuilt from {url}, which is damaged",
+                )
 
 
 def _forget_later_receipts(paths: ExperimentPaths, to: int) -> None:

@@ -164,13 +164,24 @@ def _check_checkpoints(cfg: ExperimentConfig, c: Checks) -> None:
         c.ok("checkpoints: a new experiment (no manifest yet)")
         return
     n = manifest.iteration
-    for role, ref in (("actor", manifest.actor_checkpoint), ("critic", manifest.critic_checkpoint)):
-        url = paths.url(ref)
+    for role in ("actor", "critic"):
+        url = paths.url(manifest.snapshot(role))  # the written state the run loads (and replays from)
         if url is None:
             continue
         why = checkpoint_problem(url)
         if why is not None:
             c.problem(f"{paths.manifest} ({role} checkpoint of iteration {n})", why, rollback_hint(paths, n))
+        for entry in manifest.replay.get(role, []):
+            batch = paths.url(entry["batch"])
+            if not storage.exists(batch):
+                first = int(entry["previous"].rstrip("/").rsplit("/", 1)[-1])
+                c.problem(
+                    f"{paths.manifest} ({role} state of iteration {n})",
+                    f"it is rebuilt by replaying the updates since iteration {first}, and the batch {batch} "
+                    f"of iteration {entry['iteration']} is missing",
+                    rollback_hint(paths, first + 1),
+                )
+                break
     if not any(p.where.startswith(paths.manifest) for p in c.problems):
         c.ok(f"checkpoints: iteration {n}'s are complete")
 

@@ -31,6 +31,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ from ppoflow.infra.remote.driver.launchers import Launcher
 from ppoflow.infra.remote.driver.rendezvous import RendezvousLauncher
 from ppoflow.infra.remote.errors import RankFailure, WorkerGroupDead
 from ppoflow.tasks.checkpoints import Writes
+from ppoflow.tasks.replay import committed_chain, replay_chain, state_iteration, update_blocks, verify_batch
 
 __all__ = ["RunGroups", "RunClosed", "WORKERS", "ROLE_NAMES"]
 
@@ -100,6 +102,7 @@ class RunGroups:
         self._slots = {role: _Slot() for role in WORKERS}
         self._hub: ClusterHub | None = None
         self._hub_lock = threading.Lock()
+        self._replays: dict[str, list[dict[str, float]]] = {}
         self.closed = False
 
     # ------------------------------------------------------------------ state
@@ -130,9 +133,13 @@ class RunGroups:
 
     def _load(self, role: str, slot: _Slot, state: str, progress: Callable[[str], None]) -> None:
         """Make ``role``'s live module equal checkpoint ``state`` (``slot.lock`` held): wait for
-        this run's background write of it, or recompute it from its lineage if it was lost."""
+        this run's background write of it, recompute it from its lineage if that write was lost,
+        or rebuild it from the latest snapshot by replaying the stored updates since."""
         problem = self.writes.wait(state)
         lineage = self.writes.lineage(state)
+        if problem is not None and lineage is None and not is_complete(state):
+            self._replay(role, slot, state, progress)
+            return
         if problem is not None and lineage is not None and not is_complete(state):
             faults.note_rank_failure(faults.CHECKPOINT_WRITE)
             progress(
@@ -142,12 +149,51 @@ class RunGroups:
             if slot.state != lineage.previous:
                 self._load(role, slot, lineage.previous, progress)
             slot.state = None
-            self.call(role, lineage.method, lineage.data_url)
+            self.call(
+                role, lineage.method, lineage.data_url, dp_blocks=update_blocks(self.cfg, lineage.method)
+            )
             self.call(role, "save_checkpoint", state, extra=lineage.extra)
             self.writes.started(lineage, slot.group, background=False)
         else:
             self.call(role, "load_checkpoint", state)
         slot.state = state
+
+    def _replay(self, role: str, slot: _Slot, state: str, progress: Callable[[str], None]) -> None:
+        """Rebuild ``state`` (not written: not a snapshot iteration) from the stored state its
+        chain starts at, running its updates again (from the live module where it already holds a
+        state of the chain); the seconds it took go to :meth:`take_replays`."""
+        t0 = time.perf_counter()
+        base, steps = replay_chain(self.paths, role, state)
+        chain = [base, *(s.state for s in steps)]
+        start = chain.index(slot.state) if slot.state in chain else 0
+        if start == 0:
+            self.call(role, "load_checkpoint", base)
+            slot.state = base
+        records = committed_chain(self.paths, role, state)
+        for step in steps[start:]:
+            verify_batch(self.paths, step, records)
+            slot.state = None  # the live module is between states until the update returns
+            self.call(role, step.method, step.batch, dp_blocks=update_blocks(self.cfg, step.method))
+            slot.state = step.state
+        seconds = time.perf_counter() - t0
+        done = len(steps) - start
+        self._replays.setdefault(role, []).append({"updates": done, "seconds": seconds})
+        progress(
+            f"rebuilt the {role}'s state of iteration {state_iteration(state)}: "
+            + (f"loaded {self.paths.ref(base)}, " if start == 0 else "from the live group, ")
+            + f"replayed {done} update(s) in {seconds:.1f} s"
+        )
+
+    def take_replays(self, role: str) -> dict[str, float]:
+        """Metrics of the replays of ``role`` since the last call (``replay/<role>_updates``,
+        ``timing_s/replay_<role>``), for the task that caused them."""
+        done = self._replays.pop(role, [])
+        if not done:
+            return {}
+        return {
+            f"replay/{role}_updates": float(sum(r["updates"] for r in done)),
+            f"timing_s/replay_{role}": float(sum(r["seconds"] for r in done)),
+        }
 
     def materialize(self, role: str, url: str, progress: Callable[[str], None] | None = None) -> None:
         """Make sure checkpoint ``url`` of ``role`` is complete on storage: wait for its background

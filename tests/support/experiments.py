@@ -84,3 +84,43 @@ def commit_tiny_iterations(cfg, last: int = 1) -> ExperimentPaths:
         )
         publish(paths, manifest)
     return paths
+
+
+def optimizer_tensors(checkpoint_url: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's optimizer state (``optim/``), by path, read with torch's
+    own DCP -> torch.save converter (one process, no ranks)."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out: dict[str, torch.Tensor] = {}
+
+    def flat(value, prefix: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                flat(v, f"{prefix}/{k}")
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                flat(v, f"{prefix}/{i}")
+        elif isinstance(value, torch.Tensor):
+            out[prefix] = value
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(storage.join(checkpoint_url, "optim"), os.path.join(tmp, "optim.pt"))
+        flat(torch.load(os.path.join(tmp, "optim.pt"), weights_only=True), "")
+    return out
+
+
+def assert_same_state(url_a: str, url_b: str, exact: bool = True, atol: float = 0.0) -> None:
+    """Two checkpoints hold the same state: weights, optimizer state and every rank's RNG (bit for
+    bit with ``exact``, else within ``atol``)."""
+    for read in (load_full_state_dict, optimizer_tensors):
+        a, b = read(url_a), read(url_b)
+        assert a.keys() == b.keys()
+        if exact:
+            diff = [k for k in a if not torch.equal(a[k], b[k])]
+        else:
+            diff = [k for k in a if not torch.allclose(a[k].double(), b[k].double(), rtol=0, atol=atol)]
+        assert not diff, f"{url_a} and {url_b} differ in {diff[:5]}"
+    if exact:
+        assert rng_states(url_a) == rng_states(url_b)

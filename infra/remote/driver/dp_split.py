@@ -30,6 +30,7 @@ class ProtoSplit:
     pad_size: int
     padded_len: int
     dp_size: int
+    by_blocks: bool = False
 
     def calls(
         self, cid: int, method: str, args: list[Any], kwargs: dict[str, Any], call_dir: str
@@ -48,23 +49,45 @@ class ProtoSplit:
         ]
 
 
-def split_proto(data_url: str, world_size: int, layout: list[Layout], out_dir: str) -> ProtoSplit:
+def split_proto(
+    data_url: str, world_size: int, layout: list[Layout], out_dir: str, blocks: int | None = None
+) -> ProtoSplit:
     """Load the DataProto at ``data_url``, pad it to a multiple of ``world_size`` (and of dp_size),
     split it into ``dp_size`` chunks and save chunk ``i`` as ``out_dir/in-<i>.arrow``.
 
     ``layout[r]`` is rank r's layout; every rank must report the same dp_size. Returns the chunk
     URL of each rank (ranks with the same dp_rank share a chunk).
+
+    ``blocks``: instead of consecutive chunks, every rank gets its ``1/dp_size`` of each block of
+    ``blocks`` consecutive rows, in block order (no padding; the last block may be shorter when it
+    still divides among the ranks, else the split falls back to consecutive chunks). A PPO update
+    passes its mini-batch size, so mini-batch j holds the same rows whatever the number of ranks:
+    an update made on N ranks is the same step on M (up to the order of float sums).
     """
     sizes = {entry.dp_size for entry in layout}
     if len(sizes) != 1:
         raise ValueError(f"ranks disagree on dp_size: {[e.dp_size for e in layout]}")
     dp_size = sizes.pop()
     data = DataProto.load(data_url)
-    padded, pad_size = data.pad_to_divisor(math.lcm(world_size, dp_size))
     urls = [os.path.join(out_dir, f"in-{i}.arrow") for i in range(dp_size)]
+    if blocks is not None and blocks % dp_size == 0 and len(data) % blocks % dp_size == 0:
+        for url, chunk in zip(urls, _block_shares(data, blocks, dp_size)):
+            chunk.save(url)
+        return ProtoSplit([urls[e.dp_rank] for e in layout], 0, len(data), dp_size, by_blocks=True)
+    padded, pad_size = data.pad_to_divisor(math.lcm(world_size, dp_size))
     for url, chunk in zip(urls, padded.chunk(dp_size)):
         chunk.save(url)
     return ProtoSplit([urls[e.dp_rank] for e in layout], pad_size, len(padded), dp_size)
+
+
+def _block_shares(data: DataProto, blocks: int, dp_size: int) -> list[DataProto]:
+    """Each data-parallel rank's share of every block of ``blocks`` rows (see :func:`split_proto`)."""
+    shares: list[list[int]] = [[] for _ in range(dp_size)]
+    for start in range(0, len(data), blocks):
+        share = (min(blocks, len(data) - start)) // dp_size
+        for dp in range(dp_size):
+            shares[dp].extend(range(start + dp * share, start + (dp + 1) * share))
+    return [data[rows] for rows in shares]
 
 
 def merge_results(
@@ -84,6 +107,8 @@ def merge_results(
         return [r.result for r in replies]
     if "json" in kinds and any(r.result is not None for r in replies if r.kind == "json"):
         raise TypeError(f"{method}: some ranks returned a DataProto and others JSON")
+    if split.by_blocks:
+        raise TypeError(f"{method}: the outputs of a split by blocks are not in the input's row order")
     outs = sorted((layout[rank].dp_rank, rank) for rank, r in enumerate(replies) if r.kind == "dataproto")
     if [dp for dp, _ in outs] != list(range(split.dp_size)):
         raise ValueError(

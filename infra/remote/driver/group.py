@@ -139,8 +139,7 @@ class WorkerGroup:
     # ------------------------------------------------------------------ lifecycle
     @property
     def alive(self) -> bool:
-        """True while the group is started, has not failed or been shut down, and its launched
-        processes run."""
+        """True while the group is started, not failed nor shut down, and its processes run."""
         return self._state == "running" and self.launcher.failure() is None
 
     @property
@@ -150,8 +149,7 @@ class WorkerGroup:
 
     @property
     def launcher_pid(self) -> int | None:
-        """Pid of the local torchrun process (each rank runs in a session of its own below it);
-        None for groups whose ranks run elsewhere."""
+        """Pid of the local torchrun process (None for groups whose ranks run elsewhere)."""
         return getattr(self.launcher, "pid", None)
 
     def output_tail(self, n: int = 200) -> str:
@@ -190,8 +188,7 @@ class WorkerGroup:
         self.start_s = time.monotonic() - t0
 
     def _accept_all(self, deadline: float) -> None:
-        """Take the N rank links and their hellos from the launcher, watching it; fail with the
-        output tail."""
+        """Take the N rank links and their hellos from the launcher, watching it."""
         by_rank: dict[int, Connection] = {}
         while len(by_rank) < self.nprocs:
             now, cause = time.monotonic(), self.launcher.failure()
@@ -261,16 +258,18 @@ class WorkerGroup:
         self.shutdown()
 
     # ------------------------------------------------------------------ calls
-    def call(self, method: str, *args: Any, out_url: str | None = None, **kwargs: Any) -> Any:
+    def call(
+        self, method: str, *args: Any, out_url: str | None = None, dp_blocks: int | None = None, **kwargs: Any
+    ) -> Any:
         """Call ``method`` on the ranks according to its dispatch mode.
 
         ONE_TO_ALL -> list of per-rank JSON results; RANK_ZERO -> rank 0's result;
         DP_COMPUTE_PROTO: ``call(method, data_url, *json_args, out_url=..., **json_kwargs)`` ->
         ``out_url`` where the merged DataProto was saved (default: a file in the scratch dir,
-        deleted at shutdown), or the list of per-rank JSON results if the method returns dicts.
+        deleted at shutdown), or the list of per-rank JSON results if the method returns dicts;
+        ``dp_blocks``: split by blocks of rows instead of consecutive chunks (``split_proto``).
         Raises ``RankFailure`` (group killed) if a rank raises or dies, ``WorkerGroupDead`` on a
-        dead group, ``AttributeError`` (group kept) for an unregistered method.
-        """
+        dead group, ``AttributeError`` (group kept) for an unregistered method."""
         with self._lock:
             if self._state != "running":
                 raise WorkerGroupDead(self._dead_message())
@@ -286,16 +285,18 @@ class WorkerGroup:
             json.dumps([args, kwargs])  # a TypeError here leaves the group intact
             cid = next(self._ids)
             if mode is Dispatch.DP_COMPUTE_PROTO:
-                return self._call_dp(cid, method, args, kwargs, out_url)
-            if out_url is not None:
-                raise TypeError(f"out_url is only for DP_COMPUTE_PROTO methods; {method} is {mode.value}")
+                return self._call_dp(cid, method, args, kwargs, out_url, dp_blocks)
+            if out_url is not None or dp_blocks is not None:
+                raise TypeError(
+                    f"out_url and dp_blocks are for DP_COMPUTE_PROTO methods; {method} is {mode.value}"
+                )
             msg = Call(id=cid, method=method, args=list(args), kwargs=kwargs)
             replies = self._round_trip(method, [msg] * self.nprocs)
             results = [replies[r].result for r in range(self.nprocs)]
             return results if mode is Dispatch.ONE_TO_ALL else results[0]
 
     def _call_dp(
-        self, cid: int, method: str, args: tuple, kwargs: dict[str, Any], out_url: str | None
+        self, cid: int, method: str, args: tuple, kwargs: dict, out_url: str | None, blocks: int | None
     ) -> Any:
         """DP_COMPUTE_PROTO: split ``args[0]`` (a DataProto URL) by dp_rank, run, merge."""
         if not args or not isinstance(args[0], str):
@@ -306,7 +307,7 @@ class WorkerGroup:
         assert self.launcher.scratch is not None  # a running group's launcher has its scratch space
         call_dir = storage.join(self.launcher.scratch, f"call-{cid:06d}")
         try:
-            split = split_proto(args[0], self.nprocs, self.layout, call_dir)
+            split = split_proto(args[0], self.nprocs, self.layout, call_dir, blocks=blocks)
             layout = self.layout  # the layout the data was split with
             replies = self._round_trip(method, split.calls(cid, method, list(args[1:]), kwargs, call_dir))
             dest = out_url or storage.join(self.launcher.scratch, f"out-{cid:06d}.arrow")
