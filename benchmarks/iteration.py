@@ -234,7 +234,7 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             ),
             "gpu_memory_utilization": args.gpu_memory_utilization,
             "enforce_eager": args.eager,
-            "max_num_seqs": args.max_num_seqs or max(256, args.prompts * args.n * args.tp // args.ranks),
+            "max_num_seqs": args.max_num_seqs or "auto",
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "sleep_level": args.sleep_level,
             "weight_loader": args.loader,

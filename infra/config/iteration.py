@@ -41,7 +41,12 @@ class RolloutConfig(Section):
         description="GPU: vLLM starts only if this share of the device is free; with kv_cache_gib None "
         "it is also the engine's whole budget (weights, activations, CUDA graphs, KV cache)",
     )
-    max_num_seqs: int = Field(256, ge=1, description="most sequences one engine decodes at once")
+    max_num_seqs: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="most sequences one engine decodes at once; auto = the engine's share of a training "
+        "batch (data.train_batch_size x rollout.n over the engines, at most 1024), so a rollout decodes "
+        "in one wave (on GPU the auto KV cache is sized to hold it)",
+    )
     max_num_batched_tokens: int | None = Field(
         None, ge=1, description="tokens per engine step (chunked prefill budget); None = vLLM's default"
     )
@@ -69,6 +74,12 @@ class RolloutConfig(Section):
     )
     seed: int = 0
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
+
+    def engine_seqs(self, sequences: int | None) -> int:
+        """``max_num_seqs`` for an engine holding ``sequences`` of a batch (None: unknown, 256)."""
+        if self.max_num_seqs != "auto":
+            return self.max_num_seqs
+        return max(1, min(1024, sequences or 256))
 
 
 class KLControlConfig(Section):

@@ -90,7 +90,13 @@ def set_engine_env() -> None:
 
 
 def engine_kwargs_for(
-    config: RolloutConfig, *, cpu: bool, tp_size: int, dp_rank: int, kv_bytes: int | None = None
+    config: RolloutConfig,
+    *,
+    cpu: bool,
+    tp_size: int,
+    dp_rank: int,
+    kv_bytes: int | None = None,
+    sequences: int | None = None,
 ) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments from the ``rollout`` section (checked against vLLM 0.25.1's
     GPU and 0.32's CPU ``EngineArgs``), without the model, tokenizer, dtype and load format.
@@ -100,6 +106,7 @@ def engine_kwargs_for(
     ``enforce_eager``, ``gpu_memory_utilization``, sleep mode (the sharding manager frees the
     engine's memory between rollouts) and ``kv_cache_memory_bytes``: ``kv_bytes`` for "auto"
     (:func:`auto_kv_cache_bytes`), ``kv_cache_gib`` GiB, or unset (None: vLLM's profiling).
+    ``sequences``: the engine's share of a batch, what ``max_num_seqs: auto`` becomes.
     """
     eager = config.enforce_eager if config.enforce_eager is not None else cpu
     kwargs: dict[str, Any] = dict(
@@ -107,7 +114,7 @@ def engine_kwargs_for(
         seed=config.seed + dp_rank,
         enforce_eager=eager,
         max_model_len=config.prompt_length + config.response_length,
-        max_num_seqs=config.max_num_seqs,
+        max_num_seqs=config.engine_seqs(sequences),
         logprobs_mode="processed_logprobs",
         enable_prefix_caching=True,
     )

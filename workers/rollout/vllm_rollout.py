@@ -81,7 +81,7 @@ class VLLMRollout(Rollout):
         load_format: vLLM load format ("auto", or "dummy" when the first push always comes before
             the first rollout).
         sequences: the most sequences this engine holds at once (its share of a rollout); sizes the
-            GPU KV cache when ``rollout.kv_cache_gib`` is "auto" (default: ``max_num_seqs``).
+            GPU KV cache when ``rollout.kv_cache_gib`` is "auto" and ``max_num_seqs`` when "auto".
         engine_kwargs: extra ``vllm.LLM`` keyword arguments (override the derived ones).
         warmup: run one tiny request at start-up (compiles vLLM's log-prob kernel outside the
             first rollout's timing).
@@ -158,7 +158,12 @@ class VLLMRollout(Rollout):
             kwargs["distributed_executor_backend"] = "external_launcher"
         kv_bytes = self._auto_kv_bytes(model_path, trust_remote_code, dtype, sequences)
         settings = engine_kwargs_for(
-            self.config, cpu=self.cpu, tp_size=self.tp_size, dp_rank=self.dp_rank, kv_bytes=kv_bytes
+            self.config,
+            cpu=self.cpu,
+            tp_size=self.tp_size,
+            dp_rank=self.dp_rank,
+            kv_bytes=kv_bytes,
+            sequences=sequences,
         )
         kwargs.update({**settings, **overrides})
         return kwargs
@@ -171,7 +176,9 @@ class VLLMRollout(Rollout):
         config = self.config
         if self.cpu or config.kv_cache_gib != "auto":
             return None
-        seqs = min(config.max_num_seqs, sequences or config.max_num_seqs)
+        seqs = config.engine_seqs(sequences)
+        if sequences:
+            seqs = min(seqs, sequences)
         per_token = kv_bytes_per_token(model_path, trust_remote_code, dtype, self.tp_size)
         return auto_kv_cache_bytes(per_token, seqs, config.prompt_length + config.response_length)
 

@@ -57,6 +57,17 @@ def test_gpu_defaults_graphs_sleep_mode_and_batch_sized_kv():
     assert graphs_on_cpu["enforce_eager"] is False
 
 
+def test_auto_max_num_seqs_is_the_engines_share_of_the_batch():
+    """One wave per rollout: auto is the engine's sequences (capped), a number given stays."""
+    auto = RolloutConfig()
+    assert engine_kwargs_for(auto, cpu=True, tp_size=1, dp_rank=0, sequences=1024)["max_num_seqs"] == 1024
+    assert engine_kwargs_for(auto, cpu=True, tp_size=1, dp_rank=0, sequences=3)["max_num_seqs"] == 3
+    assert engine_kwargs_for(auto, cpu=True, tp_size=1, dp_rank=0, sequences=10**5)["max_num_seqs"] == 1024
+    assert engine_kwargs_for(auto, cpu=True, tp_size=1, dp_rank=0)["max_num_seqs"] == 256
+    fixed = RolloutConfig(max_num_seqs=64)
+    assert engine_kwargs_for(fixed, cpu=True, tp_size=1, dp_rank=0, sequences=1024)["max_num_seqs"] == 64
+
+
 def test_auto_kv_budget_matches_vllms_page_formula(tmp_path):
     """Qwen2.5-0.5B: 24 layers, 2 KV heads of 64 dims, bf16. vLLM's page of a full-attention layer is
     2 (K and V) x block_size x kv_heads x head_size x dtype bytes (vllm/v1/kv_cache_interface.py)."""
