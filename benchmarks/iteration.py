@@ -107,6 +107,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--sync-checkpoints", action="store_true", help="write checkpoints inside the update tasks"
     )
+    p.add_argument(
+        "--snapshot-every", type=int, default=None, help="checkpoint.snapshot_every (default: the config's)"
+    )
     p.add_argument("--overlap", choices=["none", "one_step"], default="none", help="algorithm.overlap")
     p.add_argument("--storage", default=None, help="where the experiment goes (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
@@ -263,7 +266,11 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
         "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True, "overlap": args.overlap},
         "storage": {"root": root, "experiment": "bench"},
         "resources": {"nprocs": args.ranks, "device": args.device},
-        "checkpoint": {"async_save": not args.sync_checkpoints, "keep_last": 2},
+        "checkpoint": {
+            "async_save": not args.sync_checkpoints,
+            "keep_last": 2,
+            **({"snapshot_every": args.snapshot_every} if args.snapshot_every else {}),
+        },
     }
 
 
@@ -321,7 +328,8 @@ def report(
         f"{args.device}, engine {engine}, {args.prompts} prompts x {args.n}, prompt {args.prompt_len}, "
         f"response {args.response_len} (mean {mean(rows, 'response_length/mean'):.1f}), "
         f"{'packed micro-batches (dynamic bsz)' if args.dynamic_bsz else 'padded micro-batches'}; "
-        f"checkpoints {'sync' if args.sync_checkpoints else 'async'}, overlap {args.overlap}; "
+        f"checkpoints {'sync' if args.sync_checkpoints else 'async'}, snapshot every "
+        f"{args.snapshot_every or 'default'}, overlap {args.overlap}; "
         f"mean of {len(rows)} warm iteration(s)",
         "",
         f"{'stage':<22}{'seconds':>10}{'tokens/s':>12}",
@@ -396,6 +404,14 @@ def report(
         f"(weight sync {m('weight_sync_s'):.3f} s, checkpoints "
         f"{max(m('timing_s/save_checkpoint_actor'), m('timing_s/save_checkpoint_critic')):.3f} s on the critical path)"
     )
+    stamps = [r.get("time/committed_unix_s") for r in ([before] if before else []) + rows]
+    gaps = [
+        f"{r['iteration']}: {b - a:.2f} s{' (snapshot)' if 'timing_s/save_checkpoint_actor' in r else ''}"
+        for r, a, b in zip(rows, stamps, stamps[1:])
+        if a is not None and b is not None
+    ]
+    if gaps:
+        lines.append("between commits, per iteration: " + "; ".join(gaps))
     run = summary(args, rows, mean, resp_tokens, all_tokens)
     run.update(iteration_between_commits_s=interval, checkpoint_critical_path_s=critical)
     more = [*comparison_lines(args, run, load_baseline(args.baseline)), *memory_lines(rows, mean), *extra]

@@ -42,11 +42,8 @@ def materialize_state(
     key = f"materialize-{uuid.uuid4().hex[:12]}"
     ctx = open_run(key, cfg, log=_Say(say), roles={role: BUILD_ROLES[role]})
     with worker_groups(key), device_slots(cfg, say, run_id=key, wait_log=say):
-        with worker_groups(key):
-            if not is_complete(state):
-                say(f"{state} is not a snapshot: rebuilding it from the latest one")
-            ctx.groups.group(role, state, progress=say)
-            ctx.groups.call(
-                role, "save_checkpoint", out_url, extra={"materialized_from": ctx.paths.ref(state)}
-            )
+        if not is_complete(state):
+            say(f"{state} is not a snapshot: rebuilding it from the latest one")
+        ctx.groups.group(role, state, progress=say)
+        ctx.groups.call(role, "save_checkpoint", out_url, extra={"materialized_from": ctx.paths.ref(state)})
     return out_url

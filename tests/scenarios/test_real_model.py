@@ -7,8 +7,9 @@ Checked against independent references: the imported directory gives the logits 
 computes from the GGUF file itself; a short flow run on the example's CPU config (its real
 tokenizer and chat template, evaluation before and after training) answers the held-out problems
 greedily exactly as a plain transformers ``generate`` of the same weights does (the imported model
-for iteration 0, ``export-hf`` of the checkpoint for iteration 1), and its scores are the
-example's reward function applied to those answers by hand.
+for iteration 0, ``ppoflow export-hf --iteration 1`` for iteration 1, a state rebuilt by replay
+since it is not a snapshot), and its scores are the example's reward function applied to those
+answers by hand.
 """
 
 from __future__ import annotations
@@ -92,7 +93,6 @@ def _hf_greedy(model_dir: str, prompts: list[str]) -> list[str]:
 
 def test_a_short_run_evaluates_greedily_as_transformers_does(smollm2, prefect_harness, tmp_path):
     from ppoflow.flows.ppo import ppo
-    from ppoflow.infra.checkpoint.hf_export import export_hf
     from ppoflow.infra.config import load_config
 
     sys.path.insert(0, EXAMPLE)
@@ -123,7 +123,9 @@ def test_a_short_run_evaluates_greedily_as_transformers_does(smollm2, prefect_ha
 
     metrics = json.loads(open(paths.file(1, "metrics.json")).read())
     assert "val/score" in metrics and "val/arithmetic/add2/score/mean@1" in metrics
-    exported = export_hf(paths.checkpoint("actor", 1), str(tmp_path / "hf-1"), cfg.model.path)
+    exported = str(tmp_path / "hf-1")
+    cli = [sys.executable, "-m", "ppoflow.flows.cli", "export-hf", paths.root, exported, "--iteration", "1"]
+    subprocess.run(cli, check=True, cwd=ROOT)
     for n, model_dir in ((0, cfg.model.path), (1, exported)):
         gen = _generations(paths.file(n, "eval/val/generations.arrow"))
         assert len(gen["response"]) == PROMPTS and gen["index"] == list(range(PROMPTS))
