@@ -236,9 +236,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     with terminal(args.verbose), _interrupts(args, cfg), _prefect_api():
         result = run_with_progress(cfg, args.iterations)
-    if not result["ok"]:
-        print_failure(cfg, result, rerun=_rerun(args), verbose=args.verbose, out=_err)
-        return 1
+        if not result["ok"]:  # while the API is up: the block reads the failed task's attempts from it
+            print_failure(cfg, result, rerun=_rerun(args), verbose=args.verbose, out=_err)
+            return 1
     print_summary(cfg, result, config_path=args.config)
     return 0
 

@@ -170,16 +170,19 @@ def _submit_data(ctx: RunContext, n: int, start: Start) -> _Data:
     return _Data(gen, reads, adv, actor_users, critic_users)
 
 
-def _updates(ctx: RunContext, n: int, start: Start, data: _Data, upcoming: _Data | None) -> IterationReceipts:
+def _updates(
+    ctx: RunContext, n: int, start: Start, data: _Data, upcoming: _Data | None, last: bool
+) -> IterationReceipts:
     """Submit iteration ``n``'s updates (after the data side of ``n + 1`` with one-step overlap:
-    the groups generate first, then train) and wait for them; the iteration's receipts."""
+    the groups generate first, then train) and wait for them; the iteration's receipts. With
+    ``last`` (the end of a run, ``checkpoint.snapshot_at_end``) it writes a snapshot whatever
+    ``snapshot_every`` says."""
     gen, scored, adv = data.receipts()
-    updates = [
-        update_actor.submit(ctx.key, n, adv, start.actor, wait_for=upcoming.actor_users if upcoming else None)
-    ]
+    waits = upcoming.actor_users if upcoming else None
+    updates = [update_actor.submit(ctx.key, n, adv, start.actor, snapshot=last, wait_for=waits)]
     if ctx.cfg.critic.enable:
         waits = upcoming.critic_users if upcoming else None
-        updates.append(update_critic.submit(ctx.key, n, adv, start.critic, wait_for=waits))
+        updates.append(update_critic.submit(ctx.key, n, adv, start.critic, snapshot=last, wait_for=waits))
     return IterationReceipts(generate=gen, scored=scored, advantage=adv, updates=_results(updates))
 
 
@@ -255,9 +258,10 @@ def run_iterations(
             upcoming = None
             if one_step and i + 1 < iterations:
                 upcoming = _submit_data(ctx, n + 1, _next_data_side(ctx, n, start, data))
-            receipts = _updates(ctx, n, start, data, upcoming)
+            last = i + 1 == iterations
+            receipts = _updates(ctx, n, start, data, upcoming, last and ctx.cfg.checkpoint.snapshot_at_end)
             evaluated = None
-            if due(ctx.cfg, n, last_of_run=i + 1 == iterations):  # on the actor group, holding update n
+            if due(ctx.cfg, n, last_of_run=last):  # on the actor group, holding update n
                 evaluated = evaluate.submit(ctx.key, n, ctx.paths.checkpoint("actor", n))
             start = start.after(receipts, one_step)
             # Prefect resolves a future argument; submit's ParamSpec typing allows only a Manifest

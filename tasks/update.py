@@ -13,7 +13,8 @@ only while its checkpoint is complete (``find_receipt``), so a rerun after a cra
 updates again from n-1. Within the run, a lost write is recomputed from its lineage
 (:mod:`ppoflow.tasks.checkpoints`).
 
-Only every ``checkpoint.snapshot_every``-th iteration writes its state (a snapshot). Any other
+Only every ``checkpoint.snapshot_every``-th iteration, and the last of each run (``snapshot``),
+writes its state (a snapshot): a finished run leaves a state that loads without replay. Any other
 iteration writes nothing: its receipt records how the state came about (the state it started
 from, the batch, the method), and a run that needs the state later rebuilds it by replaying the
 updates since the snapshot (:mod:`ppoflow.tasks.replay`).
@@ -35,7 +36,7 @@ __all__ = ["update_actor", "update_critic"]
 
 
 def _update(
-    step: Step[Receipt], role: str, method: str, advantages: AdvantageReceipt, previous: str
+    step: Step[Receipt], role: str, method: str, advantages: AdvantageReceipt, previous: str, snapshot: bool
 ) -> Receipt:
     """Run ``method`` on ``role``'s group from checkpoint ``previous`` and save checkpoint n."""
     ctx, checkpoint = step.ctx, step.paths.checkpoint(role, step.n)
@@ -44,7 +45,7 @@ def _update(
     ctx.groups.set_state(role, None)  # the live module leaves checkpoint n-1 from here on
     data = advantages.output("advantages")
     metrics = reduce_rank_metrics(getattr(worker, method)(data, dp_blocks=update_blocks(step.cfg, method)))
-    if step.n % step.cfg.checkpoint.snapshot_every:  # not a snapshot: the state is rebuilt when needed
+    if step.n % step.cfg.checkpoint.snapshot_every and not snapshot:  # rebuilt by replay when needed
         ctx.groups.set_state(role, checkpoint)
         replay = {role: {"previous": previous, "batch": data, "method": method}}
         return step.receipt(checkpoints={role: checkpoint}, replay=replay, metrics=metrics)
@@ -60,12 +61,17 @@ def _update(
 
 
 @ppo_task("update_actor", roles=("actor",))
-def update_actor(step: Step[Receipt], advantages: AdvantageReceipt, actor_checkpoint: str) -> Receipt:
-    """PPO policy update from ``actor_checkpoint`` (n-1); saves ``checkpoints/actor/n``."""
-    return _update(step, "actor", "update_actor", advantages, actor_checkpoint)
+def update_actor(
+    step: Step[Receipt], advantages: AdvantageReceipt, actor_checkpoint: str, snapshot: bool = False
+) -> Receipt:
+    """PPO policy update from ``actor_checkpoint`` (n-1); saves ``checkpoints/actor/n`` if it is a
+    snapshot (every ``snapshot_every``-th iteration, or ``snapshot``: the last of a run)."""
+    return _update(step, "actor", "update_actor", advantages, actor_checkpoint, snapshot)
 
 
 @ppo_task("update_critic", roles=("critic",))
-def update_critic(step: Step[Receipt], advantages: AdvantageReceipt, critic_checkpoint: str) -> Receipt:
-    """Value update from ``critic_checkpoint`` (n-1); saves ``checkpoints/critic/n``."""
-    return _update(step, "critic", "update_critic", advantages, critic_checkpoint)
+def update_critic(
+    step: Step[Receipt], advantages: AdvantageReceipt, critic_checkpoint: str, snapshot: bool = False
+) -> Receipt:
+    """Value update from ``critic_checkpoint`` (n-1); saves ``checkpoints/critic/n`` if a snapshot."""
+    return _update(step, "critic", "update_critic", advantages, critic_checkpoint, snapshot)

@@ -59,8 +59,8 @@ class RendezvousConfig(Section):
 
 
 class CheckpointConfig(Section):
-    """The actor's and critic's sharded checkpoints: a snapshot every ``snapshot_every`` iterations;
-    every committed iteration in between is rebuilt from the latest snapshot by replaying its
+    """The actor's and critic's sharded checkpoints: a snapshot every ``snapshot_every`` iterations
+    and at the end of each run; every committed iteration in between is rebuilt from the latest snapshot by replaying its
     stored updates (docs/checkpoints.md)."""
 
     snapshot_every: int = Field(
@@ -69,6 +69,11 @@ class CheckpointConfig(Section):
         description="write the model and optimizer state every k-th iteration; the iterations in "
         "between commit without writing it, and are rebuilt when needed (a resume, export-hf, eval, "
         "rollback) by replaying their updates from the stored batches. 1: write every iteration",
+    )
+    snapshot_at_end: bool = Field(
+        True,
+        description="the last iteration of every run writes a snapshot too, so a finished run "
+        "exports, evaluates and resumes without a replay; false: only every snapshot_every-th",
     )
 
     async_save: bool = Field(

@@ -88,9 +88,12 @@ pytestmark_slow = pytest.mark.slow
 def test_demo_run_succeeds_and_prints_progress(demo):
     assert demo["run"]["ok"], demo["run"]["error"]
     lines = demo["lines"]
-    assert [line for line in lines if line.startswith("iteration ")][:2] == [
-        line for line in lines if line.startswith(("iteration    1 |", "iteration    2 |"))
-    ]
+    progress = [line for line in lines if line.startswith("iteration ")]
+    assert progress[0].startswith("iteration    0 | val ") and progress[0].endswith("(before training)")
+    assert (
+        progress[1:3] == [line for line in lines if line.startswith(("iteration    1 |", "iteration    2 |"))]
+        and "| val " in progress[2]
+    )  # the held-out score at the end of the run
     text = "\n".join(lines)
     for needle in (
         "score:             iteration 1:",
@@ -123,7 +126,13 @@ def test_demo_files_models_and_data(demo):
 def test_demo_experiment_artifacts(demo):
     url = demo["url"]
     manifest = storage.read_json(os.path.join(url, "manifest.json"))
-    assert manifest["iteration"] == 2 and [r["iteration"] for r in manifest["trend"]] == [1, 2]
+    assert manifest["iteration"] == 2 and [r["iteration"] for r in manifest["trend"]] == [0, 1, 2]
+    assert set(manifest["trend"][0]) == {"iteration", "val/score"}  # the baseline, before training
+    from ppoflow.infra.checkpoint.marker import is_complete
+
+    # snapshot_every 10: iteration 1 is rebuilt by replay when needed; 2, the last of the run, is written
+    ckpt = os.path.join(url, "checkpoints", "actor")
+    assert is_complete(os.path.join(ckpt, "000002")) and not is_complete(os.path.join(ckpt, "000001"))
     for n in (1, 2):
         it = os.path.join(url, "iterations", f"{n:06d}")
         for name in ARROW_FILES:

@@ -129,7 +129,9 @@ def test_caller_errors_keep_the_group(group):
         group.call("not_registered")
     with pytest.raises(TypeError):
         group.call("echo", object())
-    with pytest.raises(TypeError, match="out_url is only for DP_COMPUTE_PROTO"):
+    with pytest.raises(
+        TypeError, match="out_url and dp_blocks are for DP_COMPUTE_PROTO methods; echo is ONE_TO_ALL"
+    ):
         group.call("echo", out_url="/tmp/x.arrow")
     with pytest.raises(TypeError, match="data_url"):
         group.call("double")
