@@ -53,9 +53,9 @@ _REGISTRY: dict[str, RewardFn] = {}
 
 
 class RewardError(ValueError):
-    """A reward function returned something that is not a usable score (a non-finite number, a
-    dict without ``score``, a string): the same rows give the same result, so retrying the task
-    cannot help. Fix the reward function (named in the message)."""
+    """A reward function raised, or returned something that is not a usable score (a non-finite
+    number, a dict without ``score``, a string): the same rows give the same result, so retrying
+    the task cannot help. Fix the reward function (named ``path:name`` in the message)."""
 
 
 class RewardTypeError(RewardError, TypeError):
@@ -205,6 +205,13 @@ def _as_score(value: Any, where: str) -> tuple[float, dict[str, float]]:
     return score, info
 
 
+def _function_name(fn: Any, custom_function: str | RewardFn | None) -> str:
+    """``path:name`` of a reward function: the config's import path, else its module and name."""
+    if isinstance(custom_function, str):
+        return custom_function
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
+
+
 def score_batch_with_info(
     data_sources: Sequence[str],
     solution_strs: Sequence[str],
@@ -230,8 +237,16 @@ def score_batch_with_info(
         source = str(data_sources[i])
         fn = custom if custom is not None else get_reward_fn(source)
         extra = None if extra_infos is None else extra_infos[i]
-        where = f"reward function {getattr(fn, '__qualname__', fn)!r} (row {i}, data_source {source!r})"
-        scores[i], info = _as_score(fn(source, solution_strs[i], ground_truths[i], extra), where)
+        where = f"reward function {_function_name(fn, custom_function)} (row {i}, data_source {source!r})"
+        try:
+            value = fn(source, solution_strs[i], ground_truths[i], extra)
+        except Exception as exc:
+            raise RewardError(
+                f"{where} raised {type(exc).__name__}: {exc}. The same rows raise the same way, so the "
+                "task is not retried: fix the function (it must return a float, or a dict with a "
+                "'score' float, for any response), then run the same command again"
+            ) from exc
+        scores[i], info = _as_score(value, where)
         for key, value in info.items():
             infos.setdefault(key, np.full(n, np.nan, dtype=np.float32))[i] = value
     return scores, infos

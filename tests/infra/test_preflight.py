@@ -136,6 +136,17 @@ def test_a_reward_function_that_returns_nan_and_one_that_does_not_import(tmp_pat
         preflight(cfg, lambda: tokenizer_of(model_dir))
 
 
+def test_a_reward_function_that_raises_fails_the_preflight(tmp_path, model_dir):
+    data = write(tmp_path / "d.parquet", rows(["1+2="] * 8))
+    fn = "tests.support.rewards:raises_key_error"
+    cfg = make_config(tmp_path, model_dir, [data], **{"reward.custom_function": fn})
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg, lambda: tokenizer_of(model_dir))
+    (problem,) = err.value.problems
+    assert problem.where == f"reward.custom_function={fn!r}"
+    assert "KeyError" in problem.found and fn in problem.found and "row 0" in problem.found
+
+
 def test_a_committed_checkpoint_without_its_marker_is_named_with_the_way_back(tmp_path, model_dir):
     from ppoflow.infra.checkpoint.sharded import MARKER
     from tests.support.experiments import commit_tiny_iterations

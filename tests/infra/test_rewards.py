@@ -133,3 +133,22 @@ def test_bad_return_values_are_named():
         score_batch(["x"], ["a"], ["a"], None, custom_function=lambda *a: float("nan"))
     with pytest.raises(ValueError, match="lengths differ"):
         score_batch(["x", "y"], ["a"], ["a"], None)
+
+
+def test_a_raising_reward_function_is_named_with_the_row_and_not_retryable():
+    from ppoflow.tasks.step import is_permanent
+
+    with pytest.raises(rewards.RewardError) as err:
+        score_batch(
+            ["ok/src", "my/src"],
+            ["a", "b"],
+            ["a", "b"],
+            [{"answer": "a"}, {}],
+            custom_function="tests.support.rewards:raises_key_error",
+        )
+    text = str(err.value)
+    assert "tests.support.rewards:raises_key_error" in text
+    assert "row 1" in text and "data_source 'my/src'" in text
+    assert "KeyError: 'answer'" in text and "fix the function" in text
+    assert isinstance(err.value.__cause__, KeyError)
+    assert is_permanent(err.value)  # the step task's retry_condition_fn does not retry it

@@ -23,3 +23,8 @@ def digit_share(data_source: str, solution_str: str, ground_truth: Any, extra_in
     """The share of the response's characters that are digits (0 for an empty one): a score that
     varies from response to response even for a tiny random policy."""
     return sum(c.isdigit() for c in solution_str) / len(solution_str) if solution_str else 0.0
+
+
+def raises_key_error(data_source, solution_str, ground_truth, extra_info=None):
+    """A reward function with a bug: it reads a key the rows do not have."""
+    return float(extra_info["answer"] == solution_str)
