@@ -25,7 +25,7 @@ from typing import Any
 from ppoflow.infra.checkpoint.sharded import CheckpointError
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
-from ppoflow.infra.experiment.lock import ExperimentLocked
+from ppoflow.infra.experiment.lock import ExperimentLocked, LeaseExpired
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.preflight import rollback_hint
 from ppoflow.infra.remote.errors import RankFailure
@@ -116,6 +116,11 @@ def _state_line(cfg: ExperimentConfig, n: int | None, before: int | None) -> str
 def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: str) -> str:
     """What to do about ``exc``: wait for the lock's owner, go back to a good checkpoint, fix
     the input (a deterministic error), or just run again (anything a retry may fix)."""
+    if isinstance(exc, LeaseExpired):
+        return (
+            f"make the storage writable again (the cause names the error), then run: {rerun}\n"
+            "         it resumes from the last commit"
+        )
     if isinstance(exc, ExperimentLocked):
         return f"wait for the run named above to end (or cancel it), then run: {rerun}"
     if exc is None or not is_permanent(exc):

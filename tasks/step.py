@@ -218,6 +218,8 @@ def ppo_task(
             if done is not None:
                 return done
             faults.maybe_fail(name, "before", n)
+            if ctx.lock is not None:
+                ctx.lock.check()  # a run that lost its lease writes nothing more
             with task_logs(ctx, *roles) as logger, Timer() as timer:
                 step = Step(ctx, n, name, kind, logger)
                 try:
@@ -232,6 +234,8 @@ def ppo_task(
                     "metrics": {**receipt.metrics, **step.replays},
                 }
             )
+            if ctx.lock is not None:
+                ctx.lock.check()
             receipt = write_receipt(ctx.paths, receipt)
             faults.maybe_fail(name, "after", n)
             return receipt

@@ -23,6 +23,10 @@ A stale lock is taken over. How atomic each step is depends on the storage:
 
 If the heartbeat thread finds the lock owned by someone else (it was taken over after a long
 stall), :attr:`lost` becomes True and :meth:`check` raises: the flow stops before committing.
+The lock is a lease: when renewals fail (a full disk, storage errors) for so long that the next
+beat would come after ``stale_after_s`` — when another run may take it over — :attr:`lost` becomes
+True as well and :meth:`check` raises :class:`LeaseExpired` naming the renewal error. Every task
+checks the lock before it starts and before it records its result.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any
 
 from ppoflow.infra.data import storage
 
-__all__ = ["ExperimentLock", "ExperimentLocked", "HEARTBEAT_S", "STALE_AFTER_S"]
+__all__ = ["ExperimentLock", "ExperimentLocked", "LeaseExpired", "HEARTBEAT_S", "STALE_AFTER_S"]
 
 HEARTBEAT_S = 15.0
 STALE_AFTER_S = 120.0
@@ -46,6 +50,11 @@ STALE_AFTER_S = 120.0
 
 class ExperimentLocked(RuntimeError):
     """Another live run holds the experiment (or took it over from this run)."""
+
+
+class LeaseExpired(ExperimentLocked):
+    """This run could not renew its lock before another run could count it as stale: it stops
+    writing, so a takeover never makes two writers."""
 
 
 def _pid_start(pid: int) -> str | None:
@@ -96,6 +105,8 @@ class ExperimentLock:
         self.token = uuid.uuid4().hex
         self.etag: str | None = None
         self.lost = False
+        self.lost_reason: str | None = None
+        self._renewed_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._held = False
@@ -239,8 +250,8 @@ class ExperimentLock:
         )
 
     def _started(self) -> ExperimentLock:
-        self._held, self.lost = True, False
-        self._acquired_at = time.time()
+        self._held, self.lost, self.lost_reason = True, False, None
+        self._acquired_at = self._renewed_at = time.time()
         self._stop.clear()
         self._thread = threading.Thread(target=self._beat, name="ppoflow-lock-heartbeat", daemon=True)
         self._thread.start()
@@ -248,28 +259,51 @@ class ExperimentLock:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
+            started = time.time()
             try:
                 self.heartbeat()
-            except Exception as exc:  # noqa: BLE001 - storage hiccup: try again next beat
-                self.log(f"experiment lock heartbeat failed: {exc}")
+            except Exception as exc:  # noqa: BLE001 - storage hiccup: try again next beat, if in time
+                now = time.time()
+                silent = now - self._renewed_at
+                # the next try ends a heartbeat and about one more failed try from now
+                if silent + self.heartbeat_s + 2 * (now - started) < self.stale_after_s:
+                    self.log(
+                        f"experiment lock heartbeat failed ({silent:.0f} s since the last renewal): {exc}"
+                    )
+                    continue
+                self.lost_reason = (
+                    f"this run could not renew the experiment lock {self.url} for {silent:.0f} s "
+                    f"(last error: {type(exc).__name__}: {exc}); after {self.stale_after_s:.0f} s another "
+                    "run may take it over, so this run stopped writing and committed nothing more"
+                )
+                self.lost = True
+                self._stop.set()
+                self.log(self.lost_reason)
 
     def heartbeat(self) -> None:
         """Refresh ``heartbeat_at``; mark the lock lost if someone else owns it now."""
         owner, etag = self._read()
-        if (
-            owner is None
-            or owner.get("token") != self.token
-            or not self._replace(self._content(self._acquired_at), etag)
-        ):
+        ours = owner is not None and owner.get("token") == self.token
+        if ours and not self._replace(self._content(self._acquired_at), etag):
+            again, _ = self._read()  # a refused write, or a storage error: only the owner tells
+            if again is not None and again.get("token") == self.token:
+                raise OSError(f"the storage refused the write of {self.url}")
+            ours = False
+        if not ours:
             self.lost = True
             self._stop.set()
             self.log(
                 f"experiment lock {self.url} was taken over by run "
                 f"{(owner or {}).get('run_id')}; this run stops before its next commit"
             )
+        else:
+            self._renewed_at = time.time()
 
     def check(self) -> None:
-        """Raise :class:`ExperimentLocked` if the lock was lost (call before committing)."""
+        """Raise :class:`ExperimentLocked` if the lock was lost (call before writing or committing),
+        :class:`LeaseExpired` if it could not be renewed in time."""
+        if self.lost_reason is not None:
+            raise LeaseExpired(self.lost_reason)
         if self.lost or not self._held:
             raise ExperimentLocked(
                 f"this run no longer holds the experiment lock {self.url}; "

@@ -88,3 +88,37 @@ def test_lock_on_s3_is_conditional(s3_server):
     assert json.loads(storage.read_bytes(url))["run_id"] == "run-b"
     b.release()
     assert not storage.exists(url)
+
+
+def test_a_lock_that_cannot_be_renewed_stops_the_run_before_the_lease_expires():
+    """Renewals that fail (every PUT of the lock answered 500) end the lease one heartbeat before
+    another run could count it as stale: check() raises LeaseExpired naming the error, and a second
+    run that takes the stale lock over afterwards is the only writer."""
+    from ppoflow.infra.experiment.lock import LeaseExpired
+    from tests.support.faulty_s3 import BUCKET, faulty_s3
+
+    with faulty_s3() as s3:
+        url = f"s3://{BUCKET}/lease/exp/lock.json"
+        messages: list[str] = []
+        a = ExperimentLock(url, "run-a", heartbeat_s=0.3, stale_after_s=4.0, log=messages.append).acquire()
+        renewed = time.time()
+        s3.fail("PUT", r"/lease/exp/lock\.json$", times=10_000)
+        deadline = renewed + 4.0
+        while not a.lost and time.time() < deadline + 5:
+            time.sleep(0.05)
+        lost_at = time.time()
+        assert a.lost and lost_at < deadline, (lost_at - renewed, messages)
+        with pytest.raises(
+            LeaseExpired, match=r"could not renew the experiment lock s3:.*lease.*\(last error: OSError"
+        ):
+            a.check()
+        assert any("stopped writing" in m for m in messages)  # said in the run's log too
+        s3.clear()
+        time.sleep(max(0.0, deadline + 0.2 - time.time()))
+        b = ExperimentLock(url, "run-b", stale_after_s=4.0).acquire()
+        b.check()
+        with pytest.raises(LeaseExpired):
+            a.check()  # the run that lost its lease stays stopped
+        a.release()
+        assert json.loads(storage.read_bytes(url))["run_id"] == "run-b"
+        b.release()
