@@ -160,6 +160,30 @@ def test_a_committed_checkpoint_without_its_marker_is_named_with_the_way_back(tm
     )
     paths = commit_tiny_iterations(cfg, last=1)
     assert "checkpoints: iteration 1's are complete" in preflight(cfg, lambda: tokenizer_of(model_dir)).passed
+    # flipped bytes, size unchanged: the content hash differs from the marker's record
+    shards = [
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(paths.checkpoint("actor", 1))
+        for name in names
+        if name.endswith(".distcp")
+    ]
+    with open(shards[0], "r+b") as f:
+        f.seek(os.path.getsize(shards[0]) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg, lambda: tokenizer_of(model_dir))
+    (problem,) = err.value.problems
+    assert (
+        os.path.basename(shards[0]) in problem.found
+        and "content differs from the recorded hash" in problem.found
+    )
+    assert problem.fix.startswith(f"move the experiment back to iteration 0: ppoflow rollback {paths.root}")
+    with open(shards[0], "r+b") as f:  # put it back
+        f.seek(os.path.getsize(shards[0]) // 2)
+        f.write(byte)
+    assert "checkpoints: iteration 1's are complete" in preflight(cfg, lambda: tokenizer_of(model_dir)).passed
     # a truncated shard: its size no longer matches the marker's record
     shards = [
         os.path.join(folder, name)
