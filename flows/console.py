@@ -68,11 +68,30 @@ class _Progress(threading.Thread):
         while not self.stop_event.wait(self.poll_s):
             self.poll()
             if time.monotonic() - self.last_news > self.quiet_s:
-                self.out(
-                    f"... no iteration committed for {self.quiet_s:.0f} s: still starting, or waiting for this "
-                    "machine's device slots (a warning above names the run that holds them)"
-                )
+                self.out(self.quiet_line())
                 self.last_news = time.monotonic()
+
+    def quiet_line(self) -> str:
+        """What the run is waiting for when nothing was committed for ``quiet_s``: the tasks of the
+        next iteration that finished (their receipts), or none yet."""
+        n = self.shown + 1
+        try:
+            done = [
+                name.removesuffix(".json")
+                for name in storage.listdir(storage.join(self.paths.iteration(n), "tasks"))
+            ]
+        except (OSError, ValueError):  # no task of it finished yet (or a transient read error)
+            done = []
+        head = f"... no iteration committed for {self.quiet_s:.0f} s: iteration {n}"
+        if not done:
+            return (
+                f"{head} has no finished task yet: still starting, or waiting for this machine's "
+                "device slots (a warning above names the run that holds them)"
+            )
+        return (
+            f"{head} has finished {', '.join(done)}; waiting for its next task or for its "
+            "checkpoints' background writes (the Prefect UI shows the running task)"
+        )
 
     def finish(self) -> None:
         self.stop_event.set()
