@@ -18,6 +18,8 @@ Rank entries may also name a *point* inside a method instead of a method (:func:
                                         shards, before the marker (in the background writer)
     rank_raise:checkpoint_write:<rank>  the rank's storage write fails inside DCP (every rank sees
                                         it; the writer retries, see checkpoint.write_attempts)
+    rank_raise:checkpoint_publish:0     rank 0 fails to publish the marker after every shard was
+                                        written (as a full disk makes it fail)
 
 Each entry fires once per process, so the task's retry (or the rebuilt group) passes. Append
 ``:always`` to an entry to make it fire every time (e.g. to exhaust a task's retries and fail the
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 __all__ = [
     "ENV_VAR",
     "CHECKPOINT_WRITE",
+    "CHECKPOINT_PUBLISH",
     "FaultInjected",
     "Fault",
     "parse",
@@ -57,6 +60,8 @@ __all__ = [
 ENV_VAR = "PPOFLOW_FAULT"
 #: The rank point fired when a rank opens a checkpoint file for writing (see ``rank_point``).
 CHECKPOINT_WRITE = "checkpoint_write"
+#: The rank point fired on rank 0 just before it publishes a checkpoint's marker.
+CHECKPOINT_PUBLISH = "checkpoint_publish"
 TASK_POINTS = ("before", "after")
 RANK_KINDS = ("rank_exit", "rank_raise", "node_exit")
 

@@ -5,7 +5,8 @@ An update task of iteration n hands its state to the group's background writer
 write here (:meth:`Writes.started`) with its *lineage*: the checkpoint it started from, the update
 method and the batch it ran. ``commit n`` then waits for checkpoint n (:meth:`Writes.wait`): the
 write is over when the marker is on storage (complete), ``ppoflow_failed.json`` is (its retries
-failed), or the group that wrote it died (torchrun exits when a rank dies).
+failed), the ranks say it failed (when storage could not take the failure record either), or the
+group that wrote it died (torchrun exits when a rank dies).
 
 A lost write is not fatal: because an update is deterministic given its starting checkpoint (that
 is what makes resume bit-exact), the run recomputes the lost checkpoint from its lineage: load the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,13 +44,16 @@ class _Write:
     lineage: Lineage
     group: Any  # the WorkerGroup writing it
     started: float
+    asked: float = 0.0  # when its ranks were last asked how the write goes
 
 
 class Writes:
     """Background checkpoint writes of one flow run (thread-safe)."""
 
-    def __init__(self, timeout_s: float = 3600.0) -> None:
+    def __init__(self, timeout_s: float = 3600.0, check: Callable[[], None] | None = None) -> None:
+        """``check``: called while waiting; what it raises ends the wait (the run's lock check)."""
         self.timeout_s = timeout_s
+        self.check = check
         self._writes: dict[str, _Write] = {}
         self._lineage: dict[str, Lineage] = {}
         self._lock = threading.Lock()
@@ -97,7 +102,30 @@ class Writes:
                 if is_complete(url):  # published just before the group went away
                     continue
                 return f"the {write.lineage.role} group died while writing it"
+            if self.check is not None:
+                self.check()
+            failure = self._ask_ranks(write, url)
+            if failure:
+                return f"its background write failed: {failure}"
             if time.monotonic() > deadline:
                 return f"its background write did not finish within {timeout_s:.0f} s"
             time.sleep(delay)
             delay = min(0.5, delay * 1.5)
+
+    def _ask_ranks(self, write: _Write, url: str) -> str | None:
+        """The ranks' own word on the write of ``url`` when storage says nothing: a write that
+        failed where its failure record could not be written either (a full disk, a lost
+        connection) is over, and only the ranks know. Asked at most once a second, and only when
+        the group is between calls (a task using it is not held up)."""
+        now = time.monotonic()
+        if now - write.asked < 1.0 or not hasattr(write.group, "call_if_idle"):
+            return None
+        write.asked = now
+        try:
+            idle, per_rank = write.group.call_if_idle("checkpoint_write_status")
+        except Exception:  # noqa: BLE001 - a dead group is reported by the loop's liveness check
+            return None
+        if not idle:
+            return None
+        errors = [s["error"] for s in per_rank or [] if s and s.get("url") == url and s.get("error")]
+        return "; ".join(dict.fromkeys(errors)) or None

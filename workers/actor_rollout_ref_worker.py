@@ -20,6 +20,7 @@ Driver-callable methods (see ``ppoflow.infra.remote.driver.group.WorkerGroup.cal
     save_checkpoint(url, extra=None, background=False, weights_only=False)
                                               ONE_TO_ALL   -> per-rank timings (background: once staged)
     wait_checkpoint()                         ONE_TO_ALL   -> the background write's result (or None)
+    checkpoint_write_status()                 ONE_TO_ALL   -> the background write, not waiting (or None)
     load_checkpoint(url, with_optimizer=True) ONE_TO_ALL   -> the saved ``extra`` dict
 
 Data parallelism: every DP_COMPUTE_PROTO method is dispatched over all ranks (``dp_rank = rank``,

@@ -55,6 +55,12 @@ class CheckpointMethods:
         return self.checkpoints.wait(raise_errors=False)
 
     @register(Dispatch.ONE_TO_ALL)
+    def checkpoint_write_status(self) -> dict[str, Any] | None:
+        """The background write without waiting: None, or ``{url, running}`` plus ``error`` once it
+        failed (a failure the writer could not record on storage, a full disk say, is seen here)."""
+        return self.checkpoints.status()
+
+    @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, url: str, with_optimizer: bool = True) -> dict[str, Any]:
         """Load the model from ``url`` (any world size / mesh); returns the checkpoint's ``extra``.
         The files read are verified first (``checkpoint.verify``)."""

@@ -10,6 +10,7 @@ base model (a causal LM checkpoint: the ``score`` head then starts from ``cfg.se
     save_checkpoint(url, extra=None, background=False, weights_only=False)
                                       ONE_TO_ALL        -> per-rank timings (background: once staged)
     wait_checkpoint()                 ONE_TO_ALL        -> the background write's result (or None)
+    checkpoint_write_status()         ONE_TO_ALL        -> the background write, not waiting (or None)
     load_checkpoint(url, with_optimizer=True) ONE_TO_ALL -> the saved ``extra`` dict
 """
 

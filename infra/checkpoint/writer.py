@@ -35,9 +35,11 @@ Layout written (format v2)::
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 import warnings
@@ -79,6 +81,40 @@ FAULT_POINT = faults.CHECKPOINT_WRITE
 def _local_path(url: str) -> str | None:
     """The OS path of a local URL (plain path or ``file://``), else None."""
     return url if "://" not in url else url[len("file://") :] if url.startswith("file://") else None
+
+
+def _space_note(url: str, trees: dict[str, dict]) -> str:
+    """For a failed write to a local filesystem with less room left than this rank's share of the
+    checkpoint: a note that says so (the writers do not always: a shard cut short by a full disk
+    can surface as a failed size check rather than ``ENOSPC``); else ``""``."""
+    path = _local_path(url)
+    if path is None:
+        return ""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return ""
+    share = sum(t.numel() * t.element_size() for tree in trees.values() for t in _tensors(tree))
+    if free >= share:
+        return ""
+    return (
+        f" [{os.strerror(errno.ENOSPC)}: {free} bytes free on the filesystem of {path}, "
+        f"this rank's share of the checkpoint is {share} bytes]"
+    )
+
+
+def _tensors(tree: Any) -> Iterator[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        yield tree.to_local() if hasattr(tree, "to_local") else tree  # a DTensor: this rank's shard
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            yield from _tensors(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _tensors(value)
 
 
 def make_writer(url: str, opts: dict, threads: int = 1) -> Any:
@@ -289,7 +325,7 @@ class CheckpointWriter:
         except BaseException as exc:  # noqa: BLE001 - reported through the gather and the failure record
             error = (
                 str(exc) if isinstance(exc, CheckpointError) else f"rank {rank}: {type(exc).__name__}: {exc}"
-            )
+            ) + _space_note(url, trees)
         everyone = all_gather_json({"files": records, "error": error}, group)
         errors = list(
             dict.fromkeys(e["error"] for e in everyone if e["error"])
@@ -297,16 +333,32 @@ class CheckpointWriter:
         files = {name: rec for e in everyone for name, rec in e["files"].items()}
         total = sum(int(r["size"]) for r in files.values())
         write_s = time.perf_counter() - t0
+        published = None
         if rank == 0:
             if errors:
                 write_failure(url, errors, opts)
             else:
-                write_marker(
-                    url,
-                    {**marker, "files": files, "bytes": total, "write_s": write_s, "saved_at": time.time()},
-                    opts,
-                )
-        barrier(group)
+                try:
+                    faults.rank_point(faults.CHECKPOINT_PUBLISH)
+                    write_marker(
+                        url,
+                        {
+                            **marker,
+                            "files": files,
+                            "bytes": total,
+                            "write_s": write_s,
+                            "saved_at": time.time(),
+                        },
+                        opts,
+                    )
+                except BaseException as exc:  # noqa: BLE001 - every rank must hear of it (below)
+                    published = f"rank 0: publishing {MARKER}: {type(exc).__name__}: {exc}"
+        # collective: every rank learns whether the marker is there (a failed publish must fail
+        # the write on every rank; raising on rank 0 alone would leave the others waiting)
+        outcome = all_gather_json({"error": published}, group)
+        errors += [e["error"] for e in outcome if e["error"]]
+        if published is not None:
+            write_failure(url, [published], opts)
         if errors:
             raise CheckpointWriteFailed(f"writing checkpoint {url} failed: {'; '.join(errors)}")
         _LOG.info("saved checkpoint %s (%d bytes) in %.2fs", url, total, write_s)
@@ -356,6 +408,20 @@ class CheckpointWriter:
             return {"url": url, "error": f"{type(exc).__name__}: {exc}"}
         finally:
             self._job = None
+
+    def status(self) -> dict[str, Any] | None:
+        """The background write without waiting for it: None when there is none, else ``{url,
+        running}`` and, once it has failed, ``error`` (the write stays to be :meth:`wait`-ed for)."""
+        if self._job is None:
+            return None
+        url, future = self._job
+        if not future.done():
+            return {"url": url, "running": True}
+        exc = future.exception()
+        out: dict[str, Any] = {"url": url, "running": False}
+        if exc is not None:
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        return out
 
     def close(self) -> None:
         """Finish the write in flight, then free the thread and the staging buffers."""

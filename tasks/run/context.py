@@ -42,9 +42,14 @@ class RunContext:
         self.log = log or _LOG
         self.lock: Any = None  # the ExperimentLock, set by the flow
         self._sinks: dict[str, Any] = {}
-        self.writes = Writes(timeout_s=cfg.checkpoint.wait_timeout_s)
+        # a wait for a write also ends when this run loses its experiment lock
+        self.writes = Writes(timeout_s=cfg.checkpoint.wait_timeout_s, check=self._check_lock)
         self.inputs = RunInputs(cfg)
         self.groups = RunGroups(key, cfg, self.paths, self.writes, self._emit, self.log, roles)
+
+    def _check_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.check()
 
     @property
     def closed(self) -> bool:

@@ -295,6 +295,16 @@ class WorkerGroup:
             results = [replies[r].result for r in range(self.nprocs)]
             return results if mode is Dispatch.ONE_TO_ALL else results[0]
 
+    def call_if_idle(self, method: str, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+        """:meth:`call` if no other call is in flight: ``(True, result)``; else ``(False, None)``
+        at once (a quick look at the ranks that must not wait behind a long task)."""
+        if not self._lock.acquire(blocking=False):
+            return False, None
+        try:
+            return True, self.call(method, *args, **kwargs)
+        finally:
+            self._lock.release()
+
     def _call_dp(
         self, cid: int, method: str, args: tuple, kwargs: dict, out_url: str | None, blocks: int | None
     ) -> Any:

@@ -357,6 +357,11 @@ def test_failed_background_writes_are_retried_then_reported_never_published(run)
     assert "injected fault" in read_failure(failed)
     with pytest.raises(ck.IncompleteCheckpointError, match="its write failed.*injected fault"):
         ck.load_checkpoint(failed, plain_model(work))
+    # rank 0 could not publish the marker: both ranks' waits raised (none was left in a collective),
+    # and the checkpoint is incomplete, with the reason recorded
+    assert res["publish_failed_raised"]
+    unpublished = os.path.join(work, "cf")
+    assert not ck.is_complete(unpublished) and "publishing" in read_failure(unpublished)
 
 
 def test_a_rank_killed_while_writing_leaves_an_incomplete_checkpoint(run):

@@ -152,6 +152,15 @@ def mode_async(work: str, rank: int, world: int, res: dict) -> None:
         res["failed_raised"] = False
     except CheckpointWriteFailed as exc:
         res["failed_raised"] = "injected fault" in str(exc)
+
+    # every shard written, then rank 0 cannot publish the marker (a full disk): both ranks raise
+    os.environ["PPOFLOW_FAULT"] = "rank_raise:checkpoint_publish:0"
+    writer.save(os.path.join(work, "cf"), model, opt, sched, extra={"k": "f"}, background=True)
+    try:
+        writer.wait()
+        res["publish_failed_raised"] = False
+    except CheckpointWriteFailed as exc:
+        res["publish_failed_raised"] = "publishing ppoflow_complete.json" in str(exc)
     os.environ.pop("PPOFLOW_FAULT")
     writer.close()
 
