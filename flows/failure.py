@@ -29,7 +29,7 @@ from ppoflow.infra.experiment.lock import ExperimentLocked, LeaseExpired
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.preflight import rollback_hint
 from ppoflow.infra.remote.errors import RankFailure
-from ppoflow.tasks.step import is_permanent
+from ppoflow.tasks.step import is_permanent, storage_full
 
 __all__ = [
     "print_failure",
@@ -114,8 +114,15 @@ def _state_line(cfg: ExperimentConfig, n: int | None, before: int | None) -> str
 
 
 def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: str) -> str:
-    """What to do about ``exc``: wait for the lock's owner, go back to a good checkpoint, fix
-    the input (a deterministic error), or just run again (anything a retry may fix)."""
+    """What to do about ``exc``: free the storage, wait for the lock's owner, go back to a good
+    checkpoint, fix the input (a deterministic error), or just run again (anything a retry may fix)."""
+    if storage_full(exc):
+        return (
+            f"free space where the experiment is stored ({ExperimentPaths.of(cfg).root}: the "
+            "filesystem is full or over its quota; `ppoflow status` lists the checkpoints kept, "
+            f"checkpoint.keep_last keeps fewer), then run: {rerun}\n"
+            "         it resumes at the first unfinished task; nothing half-written was published"
+        )
     if isinstance(exc, LeaseExpired):
         return (
             f"make the storage writable again (the cause names the error), then run: {rerun}\n"

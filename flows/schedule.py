@@ -236,7 +236,9 @@ class _Commits:
         try:
             self.report(block=True)
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            get_run_logger().warning(f"a pending commit failed too: {exc}")
+            from ppoflow.flows.failure import cause_text
+
+            get_run_logger().warning(f"a pending commit failed too: {cause_text(exc)}")
 
 
 def run_iterations(

@@ -27,6 +27,7 @@ cache) and persists no Prefect result. A dead rank, an S3 5xx, a timeout are ret
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import inspect
 import re
@@ -98,10 +99,28 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+_FULL = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+
+
+def storage_full(exc: BaseException | None) -> bool:
+    """True when ``exc`` (or an exception it was raised from, or a rank's error it reports) is a
+    full filesystem or an exhausted quota."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if getattr(exc, "errno", None) in _FULL or any(text in str(exc) for text in _FULL.values()):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def is_permanent(exc: BaseException | None) -> bool:
     """True when retrying cannot help: a :data:`PERMANENT_ERRORS` raised here, or inside a rank
-    (a :class:`RankFailure` carries the rank exception's class names). A dead rank, an S3 5xx or
-    a timeout are not permanent."""
+    (a :class:`RankFailure` carries the rank exception's class names), or a full filesystem (a
+    retry a second later meets the same disk). A dead rank, an S3 5xx or a timeout are not
+    permanent."""
+    if storage_full(exc):
+        return True
     if isinstance(exc, RankFailure):
         return exc.raised(*PERMANENT_ERRORS)
     return isinstance(exc, PERMANENT_ERRORS)

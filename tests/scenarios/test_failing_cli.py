@@ -279,3 +279,95 @@ def test_ctrl_c_mid_task_stops_within_seconds_and_frees_everything(cli, flow_con
     assert gone_within(tree, 10) == {}
     assert not storage.exists(paths.lock)
     assert free_by_flock(tmp_path / "slots", "cpu", 2) == [0, 1]
+
+
+# ------------------------------------------------------------------------------ a full disk
+
+
+def fill(directory) -> int:
+    """Write ``directory/filler`` until its filesystem is full; the bytes written."""
+    written = 0
+    chunk = b"\0" * (1 << 20)
+    with open(os.path.join(directory, "filler"), "wb", buffering=0) as f:
+        try:
+            while True:
+                written += f.write(chunk)
+        except OSError as exc:
+            assert exc.errno == 28, exc
+    return written
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 48 MB tmpfs at ``tmp_path/small`` (mounting needs root, as CI has), unmounted after."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}); CI runs as root and can")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def check_failed_on_full_disk(run, paths, took: float, last: int) -> None:
+    """One error block naming the full disk and the way out, exit 1 within a minute, no traceback,
+    the manifest at ``last``, every published checkpoint whole, no lock left behind."""
+    from ppoflow.infra.checkpoint.marker import MARKER, verify_checkpoint
+
+    out = run.text()
+    print(f"\nthe run exited {run.proc.returncode} {took:.1f} s after the disk was full\n{out}")
+    assert run.proc.returncode == 1 and took < 60
+    assert out.count("ppoflow: the run failed") == 1 and "Traceback" not in out
+    block = out[out.index("ppoflow: the run failed") :]
+    assert "No space left on device" in block
+    assert f"  next   free space where the experiment is stored ({paths.root}" in block
+    assert read_manifest(paths).iteration == last
+    for role in ("actor", "critic"):
+        root = storage.join(paths.root, "checkpoints", role)
+        for name in storage.listdir(root) if storage.exists(root) else []:
+            if storage.exists(storage.join(root, name, MARKER)):
+                verify_checkpoint(storage.join(root, name))  # what was published is whole
+    assert not storage.exists(paths.lock)
+
+
+def test_a_storage_root_that_fills_up_fails_the_run_within_a_minute(
+    cli, flow_config, small_filesystem, tmp_path
+):
+    """The experiment on a small real filesystem (every iteration writes its state). It fills up
+    mid-run, then, freed, is left with room for an iteration's batches (~100 kB) but not for its
+    checkpoint (~2 MB), so a checkpoint write is what meets the full disk. Each time the run ends
+    within a minute with one error block that names the full disk and says to free space; with
+    space freed the same command resumes and commits."""
+    cfg = flow_config(str(small_filesystem / "runs"), "full", **LIGHT, **{"checkpoint.snapshot_every": 1})
+    paths = ExperimentPaths.of(cfg)
+    config = write_config(tmp_path, cfg)
+    filler = small_filesystem / "filler"
+
+    run = cli("run", config, "--iterations", "4")
+    run.wait_for(lambda: (read_manifest(paths) or type("M", (), {"iteration": 0})).iteration >= 1)
+    fill(small_filesystem)
+    t0 = time.monotonic()
+    run.finish(timeout=180)
+    last = read_manifest(paths).iteration
+    assert 1 <= last < 4
+    check_failed_on_full_disk(run, paths, time.monotonic() - t0, last)
+
+    os.truncate(filler, max(0, os.path.getsize(filler) - (640 << 10)))  # 640 kB free
+    run = cli("run", config, "--iterations", "2")
+    writing = storage.join(paths.root, "checkpoints", "actor", f"{last + 1:06d}")
+    run.wait_for(lambda: storage.exists(writing))  # the update of the next iteration saves its state
+    t0 = time.monotonic()
+    run.finish(timeout=180)
+    log = run.text()
+    check_failed_on_full_disk(run, paths, time.monotonic() - t0, last)
+    assert "(1 attempt, not retried: a retry cannot fix this)" in log
+    assert f"writing checkpoint {writing} failed" in log  # the checkpoint write met the full disk
+
+    os.remove(filler)
+    again = cli("run", config, "--iterations", "1")
+    assert again.finish() == 0, again.text()
+    assert read_manifest(paths).iteration == last + 1

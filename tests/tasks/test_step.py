@@ -39,6 +39,10 @@ def test_retry_rule_fails_deterministic_errors_at_once_and_retries_the_rest():
         NoCredentialsError(),
         in_rank(DataError("row 3")),
         in_rank(IncompleteCheckpointError("no marker")),
+        OSError(28, "No space left on device"),  # a full disk: the next attempt meets it too
+        OSError(122, "Disk quota exceeded"),
+        OSError("Error writing bytes to file. Detail: [errno 28] No space left on device"),  # pyarrow's
+        in_rank(CheckpointError("saving ... failed (rank 1: OSError: [Errno 28] No space left on device)")),
     ]
     transient = [
         RuntimeError("rank 1 died"),
