@@ -9,8 +9,9 @@ commit, whether it wrote model and optimizer state (a snapshot) or committed its
 for replay, how long its commit waited for checkpoint writes, the largest task times, and the
 held-out ``val/score`` where an evaluation ran. The summary splits the intervals by iterations that
 wrote a snapshot and those that did not, and gives the mean over all of them, which is what a run
-of that many iterations pays per iteration. The first iteration of each run (cold starts: worker
-groups, engine, compilation) is listed but left out of the summary. Writes
+of that many iterations pays per iteration. The first iteration of each run pays the cold starts
+(worker groups, engine, compilation) inside its tasks: an iteration whose tasks took more than
+three times the median is marked ``(cold)`` and left out of the summary. Writes
 ``$OUT/commit_intervals.json`` when ``OUT`` is set.
 """
 
@@ -48,13 +49,13 @@ def main(argv=None) -> None:
     print(header)
     out = []
     previous_commit = None
-    previous_started = None
-    for m in rows:
+    task_s = [sum(m.get(f"timing_s/{t}", 0.0) for t in TASKS) for m in rows]
+    typical = statistics.median(task_s)
+    for m, spent in zip(rows, task_s):
         n = int(m["iteration"])
         started, committed = m.get("time/started_unix_s"), m.get("time/committed_unix_s")
         interval = committed - previous_commit if previous_commit and committed else None
-        # a new run starts its first iteration after the previous run's last commit
-        cold = previous_started is None or (started is not None and started > (previous_commit or 0))
+        cold = spent > 3 * typical
         snapshot = any(k.startswith("perf/checkpoint_bytes_") for k in m)
         tasks = {t: m[f"timing_s/{t}"] for t in TASKS if f"timing_s/{t}" in m}
         row = {
@@ -78,7 +79,7 @@ def main(argv=None) -> None:
             + (" (cold)" if cold else "")
             + extra
         )
-        previous_commit, previous_started = committed, started
+        previous_commit = committed
 
     warm = [r for r in out if not r["cold"] and r["interval_s"] is not None]
     summary: dict = {"iterations": len(out), "warm": len(warm)}
