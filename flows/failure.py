@@ -29,7 +29,7 @@ from ppoflow.infra.experiment.lock import ExperimentLocked, LeaseExpired
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.preflight import rollback_hint
 from ppoflow.infra.remote.errors import RankFailure
-from ppoflow.tasks.step import is_permanent, storage_full
+from ppoflow.tasks.step import cause_text, is_permanent, storage_full
 
 __all__ = [
     "print_failure",
@@ -39,24 +39,6 @@ __all__ = [
     "terminal",
     "TerminalFilter",
 ]
-
-MAX_CAUSE_LINES = 24
-
-
-def cause_text(exc: BaseException | None) -> str:
-    """The exception's type and message, up to the first detail section (a rank's traceback or
-    output tail, marked ``--- ...``) and at most :data:`MAX_CAUSE_LINES` lines."""
-    if exc is None:
-        return "unknown (see the log)"
-    lines = []
-    for line in f"{type(exc).__name__}: {exc}".splitlines():
-        if line.startswith("--- "):
-            lines.append("(the ranks' traceback and output are in the log)")
-            break
-        lines.append(line)
-    if len(lines) > MAX_CAUSE_LINES:
-        lines = lines[:MAX_CAUSE_LINES] + ["... (the rest is in the log)"]
-    return "\n         ".join(lines)
 
 
 def _failed_task(flow_run_id: str | None) -> tuple[str | None, int]:

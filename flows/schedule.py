@@ -56,6 +56,7 @@ from ppoflow.tasks import (
 from ppoflow.tasks.evaluate import due
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, IterationReceipts, R, Receipt
 from ppoflow.tasks.run import RunContext
+from ppoflow.tasks.step import cause_text
 
 __all__ = ["Start", "run_iterations", "needs_reference", "pending_roles"]
 
@@ -236,8 +237,6 @@ class _Commits:
         try:
             self.report(block=True)
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            from ppoflow.flows.failure import cause_text
-
             get_run_logger().warning(f"a pending commit failed too: {cause_text(exc)}")
 
 

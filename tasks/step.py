@@ -114,6 +114,25 @@ def storage_full(exc: BaseException | None) -> bool:
     return False
 
 
+MAX_CAUSE_LINES = 24
+
+
+def cause_text(exc: BaseException | None) -> str:
+    """The exception's type and message, up to the first detail section (a rank's traceback or
+    output tail, marked ``--- ...``) and at most :data:`MAX_CAUSE_LINES` lines."""
+    if exc is None:
+        return "unknown (see the log)"
+    lines = []
+    for line in f"{type(exc).__name__}: {exc}".splitlines():
+        if line.startswith("--- "):
+            lines.append("(the ranks' traceback and output are in the log)")
+            break
+        lines.append(line)
+    if len(lines) > MAX_CAUSE_LINES:
+        lines = lines[:MAX_CAUSE_LINES] + ["... (the rest is in the log)"]
+    return "\n         ".join(lines)
+
+
 def is_permanent(exc: BaseException | None) -> bool:
     """True when retrying cannot help: a :data:`PERMANENT_ERRORS` raised here, or inside a rank
     (a :class:`RankFailure` carries the rank exception's class names), or a full filesystem (a
