@@ -39,7 +39,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 import warnings
@@ -66,6 +65,7 @@ from ppoflow.infra.checkpoint.marker import (
     write_failure,
     write_marker,
 )
+from ppoflow.infra.checkpoint.staging import HostStager
 from ppoflow.infra.checkpoint.state import MODEL, OPTIM, collect, enc, rng_file, rng_state
 from ppoflow.infra.data import storage
 
@@ -84,37 +84,23 @@ def _local_path(url: str) -> str | None:
 
 
 def _space_note(url: str, trees: dict[str, dict]) -> str:
-    """For a failed write to a local filesystem with less room left than this rank's share of the
-    checkpoint: a note that says so (the writers do not always: a shard cut short by a full disk
-    can surface as a failed size check rather than ``ENOSPC``); else ``""``."""
-    path = _local_path(url)
-    if path is None:
+    """A note for a failed write to a local filesystem with less room left than this rank's share
+    of the checkpoint (a shard cut short by a full disk can surface as a failed size check rather
+    than ``ENOSPC``); else ``""``."""
+    free, share = storage.local_free_bytes(url), _nbytes(trees)
+    if free is None or free >= share:
         return ""
-    path = os.path.abspath(path)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    try:
-        free = shutil.disk_usage(path).free
-    except OSError:
-        return ""
-    share = sum(t.numel() * t.element_size() for tree in trees.values() for t in _tensors(tree))
-    if free >= share:
-        return ""
-    return (
-        f" [{os.strerror(errno.ENOSPC)}: {free} bytes free on the filesystem of {path}, "
-        f"this rank's share of the checkpoint is {share} bytes]"
-    )
+    return f" [{os.strerror(errno.ENOSPC)}: {free} bytes free there, this rank's share is {share} bytes]"
 
 
-def _tensors(tree: Any) -> Iterator[torch.Tensor]:
+def _nbytes(tree: Any) -> int:
+    """Bytes of a state tree's tensors on this rank (a DTensor counts its local shard)."""
+    if isinstance(tree, dict):
+        return sum(_nbytes(value) for value in tree.values())
     if isinstance(tree, torch.Tensor):
-        yield tree.to_local() if hasattr(tree, "to_local") else tree  # a DTensor: this rank's shard
-    elif isinstance(tree, dict):
-        for value in tree.values():
-            yield from _tensors(value)
-    elif isinstance(tree, (list, tuple)):
-        for value in tree:
-            yield from _tensors(value)
+        local = tree.to_local() if hasattr(tree, "to_local") else tree
+        return local.numel() * local.element_size()
+    return 0
 
 
 def make_writer(url: str, opts: dict, threads: int = 1) -> Any:
@@ -151,44 +137,6 @@ def dcp_call(what: str, url: str, fn: Any, *args: Any, **kwargs: Any) -> None:
             f"rank {rank}: {type(err).__name__}: {err}" for rank, (err, _) in sorted(exc.failures.items())
         )
         raise CheckpointError(f"{what} checkpoint {url} failed ({causes})") from exc
-
-
-def _layout(tree: Any, prefix: str = "") -> tuple:
-    """The shape of a state tree: every leaf's path, type, shape and dtype (buffers are reused
-    while it stays the same)."""
-    if isinstance(tree, dict):
-        return tuple(item for key in sorted(tree) for item in _layout(tree[key], f"{prefix}{key}."))
-    if isinstance(tree, torch.Tensor):
-        return ((prefix, type(tree).__name__, tuple(tree.shape), str(tree.dtype), tree.device.type),)
-    return ((prefix, type(tree).__name__),)
-
-
-class HostStager:
-    """Copies state trees into host memory (pinned when the tensors live on CUDA), into buffers
-    allocated on first use and reused while the tree's layout stays the same. torch's own
-    ``_create_cpu_state_dict`` / ``_copy_state_dict`` do the work (they keep DTensor structure;
-    DCP's ``BlockingAsyncStager`` is built on them, in torch 2.11 through 2.13; the newer
-    ``DefaultStager`` fails on these trees in torch 2.11)."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, tuple[tuple, dict]] = {}
-
-    def stage(self, name: str, tree: dict) -> dict:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
-        layout = _layout(tree)
-        cached = self._buffers.get(name)
-        cuda = any(leaf[-1] == "cuda" for leaf in layout if len(leaf) == 5)
-        if cached is None or cached[0] != layout:
-            cached = (layout, _create_cpu_state_dict(tree, pin_memory=cuda))
-            self._buffers[name] = cached
-        staged = _copy_state_dict(tree, cached[1], non_blocking=cuda)
-        if cuda:
-            torch.cuda.synchronize()
-        return staged
-
-    def close(self) -> None:
-        self._buffers.clear()
 
 
 class CheckpointWriter:
@@ -338,27 +286,16 @@ class CheckpointWriter:
             if errors:
                 write_failure(url, errors, opts)
             else:
+                done = {**marker, "files": files, "bytes": total, "write_s": write_s, "saved_at": time.time()}
                 try:
                     faults.rank_point(faults.CHECKPOINT_PUBLISH)
-                    write_marker(
-                        url,
-                        {
-                            **marker,
-                            "files": files,
-                            "bytes": total,
-                            "write_s": write_s,
-                            "saved_at": time.time(),
-                        },
-                        opts,
-                    )
+                    write_marker(url, done, opts)
                 except BaseException as exc:  # noqa: BLE001 - every rank must hear of it (below)
                     published = f"rank 0: publishing {MARKER}: {type(exc).__name__}: {exc}"
-        # collective: every rank learns whether the marker is there (a failed publish must fail
-        # the write on every rank; raising on rank 0 alone would leave the others waiting)
-        outcome = all_gather_json({"error": published}, group)
-        errors += [e["error"] for e in outcome if e["error"]]
-        if published is not None:
-            write_failure(url, [published], opts)
+                    write_failure(url, [published], opts)
+        # every rank learns whether the marker is there: raising on rank 0 alone would leave the
+        # others waiting
+        errors += [e["error"] for e in all_gather_json({"error": published}, group) if e["error"]]
         if errors:
             raise CheckpointWriteFailed(f"writing checkpoint {url} failed: {'; '.join(errors)}")
         _LOG.info("saved checkpoint %s (%d bytes) in %.2fs", url, total, write_s)

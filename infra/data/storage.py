@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -268,6 +269,20 @@ def listdir(url: str, storage_options: dict | None = None) -> list[str]:
             continue
         names.append(name)
     return sorted(set(names))
+
+
+def local_free_bytes(url: str) -> int | None:
+    """Free bytes on the local filesystem that holds (or would hold) ``url``; None for remote storage."""
+    fs, path = url_to_fs(url)
+    if not is_local(fs):
+        return None
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
 
 
 def rm(url: str, recursive: bool = False, storage_options: dict | None = None) -> None:
