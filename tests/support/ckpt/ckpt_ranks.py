@@ -145,22 +145,21 @@ def mode_async(work: str, rank: int, world: int, res: dict) -> None:
     writer.save(os.path.join(work, "cd"), model, opt, sched, extra={"k": "d"}, background=True)
     res["retried_ok"] = writer.wait()["url"].endswith("cd")
 
-    os.environ["PPOFLOW_FAULT"] = "rank_raise:checkpoint_write:1:always"
-    writer.save(os.path.join(work, "ce"), model, opt, sched, extra={"k": "e"}, background=True)
-    try:
-        writer.wait()
-        res["failed_raised"] = False
-    except CheckpointWriteFailed as exc:
-        res["failed_raised"] = "injected fault" in str(exc)
+    def fails_with(fault: str, name: str, text: str) -> bool:
+        """A background save of ``work/name`` under ``fault``: its wait raised, naming ``text``."""
+        os.environ["PPOFLOW_FAULT"] = fault
+        writer.save(os.path.join(work, name), model, opt, sched, extra={"k": name[1]}, background=True)
+        try:
+            writer.wait()
+        except CheckpointWriteFailed as exc:
+            return text in str(exc)
+        return False
 
+    res["failed_raised"] = fails_with("rank_raise:checkpoint_write:1:always", "ce", "injected fault")
     # every shard written, then rank 0 cannot publish the marker (a full disk): both ranks raise
-    os.environ["PPOFLOW_FAULT"] = "rank_raise:checkpoint_publish:0"
-    writer.save(os.path.join(work, "cf"), model, opt, sched, extra={"k": "f"}, background=True)
-    try:
-        writer.wait()
-        res["publish_failed_raised"] = False
-    except CheckpointWriteFailed as exc:
-        res["publish_failed_raised"] = "publishing ppoflow_complete.json" in str(exc)
+    res["publish_failed_raised"] = fails_with(
+        "rank_raise:checkpoint_publish:0", "cf", "publishing ppoflow_complete.json"
+    )
     os.environ.pop("PPOFLOW_FAULT")
     writer.close()
 
