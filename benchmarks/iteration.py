@@ -110,6 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--snapshot-every", type=int, default=None, help="checkpoint.snapshot_every (default: the config's)"
     )
+    p.add_argument(
+        "--deterministic", action="store_true", help="resources.deterministic (deterministic update kernels)"
+    )
     p.add_argument("--overlap", choices=["none", "one_step"], default="none", help="algorithm.overlap")
     p.add_argument("--storage", default=None, help="where the experiment goes (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
@@ -265,7 +268,7 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
         },
         "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True, "overlap": args.overlap},
         "storage": {"root": root, "experiment": "bench"},
-        "resources": {"nprocs": args.ranks, "device": args.device},
+        "resources": {"nprocs": args.ranks, "device": args.device, "deterministic": args.deterministic},
         "checkpoint": {
             "async_save": not args.sync_checkpoints,
             "keep_last": 2,
@@ -329,7 +332,8 @@ def report(
         f"response {args.response_len} (mean {mean(rows, 'response_length/mean'):.1f}), "
         f"{'packed micro-batches (dynamic bsz)' if args.dynamic_bsz else 'padded micro-batches'}; "
         f"checkpoints {'sync' if args.sync_checkpoints else 'async'}, snapshot every "
-        f"{args.snapshot_every or 'default'}, overlap {args.overlap}; "
+        f"{args.snapshot_every or 'default'}, overlap {args.overlap}, "
+        f"{'deterministic' if args.deterministic else 'default'} kernels; "
         f"mean of {len(rows)} warm iteration(s)",
         "",
         f"{'stage':<22}{'seconds':>10}{'tokens/s':>12}",

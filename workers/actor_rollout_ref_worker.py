@@ -47,6 +47,7 @@ from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.workers.checkpointing import CheckpointMethods
+from ppoflow.workers.determinism import deterministic_updates
 from ppoflow.workers.device_memory import GIB, PeakMemory, engine_pool_bytes, resident_gib
 from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.modeling import PolicyLM
@@ -277,7 +278,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             raise RuntimeError(f"role {self.role!r} has no trainable actor")
         with optimizer_state_on(actor.optimizer, self.cfg.actor.fsdp, self.device):
             t0 = time.perf_counter()
-            with PeakMemory(self.device) as mem:
+            with PeakMemory(self.device) as mem, deterministic_updates(self.cfg.resources.deterministic):
                 metrics = actor.update_policy(data)
             metrics["perf/update_actor_s"] = time.perf_counter() - t0
             if mem.on:

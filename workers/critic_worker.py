@@ -25,6 +25,7 @@ from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.critic import DataParallelPPOCritic
+from ppoflow.workers.determinism import deterministic_updates
 from ppoflow.workers.device_memory import PeakMemory, release_cached, resident_gib
 from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.modeling import ValueModel
@@ -105,7 +106,7 @@ class CriticWorker(CheckpointMethods, Worker):
         assert critic.optimizer is not None  # init_model built it with one
         with optimizer_state_on(critic.optimizer, self.cfg.critic.fsdp, self.device):
             t0 = time.perf_counter()
-            with PeakMemory(self.device) as mem:
+            with PeakMemory(self.device) as mem, deterministic_updates(self.cfg.resources.deterministic):
                 metrics = critic.update_critic(data)
             metrics["perf/update_critic_s"] = time.perf_counter() - t0
         if mem.on:  # the rollout engine of the next iteration maps its memory on this GPU

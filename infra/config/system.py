@@ -8,7 +8,10 @@ from pydantic import Field, model_validator
 
 from ppoflow.infra.config.names import Section
 
-__all__ = ["StorageConfig", "RendezvousConfig", "CheckpointConfig", "ResourcesConfig"]
+__all__ = ["StorageConfig", "RendezvousConfig", "CheckpointConfig", "ResourcesConfig", "DETERMINISTIC_ENV"]
+
+# the environment of a group with ``resources.deterministic`` (read by cuBLAS and Inductor when a rank starts)
+DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "TORCHINDUCTOR_DETERMINISTIC": "1"}
 
 
 class StorageConfig(Section):
@@ -118,6 +121,13 @@ class ResourcesConfig(Section):
     )
     device: Literal["cpu", "cuda"] = "cpu"
     threads_per_rank: int | None = Field(None, description="CPU threads per rank; None = cores / ranks")
+    deterministic: bool = Field(
+        False,
+        description="deterministic kernels in the actor's and critic's updates (GPU: FlashAttention's "
+        "deterministic backward, no autotuning, a fixed cuBLAS workspace): a replay between snapshots "
+        "then equals the lost state bit for bit on GPUs too, at a cost (docs/checkpoints.md). CPU "
+        "updates are deterministic either way",
+    )
     rendezvous: RendezvousConfig = Field(default_factory=RendezvousConfig)
 
     @model_validator(mode="before")

@@ -39,6 +39,7 @@ from typing import Any
 from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.marker import CheckpointError, IncompleteCheckpointError, is_complete
 from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.config.system import DETERMINISTIC_ENV
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.remote.cluster_key import load_cluster_key
@@ -340,6 +341,8 @@ class RunGroups:
         env = faults.rank_fault_env()
         if self.cfg.resources.threads_per_rank:
             env["PPOFLOW_RANK_THREADS"] = str(self.cfg.resources.threads_per_rank)
+        if self.cfg.resources.deterministic:
+            env.update(DETERMINISTIC_ENV)
         return env
 
     # ------------------------------------------------------------------ calls

@@ -5,8 +5,9 @@ Checked against a single process without FSDP, written plainly here:
   ``compute_ref_log_prob`` too (after an update: the reference stays frozen); ``generate_sequences``
   (HF engine) recomputes ``old_log_probs`` equal to the engine's own ``rollout_log_probs``;
 - one ``update_actor`` (2 mini-batches, micro-batch 3 < mini-batch 4 rows per rank: gradient
-  accumulation over unequal micro-batches, entropy bonus, KL loss, grad clipping) gives the
-  weights of a plain AdamW loop over the same mini-batches, within ``WEIGHT_TOL``;
+  accumulation over unequal micro-batches, entropy bonus, KL loss, grad clipping), with
+  ``resources.deterministic`` on, gives the weights of a plain AdamW loop over the same
+  mini-batches, within ``WEIGHT_TOL``;
 - ``compute_values`` and one ``update_critic`` likewise for the critic.
 One group per worker class; every check on a group runs in one test to pay the start once.
 """
@@ -48,6 +49,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.mark.slow
 def test_actor_log_prob_and_update_match_single_process(tiny):
     cfg = make_config(tiny["dir"])
+    # the update runs under torch's strict deterministic mode (it raises on an op without a
+    # deterministic kernel) and must still give the plain loop's weights
+    cfg.resources.deterministic = True
     batch, tmp = tiny["batch"], tiny["tmp"]
     data_url = save_batch(batch, str(tmp / "rollout.arrow"))
     t0 = time.perf_counter()
@@ -291,3 +295,16 @@ def test_fused_head_update_equals_checkpointed_head(tiny):
         actor.update_policy(data)
         weights.append({k: v.detach().clone() for k, v in actor.module.state_dict().items()})
     assert max_weight_diff(*weights) < 5e-7
+
+
+def test_deterministic_updates_are_strict_inside_and_restore_the_mode_after():
+    from ppoflow.workers.determinism import deterministic_updates
+
+    assert not torch.are_deterministic_algorithms_enabled()
+    with deterministic_updates(True):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
+    with deterministic_updates(False):
+        assert not torch.are_deterministic_algorithms_enabled()
