@@ -154,9 +154,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _state_line(paths: Any, manifest: Any, role: str) -> str:
     """Where ``role``'s state is: its checkpoint, or the snapshot a resume replays it from."""
+    from ppoflow.infra.checkpoint.marker import is_complete
+
     state = manifest.state(role)
     if state is None:
         return "-"
+    manifest = manifest.settled(lambda ref: is_complete(paths.url(ref)))  # deferred snapshots written since
     chain = manifest.replay.get(role, [])
     if not chain:
         return f"{paths.url(state)} (a snapshot)"

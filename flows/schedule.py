@@ -175,15 +175,18 @@ def _updates(
     ctx: RunContext, n: int, start: Start, data: _Data, upcoming: _Data | None, last: bool
 ) -> IterationReceipts:
     """Submit iteration ``n``'s updates (after the data side of ``n + 1`` with one-step overlap:
-    the groups generate first, then train) and wait for them; the iteration's receipts. With
-    ``last`` (the end of a run, ``checkpoint.snapshot_at_end``) it writes a snapshot whatever
-    ``snapshot_every`` says."""
+    the groups generate first, then train) and wait for them; the iteration's receipts. ``last``:
+    the end of a run, whose snapshot (``checkpoint.snapshot_at_end``: whatever ``snapshot_every``
+    says) its commit waits for."""
     gen, scored, adv = data.receipts()
+    snap = last and ctx.cfg.checkpoint.snapshot_at_end
     waits = upcoming.actor_users if upcoming else None
-    updates = [update_actor.submit(ctx.key, n, adv, start.actor, snapshot=last, wait_for=waits)]
+    updates = [update_actor.submit(ctx.key, n, adv, start.actor, snapshot=snap, final=last, wait_for=waits)]
     if ctx.cfg.critic.enable:
         waits = upcoming.critic_users if upcoming else None
-        updates.append(update_critic.submit(ctx.key, n, adv, start.critic, snapshot=last, wait_for=waits))
+        updates.append(
+            update_critic.submit(ctx.key, n, adv, start.critic, snapshot=snap, final=last, wait_for=waits)
+        )
     return IterationReceipts(generate=gen, scored=scored, advantage=adv, updates=_results(updates))
 
 
@@ -260,7 +263,7 @@ def run_iterations(
             if one_step and i + 1 < iterations:
                 upcoming = _submit_data(ctx, n + 1, _next_data_side(ctx, n, start, data))
             last = i + 1 == iterations
-            receipts = _updates(ctx, n, start, data, upcoming, last and ctx.cfg.checkpoint.snapshot_at_end)
+            receipts = _updates(ctx, n, start, data, upcoming, last)
             evaluated = None
             if due(ctx.cfg, n, last_of_run=last):  # on the actor group, holding update n
                 evaluated = evaluate.submit(ctx.key, n, ctx.paths.checkpoint("actor", n))

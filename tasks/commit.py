@@ -5,7 +5,9 @@ after the groups are built, and publish manifest 0 (data cursor at the start, th
 coefficient).
 
 ``commit``: wait until iteration n's checkpoints are complete (written in the background while
-the next iteration already runs; a lost one is recomputed, see ``RunContext.materialize``), gather
+the next iteration already runs; a lost one is recomputed, see ``RunContext.materialize``) — but
+not for a deferred snapshot (tasks/update.py), whose state the manifest's replay chain covers
+until a later commit finds it written (``Manifest.settled``) — gather
 the receipts of iteration n into ``iterations/n/metrics.json``, then publish manifest n (new
 checkpoints, the data cursor after this batch, the KL controller's coefficient), and finally apply
 the retention policy (``checkpoint.keep_last`` / ``keep_every``). Both check first that this run
@@ -189,7 +191,7 @@ def commit(
             rollout_checkpoints=rollout_checkpoints,
             before=_evaluation_of_zero(paths) if n == 1 else None,
             updated=_updated(paths, receipts),
-        )
+        ).settled(lambda ref: is_complete(paths.url(ref) or ""))
         ctx.lock.check()
         publish(paths, manifest)
         maybe_fail("commit", "after", n)

@@ -125,7 +125,7 @@ def replay_entry(paths: ExperimentPaths, receipt: Receipt, role: str) -> dict[st
     entry = receipt.replay[role]
     fs, path = storage.url_to_fs(entry["batch"])
     size, digest = hash_file(fs, path)
-    return {
+    record = {
         "iteration": receipt.iteration,
         "state": paths.ref(receipt.checkpoints[role]),
         "previous": paths.ref(entry["previous"]),
@@ -133,6 +133,9 @@ def replay_entry(paths: ExperimentPaths, receipt: Receipt, role: str) -> dict[st
         "bytes": size,
         "xxh3": digest,
     }
+    if entry.get("snapshot") == "deferred":  # its state is being written too (tasks/update.py)
+        record["snapshot"] = True
+    return record
 
 
 def committed_chain(paths: ExperimentPaths, role: str, state: str) -> list[dict[str, Any]]:

@@ -7,17 +7,22 @@ the checkpoint of iteration n-1 (a rebuilt or dirty group loads it), run the upd
 reloads n-1 and updates again, so it ends in the same weights as a run that never failed.
 
 With ``checkpoint.async_save`` (the default) the task returns once the state is staged in host
-memory; the group writes it in the background while the next iteration runs, and ``commit n``
-waits for it. The receipt is written at once: it names checkpoint n, and a receipt counts as done
-only while its checkpoint is complete (``find_receipt``), so a rerun after a crash mid-write
-updates again from n-1. Within the run, a lost write is recomputed from its lineage
-(:mod:`ppoflow.tasks.checkpoints`).
+memory; the group writes it in the background while the next iteration runs.
 
 Only every ``checkpoint.snapshot_every``-th iteration, and the last of each run (``snapshot``),
 writes its state (a snapshot): a finished run leaves a state that loads without replay. Any other
 iteration writes nothing: its receipt records how the state came about (the state it started
 from, the batch, the method), and a run that needs the state later rebuilds it by replaying the
 updates since the snapshot (:mod:`ppoflow.tasks.replay`).
+
+Who waits for a write: with ``snapshot_every: 1`` every state is written and ``commit n`` waits
+for checkpoint n (a receipt counts as done only while its checkpoint is complete, so a rerun after
+a crash mid-write updates again from n-1; within the run a lost write is recomputed from its
+lineage, :mod:`ppoflow.tasks.checkpoints`); so does the commit of a run's last iteration
+(``final``). Any other snapshot is *deferred*: its receipt records the update for replay as well
+(``replay[role]["snapshot"]``), commit n publishes without waiting, and a later commit starts the
+role's replay chain at the snapshot once it is complete. Until then — and for good, if the write
+is lost — the state is rebuilt from the snapshot before it, as between snapshots.
 
 Metrics: ``timing_s/save_checkpoint_<role>`` is what the checkpoint cost this task (staging, plus
 waiting for the group's previous write if it was still running: ``timing_s/checkpoint_wait_<role>``),
@@ -36,7 +41,13 @@ __all__ = ["update_actor", "update_critic"]
 
 
 def _update(
-    step: Step[Receipt], role: str, method: str, advantages: AdvantageReceipt, previous: str, snapshot: bool
+    step: Step[Receipt],
+    role: str,
+    method: str,
+    advantages: AdvantageReceipt,
+    previous: str,
+    snapshot: bool,
+    final: bool,
 ) -> Receipt:
     """Run ``method`` on ``role``'s group from checkpoint ``previous`` and save checkpoint n."""
     ctx, checkpoint = step.ctx, step.paths.checkpoint(role, step.n)
@@ -45,9 +56,10 @@ def _update(
     ctx.groups.set_state(role, None)  # the live module leaves checkpoint n-1 from here on
     data = advantages.output("advantages")
     metrics = reduce_rank_metrics(getattr(worker, method)(data, dp_blocks=update_blocks(step.cfg, method)))
-    if step.n % step.cfg.checkpoint.snapshot_every and not snapshot:  # rebuilt by replay when needed
+    every = step.cfg.checkpoint.snapshot_every
+    replay = {role: {"previous": previous, "batch": data, "method": method}}
+    if step.n % every and not snapshot:  # rebuilt by replay when needed
         ctx.groups.set_state(role, checkpoint)
-        replay = {role: {"previous": previous, "batch": data, "method": method}}
         return step.receipt(checkpoints={role: checkpoint}, replay=replay, metrics=metrics)
     extra = {"iteration": step.n, "experiment": step.cfg.storage.experiment}
     with Timer() as save:
@@ -57,21 +69,33 @@ def _update(
     ctx.writes.started(lineage, ctx.groups.current_group(role), background=background)
     metrics[f"timing_s/save_checkpoint_{role}"] = save.seconds
     metrics[f"timing_s/checkpoint_wait_{role}"] = max(float(r.get("waited_s", 0.0)) for r in per_rank)
+    if every > 1 and not final and background:  # deferred: commit does not wait for this write
+        deferred = {role: {**replay[role], "snapshot": "deferred"}}
+        return step.receipt(checkpoints={role: checkpoint}, replay=deferred, metrics=metrics)
     return step.receipt(checkpoints={role: checkpoint}, metrics=metrics)
 
 
 @ppo_task("update_actor", roles=("actor",))
 def update_actor(
-    step: Step[Receipt], advantages: AdvantageReceipt, actor_checkpoint: str, snapshot: bool = False
+    step: Step[Receipt],
+    advantages: AdvantageReceipt,
+    actor_checkpoint: str,
+    snapshot: bool = False,
+    final: bool = False,
 ) -> Receipt:
     """PPO policy update from ``actor_checkpoint`` (n-1); saves ``checkpoints/actor/n`` if it is a
-    snapshot (every ``snapshot_every``-th iteration, or ``snapshot``: the last of a run)."""
-    return _update(step, "actor", "update_actor", advantages, actor_checkpoint, snapshot)
+    snapshot (every ``snapshot_every``-th iteration, or ``snapshot``: the last of a run). ``final``:
+    the run's last iteration (its commit waits for the write)."""
+    return _update(step, "actor", "update_actor", advantages, actor_checkpoint, snapshot, final)
 
 
 @ppo_task("update_critic", roles=("critic",))
 def update_critic(
-    step: Step[Receipt], advantages: AdvantageReceipt, critic_checkpoint: str, snapshot: bool = False
+    step: Step[Receipt],
+    advantages: AdvantageReceipt,
+    critic_checkpoint: str,
+    snapshot: bool = False,
+    final: bool = False,
 ) -> Receipt:
     """Value update from ``critic_checkpoint`` (n-1); saves ``checkpoints/critic/n`` if a snapshot."""
-    return _update(step, "critic", "update_critic", advantages, critic_checkpoint, snapshot)
+    return _update(step, "critic", "update_critic", advantages, critic_checkpoint, snapshot, final)

@@ -27,7 +27,8 @@ each new config is stored under ``configs/`` and listed in ``config_history``.
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, overload
 
 from ppoflow.infra.config import ConfigError, ExperimentConfig, dump_config
@@ -150,7 +151,9 @@ class Manifest:
     # off-policy: the checkpoints of iteration n-1); {"actor": ref, "critic": ref}; None = those
     rollout_checkpoints: dict[str, str | None] | None = None
     # per role, the updates since its last written state (snapshot), oldest first: {iteration,
-    # state, previous, batch, bytes, xxh3} (ppoflow.tasks.replay); empty: its state is written
+    # state, previous, batch, bytes, xxh3} (ppoflow.tasks.replay); empty: its state is written.
+    # An entry with "snapshot": true is a deferred snapshot: its state was being written when the
+    # iteration committed (a later commit starts the chain after it once it is complete)
     replay: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def state(self, role: str) -> str | None:
@@ -168,7 +171,20 @@ class Manifest:
         replayed = {entry["state"] for chain in self.replay.values() for entry in chain}
         refs = [self.snapshot("actor"), self.snapshot("critic")]
         refs += [r for r in (self.rollout_checkpoints or {}).values() if r not in replayed]
+        # a deferred snapshot is kept while it may be written (retention must not take it away)
+        refs += [e["state"] for chain in self.replay.values() for e in chain if e.get("snapshot")]
         return sorted({r for r in refs if r})
+
+    def settled(self, complete: Callable[[str], bool]) -> Manifest:
+        """This manifest with each role's chain started after its last deferred snapshot that
+        ``complete`` (a relative reference -> bool) says is written by now."""
+        chains = {}
+        for role, chain in self.replay.items():
+            done = [i for i, e in enumerate(chain) if e.get("snapshot") and complete(e["state"])]
+            rest = chain[done[-1] + 1 :] if done else chain
+            if rest:
+                chains[role] = rest
+        return replace(self, replay=chains)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

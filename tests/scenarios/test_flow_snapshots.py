@@ -2,6 +2,7 @@
 a critic group), against an uninterrupted run of the same config that writes every state
 (``checkpoint.snapshot_every: 1``):
 
+- snapshots between the ends of runs are deferred (a commit does not wait for their writes);
 - a flow SIGKILLed between two snapshots, and a rank killed between two snapshots, resume by
   replaying the stored updates since the snapshot and commit the same metrics, data cursors and
   snapshots (weights, optimizer state, every rank's RNG) bit for bit;
@@ -100,8 +101,11 @@ def test_a_killed_rank_between_snapshots_is_rebuilt_by_replay(reference, snapped
     paths = ExperimentPaths.of(cfg)
     manifest = read_manifest(paths)
     assert manifest.iteration == ITERATIONS and manifest.replay == {}  # 6 is a snapshot
+    # 3 is a deferred snapshot (its commit did not wait for the write); by commit 5 it was written,
+    # and 5's chain starts after it: snapshot 3 + 2 updates
+    assert storage.read_json(paths.receipt(3, "update_actor"))["replay"]["actor"]["snapshot"] == "deferred"
     m5 = storage.read_json(paths.file(5, "manifest.json"))
-    assert [e["iteration"] for e in m5["replay"]["actor"]] == [4, 5]  # 5's state: snapshot 3 + 2 updates
+    assert [e["iteration"] for e in m5["replay"]["actor"]] == [4, 5]
     metrics5 = storage.read_json(paths.file(5, "metrics.json"))
     assert metrics5["replay/actor_updates"] == 1 and metrics5["timing_s/replay_actor"] > 0
     _same_iterations(reference.storage.experiment_url, cfg.storage.experiment_url, range(1, ITERATIONS + 1))

@@ -97,3 +97,40 @@ def test_identity_change_is_refused_with_the_fix(tmp_path, key, value):
 def test_manifest_rejects_unknown_format(tmp_path):
     with pytest.raises(ManifestConflict, match="format"):
         Manifest.from_json({"format": 99})
+
+
+def _entry(n: int, snapshot: bool = False) -> dict:
+    entry = {
+        "iteration": n,
+        "state": f"checkpoints/actor/{n:06d}",
+        "previous": f"checkpoints/actor/{n - 1:06d}",
+        "batch": f"iterations/{n:06d}/advantages.arrow",
+        "bytes": 1,
+        "xxh3": "0",
+    }
+    return {**entry, "snapshot": True} if snapshot else entry
+
+
+def test_a_deferred_snapshot_is_kept_and_starts_the_chain_once_written(tmp_path):
+    """Snapshot 3 was still being written when iterations 3 and 4 committed: the chain replays from
+    snapshot 0, retention keeps both snapshots; once 3 is written the chain starts after it."""
+    cfg = _cfg(str(tmp_path))
+    paths = ExperimentPaths.of(cfg)
+    m0 = initial_manifest(cfg, paths, paths.checkpoint("actor", 0), None, None)
+    chain = [_entry(1), _entry(2), _entry(3, snapshot=True), _entry(4)]
+    m4 = Manifest(
+        **{**m0.to_json(), "iteration": 4, "actor_checkpoint": chain[-1]["state"], "replay": {"actor": chain}}
+    )
+    assert m4.snapshot("actor") == "checkpoints/actor/000000"
+    assert m4.checkpoints() == ["checkpoints/actor/000000", "checkpoints/actor/000003"]
+
+    written: set[str] = set()
+    assert m4.settled(written.__contains__) == m4  # not written yet: nothing changes
+    written.add("checkpoints/actor/000003")
+    settled = m4.settled(written.__contains__)
+    assert settled.replay == {"actor": [_entry(4)]}
+    assert settled.snapshot("actor") == "checkpoints/actor/000003"
+    assert settled.checkpoints() == ["checkpoints/actor/000003"]
+    # the state itself a written deferred snapshot: no chain left
+    m3 = Manifest(**{**m4.to_json(), "iteration": 3, "replay": {"actor": chain[:3]}})
+    assert m3.settled(written.__contains__).replay == {}
