@@ -13,6 +13,7 @@ __all__ = [
     "Section",
     "AdvEstimatorName",
     "LossAggMode",
+    "PolicyLossName",
     "KLPenaltyKind",
     "KLControllerKind",
     "one_of",
@@ -52,6 +53,7 @@ def one_of(what: str, names: Callable[[], Iterable[str]]) -> Any:
 
 
 AdvEstimatorName = one_of("advantage estimator", registry("ADV_ESTIMATORS"))
+PolicyLossName = one_of("policy loss", registry("POLICY_LOSSES"))
 LossAggMode = one_of("loss aggregation mode", registry("LOSS_AGG_MODES"))
 KLPenaltyKind = one_of("KL penalty kind", registry("KL_PENALTY_KINDS"))
 KLControllerKind = one_of("KL controller", registry("KL_CONTROLLERS"))
