@@ -6,6 +6,7 @@ Modules:
     losses      agg_loss, compute_policy_loss, compute_value_loss, compute_entropy_loss
     advantages  GAE, GRPO, RLOO, REINFORCE++ (+ baseline), the ADV_ESTIMATORS registry
     policy_losses  vanilla / GSPO / GSPO-token / CISPO, the POLICY_LOSSES registry
+    shaping     DAPO's overlong penalty, truncated rows, informative groups (dynamic sampling)
     kl          kl_penalty, Fixed/AdaptiveKLController, apply_kl_penalty
 """
 
@@ -48,6 +49,7 @@ from ppoflow.algos.policy_losses import (
     register_policy_loss,
     vanilla_policy_loss,
 )
+from ppoflow.algos.shaping import informative_groups, overlong_penalty, truncated_rows
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -77,6 +79,9 @@ __all__ = [
     "compute_value_loss",
     "entropy_from_logits",
     "get_adv_estimator",
+    "informative_groups",
+    "overlong_penalty",
+    "truncated_rows",
     "get_kl_controller",
     "kl_penalty",
     "logprobs_from_logits",

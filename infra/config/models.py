@@ -168,6 +168,19 @@ class RewardModelConfig(Section):
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
+class OverlongBufferConfig(Section):
+    """DAPO's overlong reward shaping: a response whose length enters the last ``length`` tokens
+    before ``rollout.response_length`` gets a penalty growing linearly to ``-penalty_factor``."""
+
+    enable: bool = False
+    length: int | None = Field(
+        None,
+        ge=1,
+        description="the buffer in tokens; None = a fifth of rollout.response_length (DAPO: 4096 of 20480)",
+    )
+    penalty_factor: float = Field(1.0, ge=0.0)
+
+
 class RewardConfig(Section):
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     rule: bool = Field(True, description="score with the rule registered for each row's data_source")
@@ -176,3 +189,4 @@ class RewardConfig(Section):
         description="'package.module:function' (score(data_source, solution_str, ground_truth, extra_info) -> float)",
     )
     rm_weight: float = 1.0
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
