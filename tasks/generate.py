@@ -17,7 +17,8 @@ order) or ``max_rounds`` rounds fail to fill the batch (a :class:`DataError` nam
 Round 0 writes ``prompts.arrow`` and ``rollout-r0.arrow``, round r ``prompts-r{r}.arrow`` and
 ``rollout-r{r}.arrow``; the kept groups go to ``rollout.arrow``. Rounds depend only on the cursor
 and the seeds, so a retried generate commits the same batch, and the cursor moves past every
-prompt sampled. Metrics: ``rollout/generation_rounds``, ``rollout/filtered_groups_share``.
+prompt sampled. Metrics: ``rollout/generation_rounds``, ``rollout/filtered_groups_share`` (the
+groups sampled that scored all alike); the engine's ``rollout/*`` metrics are the last round's.
 """
 
 from __future__ import annotations
@@ -51,17 +52,18 @@ def round_seed(seed: int, rollout_seed: int, n: int, round_: int) -> int:
     return int(np.random.SeedSequence(words).generate_state(1)[0] >> 1)
 
 
-def keep_informative_groups(batch: DataProto, scores: list[float], wanted: int) -> tuple[DataProto, int]:
+def keep_informative_groups(batch: DataProto, scores: list[float], wanted: int) -> tuple[DataProto, int, int]:
     """The rows of the first ``wanted`` groups (``uid``) of ``batch`` whose ``scores`` differ, in
-    row order, and how many groups ``batch`` had in all."""
+    row order; how many groups ``batch`` has, and how many of them scored all alike."""
     from ppoflow.algos import informative_groups
 
-    uids = batch.non_tensor_batch["uid"]
-    keep = informative_groups(scores, uids)
-    chosen = list(dict.fromkeys(u for u, k in zip(uids.tolist(), keep) if k))[:wanted]
-    chosen_set = set(chosen)
-    rows = np.asarray([u in chosen_set for u in uids.tolist()], dtype=bool)
-    return batch[rows], len(set(uids.tolist()))
+    uids = batch.non_tensor_batch["uid"].tolist()
+    keep = informative_groups(scores, np.asarray(uids, dtype=object))
+    informative = list(dict.fromkeys(u for u, k in zip(uids, keep) if k))
+    chosen = set(informative[:wanted])
+    rows = np.asarray([u in chosen for u in uids], dtype=bool)
+    total = len(set(uids))
+    return batch[rows], total, total - len(informative)
 
 
 @ppo_task("generate", GenerateReceipt, roles=("actor",))
@@ -80,7 +82,7 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
     prompts_url, rollout_url = step.file("prompts.arrow"), step.file("rollout.arrow")
     actor = None
     kept: list[DataProto] = []
-    groups = generated = truncated = 0
+    groups = generated = alike = truncated = 0
     next_cursor, round_metrics = cursor, []
     for r in range(rounds):
         where = f"round {r}, epoch {next_cursor['epoch']} offset {next_cursor['offset']}"
@@ -114,8 +116,8 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
         batch = DataProto.load(round_rollout)
         round_metrics.append(batch.meta_info.get("metrics") or {})
         scores = _scores(step, batch)
-        part, in_round = keep_informative_groups(batch, scores, wanted - groups)
-        generated += in_round
+        part, in_round, alike_in_round = keep_informative_groups(batch, scores, wanted - groups)
+        generated, alike = generated + in_round, alike + alike_in_round
         groups += len(set(part.non_tensor_batch["uid"].tolist()))
         kept.append(part)
         if groups >= wanted:
@@ -125,7 +127,7 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
             raise DataError(
                 f"dynamic sampling: {dynamic.max_rounds} generation rounds of iteration {n} found "
                 f"{groups} of the {wanted} prompt groups a batch needs whose responses scored "
-                f"differently (the other {generated - groups} scored all alike: no gradient signal). "
+                f"differently (the other {alike} scored all alike: no gradient signal). "
                 "Raise algorithm.dynamic_sampling.max_rounds, use prompts the policy sometimes "
                 "solves, or disable dynamic sampling"
             )
@@ -136,7 +138,7 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
         metrics["weight_sync_s"] = metrics["rollout/weight_sync_s"]
     if dynamic.enable:
         metrics["rollout/generation_rounds"] = float(len(round_metrics))
-        metrics["rollout/filtered_groups_share"] = 1.0 - groups / generated if generated else 0.0
+        metrics["rollout/filtered_groups_share"] = alike / generated if generated else 0.0
     metrics["data/truncated_prompts"] = float(truncated)
     metrics["data/epoch"] = float(cursor["epoch"])
     return step.receipt(

@@ -100,8 +100,8 @@ def test_keep_informative_groups_drops_equal_groups_and_stops_at_the_wanted_coun
     uids = ["a", "a", "b", "b", "c", "c", "d", "d"]
     scores = [1.0, 0.0, 1.0, 1.0, 0.0, 0.5, 0.2, 0.3]  # b scored alike
     batch = DataProto.from_dict({"x": torch.arange(8)}, {"uid": np.asarray(uids, dtype=object)})
-    kept, total = keep_informative_groups(batch, scores, wanted=2)
-    assert total == 4
+    kept, total, alike = keep_informative_groups(batch, scores, wanted=2)
+    assert (total, alike) == (4, 1)
     assert kept.non_tensor_batch["uid"].tolist() == ["a", "a", "c", "c"]
     assert kept.batch["x"].tolist() == [0, 1, 4, 5]
 

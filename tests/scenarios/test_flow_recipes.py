@@ -5,9 +5,11 @@
    rounds, commits a full batch of groups whose scores differ, and the cursor moves past every
    prompt sampled. The same iteration again on a rolled-back copy, with a rank killed in
    ``generate_sequences``: the retried generate commits the same batch, bit for bit.
-2. A chain of recipes on one experiment, one iteration each (each a flow run with a changed
-   config): GSPO, CISPO, Dr. GRPO; and DAPO with a reward that never differs ends with the
-   dynamic-sampling cap's message, committing nothing.
+2. GSPO for one iteration (its sequence-ratio metrics reach the commit); then the same experiment
+   with DAPO and a reward that never differs: the dynamic-sampling cap ends the run with its
+   message, committing nothing. (CISPO and the other recipes differ from these only in the loss or
+   the estimator's settings: tests/algos, tests/infra/test_recipes.py and the actor's exact
+   gradient-accumulation test cover them.)
 """
 
 from __future__ import annotations
@@ -61,7 +63,12 @@ def test_dapo_drops_groups_fills_the_batch_and_a_killed_generate_commits_the_sam
     assert read_manifest(paths).iteration == 1
     metrics = storage.read_json(paths.file(1, "metrics.json"))
     rounds = metrics["rollout/generation_rounds"]
-    assert rounds >= 2 and metrics["rollout/filtered_groups_share"] >= 0.5  # even prompts dropped
+    # every even-numbered prompt sampled scored all alike: at least their share was filtered
+    sampled = [paths.file(1, "prompts.arrow")]
+    sampled += [paths.file(1, f"prompts-r{r}.arrow") for r in range(1, int(rounds))]
+    infos = [i for url in sampled for i in DataProto.load(url).non_tensor_batch["extra_info"]]
+    evens = sum(info["index"] % 2 == 0 for info in infos) / len(infos)
+    assert rounds >= 2 and evens > 0 and metrics["rollout/filtered_groups_share"] >= evens
     batch = DataProto.load(paths.file(1, "advantages.arrow"))
     assert len(batch) == 4 * 2 and len(set(batch.non_tensor_batch["uid"].tolist())) == 4
     indices = [info["index"] for info in batch.non_tensor_batch["extra_info"]]
@@ -92,9 +99,7 @@ def test_dapo_drops_groups_fills_the_batch_and_a_killed_generate_commits_the_sam
     assert_same_commit(cfg.storage.experiment_url, copy, 1, roles=("actor",))
 
 
-def test_gspo_then_cispo_commit_and_dapo_without_signal_stops_at_the_cap(
-    prefect_harness, flow_config, tmp_path
-):
+def test_gspo_commits_and_dapo_without_signal_stops_at_the_cap(prefect_harness, flow_config, tmp_path):
     from ppoflow.flows.ppo import ppo
 
     root = str(tmp_path)
@@ -106,17 +111,11 @@ def test_gspo_then_cispo_commit_and_dapo_without_signal_stops_at_the_cap(
     assert {"actor/seq_ratio/mean", "actor/seq_ratio/max", "actor/pg_clipfrac_high"} <= set(m1)
     assert m1["actor/seq_ratio/min"] <= m1["actor/seq_ratio/mean"] <= m1["actor/seq_ratio/max"]
 
-    cfg = flow_config(root, "chain", **GROUP_RUN, recipe="cispo")
-    ppo(cfg, iterations=1)
-    m2 = storage.read_json(paths.file(2, "metrics.json"))
-    assert read_manifest(paths).iteration == 2 and "actor/seq_ratio/mean" not in m2
-    assert m2["actor/pg_clipfrac_low"] == 0.0  # no lower bound on CISPO's weights
-
     over = {**GROUP_RUN, "reward.custom_function": "tests.support.rewards:always_half"}
     cfg = flow_config(root, "chain", **over, recipe="dapo", **{"algorithm.dynamic_sampling.max_rounds": 2})
     state = ppo(cfg, iterations=1, return_state=True)
     assert state.is_failed()
     message = str(state.result(raise_on_failure=False))
-    assert "dynamic sampling: 2 generation rounds of iteration 3 found 0 of the 4 prompt groups" in message
-    assert "algorithm.dynamic_sampling.max_rounds" in message
-    assert read_manifest(paths).iteration == 2  # nothing committed
+    assert "dynamic sampling: 2 generation rounds of iteration 2 found 0 of the 4 prompt groups" in message
+    assert "(the other 8 scored all alike" in message and "algorithm.dynamic_sampling.max_rounds" in message
+    assert read_manifest(paths).iteration == 1  # nothing committed
