@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
 
 from ppoflow.infra.config import ConfigError, ExperimentConfig, parse_config
-from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.tasks.generate import keep_informative_groups, round_seed
 
 BASE = {"model": {"path": "m"}, "data": {"train_files": ["d.parquet"]}, "rollout": {"n": 4}}
 
@@ -94,21 +90,3 @@ def test_dapo_settings_are_refused_with_the_fix(over, needle):
 def test_default_overlong_buffer_is_a_fifth_of_the_response_length():
     cfg = parse_config({**BASE, "recipe": "dapo", "rollout": {"n": 2, "response_length": 20}})
     assert cfg.overlong_buffer_length() == 4
-
-
-def test_keep_informative_groups_drops_equal_groups_and_stops_at_the_wanted_count():
-    uids = ["a", "a", "b", "b", "c", "c", "d", "d"]
-    scores = [1.0, 0.0, 1.0, 1.0, 0.0, 0.5, 0.2, 0.3]  # b scored alike
-    batch = DataProto.from_dict({"x": torch.arange(8)}, {"uid": np.asarray(uids, dtype=object)})
-    kept, total, alike = keep_informative_groups(batch, scores, wanted=2)
-    assert (total, alike) == (4, 1)
-    assert kept.non_tensor_batch["uid"].tolist() == ["a", "a", "c", "c"]
-    assert kept.batch["x"].tolist() == [0, 1, 4, 5]
-
-
-def test_round_zero_samples_with_the_iteration_seed_and_rounds_differ():
-    from ppoflow.tasks.generate import iteration_seed
-
-    assert round_seed(7, 0, 3, 0) == iteration_seed(7, 0, 3)
-    assert len({round_seed(7, 0, 3, r) for r in range(5)}) == 5
-    assert round_seed(7, 0, 3, 2) == round_seed(7, 0, 3, 2)
