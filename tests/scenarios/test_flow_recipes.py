@@ -81,6 +81,11 @@ def test_dapo_drops_groups_fills_the_batch_and_a_killed_generate_commits_the_sam
     full = (rollout.batch["response_mask"].sum(-1) >= cfg.rollout.response_length).numpy()
     assert metrics["response/truncated_share"] == pytest.approx(full.mean())
     assert np.all(batch.batch["response_mask"].sum(-1).numpy()[full] == 0)
+    assert metrics["response/filtered_overlong"] == full.sum()
+    # overlong shaping, DAPO's equation with L_max = 8, L_cache = 4
+    lengths = rollout.batch["response_mask"].sum(-1).tolist()
+    penalties = [-min(max(n - (8 - 4), 0) / 4, 1.0) for n in lengths]
+    assert metrics["response/overlong_penalty_mean"] == pytest.approx(sum(penalties) / len(penalties))
     assert {"actor/pg_clipfrac_low", "actor/pg_clipfrac_high"} <= set(metrics)
     print(
         f"\ndapo: {rounds:.0f} rounds, {metrics['rollout/filtered_groups_share']:.2f} of groups dropped, "
