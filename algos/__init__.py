@@ -5,6 +5,8 @@ Modules:
     logits      entropy_from_logits, logprobs_from_logits
     losses      agg_loss, compute_policy_loss, compute_value_loss, compute_entropy_loss
     advantages  GAE, GRPO, RLOO, REINFORCE++ (+ baseline), the ADV_ESTIMATORS registry
+    policy_losses  vanilla / GSPO / GSPO-token / CISPO, the POLICY_LOSSES registry
+    shaping     DAPO's overlong penalty, truncated rows, informative groups (dynamic sampling)
     kl          kl_penalty, Fixed/AdaptiveKLController, apply_kl_penalty
 """
 
@@ -38,6 +40,16 @@ from ppoflow.algos.losses import (
     compute_value_loss,
 )
 from ppoflow.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from ppoflow.algos.policy_losses import (
+    POLICY_LOSSES,
+    cispo_policy_loss,
+    get_policy_loss,
+    gspo_policy_loss,
+    gspo_token_policy_loss,
+    register_policy_loss,
+    vanilla_policy_loss,
+)
+from ppoflow.algos.shaping import informative_groups, overlong_penalty, truncated_rows
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -45,6 +57,13 @@ __all__ = [
     "KL_CONTROLLERS",
     "KL_PENALTY_KINDS",
     "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "cispo_policy_loss",
+    "get_policy_loss",
+    "gspo_policy_loss",
+    "gspo_token_policy_loss",
+    "register_policy_loss",
+    "vanilla_policy_loss",
     "AdaptiveKLController",
     "FixedKLController",
     "agg_loss",
@@ -60,6 +79,9 @@ __all__ = [
     "compute_value_loss",
     "entropy_from_logits",
     "get_adv_estimator",
+    "informative_groups",
+    "overlong_penalty",
+    "truncated_rows",
     "get_kl_controller",
     "kl_penalty",
     "logprobs_from_logits",

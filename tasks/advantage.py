@@ -10,6 +10,12 @@
 3. ``advantages``, ``returns`` by ``algorithm.adv_estimator`` (GAE with the critic's values;
    GRPO / RLOO group the responses of one prompt by ``uid``).
 
+DAPO's settings: ``reward.overlong_buffer`` adds the soft overlong penalty
+(``ppoflow.algos.overlong_penalty``) to the score on the last response token (step 1);
+``algorithm.filter_overlong_responses`` zeroes the response mask of the responses cut at
+``rollout.response_length`` after step 3, so they get no loss. Metrics: ``response/truncated_share``,
+``response/overlong_penalty_mean``, ``response/filtered_overlong``.
+
 Writes ``advantages.arrow``: the whole training batch (rollout + ref log-probs + values + rm
 scores + the four new columns), the one input of both updates.
 """
@@ -21,7 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ppoflow.algos import apply_kl_penalty, compute_advantage, get_kl_controller
+from ppoflow.algos import (
+    apply_kl_penalty,
+    compute_advantage,
+    get_kl_controller,
+    overlong_penalty,
+    truncated_rows,
+)
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.metrics import compute_data_metrics
@@ -75,10 +87,33 @@ def _token_level_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any)
     scores = torch.zeros(mask.shape, dtype=torch.float32)
     if "rm_scores" in batch.batch:
         scores += cfg.reward.rm_weight * batch.batch["rm_scores"].float()
+    last = (mask.sum(-1) - 1).clamp(min=0)
     if cfg.reward.rule or cfg.reward.custom_function:
-        last = (mask.sum(-1) - 1).clamp(min=0)
         scores[torch.arange(len(last)), last] += rule_scores(cfg, batch, tokenizer)
+    if cfg.reward.overlong_buffer.enable:
+        penalty = overlong_penalty(
+            mask.sum(-1),
+            cfg.rollout.response_length,
+            cfg.overlong_buffer_length(),
+            cfg.reward.overlong_buffer.penalty_factor,
+        )
+        scores[torch.arange(len(last)), last] += penalty
     return scores
+
+
+def _overlong_metrics(cfg: ExperimentConfig, mask: torch.Tensor) -> dict[str, float]:
+    """The share of responses cut at the length limit, and DAPO's overlong penalty on average."""
+    truncated = truncated_rows(mask, cfg.rollout.response_length)
+    out = {"response/truncated_share": float(truncated.float().mean()) if len(mask) else 0.0}
+    if cfg.reward.overlong_buffer.enable:
+        penalty = overlong_penalty(
+            mask.sum(-1),
+            cfg.rollout.response_length,
+            cfg.overlong_buffer_length(),
+            cfg.reward.overlong_buffer.penalty_factor,
+        )
+        out["response/overlong_penalty_mean"] = float(penalty.mean()) if len(mask) else 0.0
+    return out
 
 
 @ppo_task("advantage", AdvantageReceipt)
@@ -128,6 +163,11 @@ def advantage(
         token_level_scores=scores, token_level_rewards=rewards, advantages=adv.float(), returns=ret.float()
     )
     metrics.update(compute_data_metrics(batch.batch))
+    metrics.update(_overlong_metrics(cfg, mask))
+    if cfg.algorithm.filter_overlong_responses:
+        truncated = truncated_rows(mask, cfg.rollout.response_length)
+        batch.batch["response_mask"] = mask * (~truncated).unsqueeze(-1).to(mask.dtype)
+        metrics["response/filtered_overlong"] = float(truncated.sum())
     out = step.file("advantages.arrow")
     batch.save(out)
     if cfg.evaluation.samples_shown:

@@ -8,6 +8,17 @@ group loaded on its first rollout, from the live module later), and writes ``rol
 Sampling seeds depend only on (config seed, rollout seed, iteration): the prompt batch carries
 ``meta_info["seed"]``, from which the rollout seeds each request (with the replica and the row),
 so a retried or resumed iteration samples exactly what an uninterrupted one would.
+
+With ``algorithm.dynamic_sampling`` (DAPO) the task runs rounds: each takes the next
+``data.train_batch_size`` prompts from the cursor, samples them (round r > 0 with the seed
+:func:`round_seed`), scores the responses with the rule / custom function and keeps the groups
+whose scores differ, until ``data.train_batch_size`` groups are kept (the first ones, in data
+order) or ``max_rounds`` rounds fail to fill the batch (a :class:`DataError` naming the numbers).
+Round 0 writes ``prompts.arrow`` and ``rollout-r0.arrow``, round r ``prompts-r{r}.arrow`` and
+``rollout-r{r}.arrow``; the kept groups go to ``rollout.arrow``. Rounds depend only on the cursor
+and the seeds, so a retried generate commits the same batch, and the cursor moves past every
+prompt sampled. Metrics: ``rollout/generation_rounds``, ``rollout/filtered_groups_share`` (the
+groups sampled that scored all alike); the engine's ``rollout/*`` metrics are the last round's.
 """
 
 from __future__ import annotations
@@ -19,17 +30,40 @@ import numpy as np
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.data.prompts import DataCursor
+from ppoflow.infra.data.prompts import DataCursor, DataError
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
 from ppoflow.tasks.receipts import GenerateReceipt
 from ppoflow.tasks.step import Step, ppo_task
 
-__all__ = ["generate", "iteration_seed"]
+__all__ = ["generate", "iteration_seed", "round_seed", "keep_informative_groups"]
 
 
 def iteration_seed(seed: int, rollout_seed: int, n: int) -> int:
     """The sampling seed of iteration ``n``: a function of the config's seeds and ``n`` only."""
     return int(np.random.SeedSequence([int(seed), int(rollout_seed), int(n)]).generate_state(1)[0] >> 1)
+
+
+def round_seed(seed: int, rollout_seed: int, n: int, round_: int) -> int:
+    """The sampling seed of dynamic-sampling round ``round_`` of iteration ``n`` (round 0 is the
+    iteration's own seed, so one round samples exactly what generation without it does)."""
+    if round_ == 0:
+        return iteration_seed(seed, rollout_seed, n)
+    words = [int(seed), int(rollout_seed), int(n), int(round_)]
+    return int(np.random.SeedSequence(words).generate_state(1)[0] >> 1)
+
+
+def keep_informative_groups(batch: DataProto, scores: list[float], wanted: int) -> tuple[DataProto, int, int]:
+    """The rows of the first ``wanted`` groups (``uid``) of ``batch`` whose ``scores`` differ, in
+    row order; how many groups ``batch`` has, and how many of them scored all alike."""
+    from ppoflow.algos import informative_groups
+
+    uids = batch.non_tensor_batch["uid"].tolist()
+    keep = informative_groups(scores, np.asarray(uids, dtype=object))
+    informative = list(dict.fromkeys(u for u, k in zip(uids, keep) if k))
+    chosen = set(informative[:wanted])
+    rows = np.asarray([u in chosen for u in uids], dtype=bool)
+    total = len(set(uids))
+    return batch[rows], total, total - len(informative)
 
 
 @ppo_task("generate", GenerateReceipt, roles=("actor",))
@@ -41,40 +75,84 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
     cfg, ctx, n = step.cfg, step.ctx, step.n
     # a sync task: prefect's async_dispatch runs the sync implementation (typed UUID | Coroutine)
     progress = cast(UUID, create_progress_artifact(0.0, description=f"iteration {n}: generation"))
-    rows, next_cursor = ctx.inputs.dataset.take(
-        cursor, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
-    )
+    dynamic = cfg.algorithm.dynamic_sampling
+    rounds = dynamic.max_rounds if dynamic.enable else 1
+    wanted = cfg.data.train_batch_size
     seed = iteration_seed(cfg.seed, cfg.rollout.seed, n)
-    prompts, stats = ctx.inputs.dataset.tokenize(
-        rows,
-        ctx.inputs.tokenizer,
-        prompt_length=cfg.rollout.prompt_length,
-        apply_chat_template=cfg.data.apply_chat_template,
-        meta_info={"iteration": n, "seed": seed},
-        truncation=cfg.data.truncation,
-    )
     prompts_url, rollout_url = step.file("prompts.arrow"), step.file("rollout.arrow")
-    prompts.save(prompts_url)
-    where = f"epoch {cursor['epoch']} offset {cursor['offset']}"
-    update_progress_artifact(progress, 10.0, description=f"iteration {n}: {len(rows)} prompts from {where}")
-    actor = step.worker("actor", actor_checkpoint)
-    update_progress_artifact(
-        progress,
-        20.0,
-        description=f"iteration {n}: actor group ready, sampling {len(rows)} x {cfg.rollout.n}",
-    )
-    actor.generate_sequences(prompts_url, out_url=rollout_url)
-    meta = DataProto.load(rollout_url, columns=[]).meta_info
+    actor = None
+    kept: list[DataProto] = []
+    groups = generated = alike = truncated = 0
+    next_cursor, round_metrics = cursor, []
+    for r in range(rounds):
+        where = f"round {r}, epoch {next_cursor['epoch']} offset {next_cursor['offset']}"
+        rows, next_cursor = ctx.inputs.dataset.take(
+            next_cursor, wanted, seed=cfg.data.seed, shuffle=cfg.data.shuffle
+        )
+        prompts, stats = ctx.inputs.dataset.tokenize(
+            rows,
+            ctx.inputs.tokenizer,
+            prompt_length=cfg.rollout.prompt_length,
+            apply_chat_template=cfg.data.apply_chat_template,
+            meta_info={"iteration": n, "seed": round_seed(cfg.seed, cfg.rollout.seed, n, r)},
+            truncation=cfg.data.truncation,
+        )
+        truncated += int(stats["truncated"])
+        round_prompts = prompts_url if r == 0 else step.file(f"prompts-r{r}.arrow")
+        round_rollout = step.file(f"rollout-r{r}.arrow") if dynamic.enable else rollout_url
+        prompts.save(round_prompts)
+        update_progress_artifact(progress, 10.0, description=f"iteration {n}: {len(rows)} prompts ({where})")
+        if actor is None:
+            actor = step.worker("actor", actor_checkpoint)
+        update_progress_artifact(
+            progress,
+            20.0,
+            description=f"iteration {n}: actor group ready, sampling {len(rows)} x {cfg.rollout.n}",
+        )
+        actor.generate_sequences(round_prompts, out_url=round_rollout)
+        if not dynamic.enable:
+            round_metrics.append(DataProto.load(rollout_url, columns=[]).meta_info.get("metrics") or {})
+            break
+        batch = DataProto.load(round_rollout)
+        round_metrics.append(batch.meta_info.get("metrics") or {})
+        scores = _scores(step, batch)
+        part, in_round, alike_in_round = keep_informative_groups(batch, scores, wanted - groups)
+        generated, alike = generated + in_round, alike + alike_in_round
+        groups += len(set(part.non_tensor_batch["uid"].tolist()))
+        kept.append(part)
+        if groups >= wanted:
+            break
+    if dynamic.enable:
+        if groups < wanted:
+            raise DataError(
+                f"dynamic sampling: {dynamic.max_rounds} generation rounds of iteration {n} found "
+                f"{groups} of the {wanted} prompt groups a batch needs whose responses scored "
+                f"differently (the other {alike} scored all alike: no gradient signal). "
+                "Raise algorithm.dynamic_sampling.max_rounds, use prompts the policy sometimes "
+                "solves, or disable dynamic sampling"
+            )
+        DataProto.concat(kept).save(rollout_url)
     update_progress_artifact(progress, 100.0, description=f"iteration {n}: rollout written")
-    metrics = reduce_rank_metrics([meta.get("metrics") or {}])
+    metrics = reduce_rank_metrics(round_metrics[-1:])
     if "rollout/weight_sync_s" in metrics:  # the name the UI table lists it under
         metrics["weight_sync_s"] = metrics["rollout/weight_sync_s"]
-    metrics["data/truncated_prompts"] = float(stats["truncated"])
+    if dynamic.enable:
+        metrics["rollout/generation_rounds"] = float(len(round_metrics))
+        metrics["rollout/filtered_groups_share"] = alike / generated if generated else 0.0
+    metrics["data/truncated_prompts"] = float(truncated)
     metrics["data/epoch"] = float(cursor["epoch"])
     return step.receipt(
         outputs={"prompts": prompts_url, "rollout": rollout_url},
         metrics=metrics,
         next_cursor=next_cursor,
         seed=seed,
-        truncated_prompts=int(stats["truncated"]),
+        truncated_prompts=truncated,
     )
+
+
+def _scores(step: Step[GenerateReceipt], batch: DataProto) -> list[float]:
+    """The rule / custom-function score of each response of a round (what dynamic sampling
+    compares within a group: the outcome, before any shaping)."""
+    from ppoflow.tasks.advantage import decode_responses, response_scores
+
+    return response_scores(step.cfg, batch, decode_responses(batch, step.ctx.inputs.tokenizer))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ppoflow.algos import agg_loss, compute_policy_loss, kl_penalty
+from ppoflow.algos import agg_loss, get_policy_loss, kl_penalty
 from ppoflow.workers.minibatch import MODEL_INPUTS, MiniBatchTrainer, response_mask_of
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
@@ -143,14 +143,14 @@ class DataParallelPPOActor(MiniBatchTrainer):
     def _micro_losses(
         self, mb: dict[str, torch.Tensor], temperature: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """PPO loss of one micro-batch (as ``agg_loss`` over this micro-batch) and its metrics."""
+        """Policy loss (``actor.policy_loss``) of one micro-batch (as ``agg_loss`` over this micro-batch) and its metrics."""
         cfg = self.config
         mask = response_mask_of(mb)
         out = self._forward(
             mb, temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0, packed=self.packed
         )
         log_prob = out["log_probs"]
-        pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
+        pg_loss, pg_metrics = get_policy_loss(cfg.policy_loss)(
             mb["old_log_probs"],
             log_prob,
             mb["advantages"],
@@ -162,13 +162,8 @@ class DataParallelPPOActor(MiniBatchTrainer):
         )
         entropy = agg_loss(out["entropy"], mask, cfg.loss_agg_mode)
         loss = pg_loss - cfg.entropy_coeff * entropy if cfg.entropy_coeff != 0 else pg_loss
-        metrics = {
-            "actor/pg_loss": pg_loss.item(),
-            "actor/pg_clipfrac": clipfrac.item(),
-            "actor/ppo_kl": ppo_kl.item(),
-            "actor/pg_clipfrac_lower": clipfrac_lower.item(),
-            "actor/entropy": entropy.item(),
-        }
+        metrics = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy.item()}
+        metrics.update({f"actor/{k}": float(v) for k, v in pg_metrics.items()})
         if cfg.use_kl_loss:
             kld = kl_penalty(log_prob, mb["ref_log_prob"], cfg.kl_loss_type)
             kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode)
@@ -186,7 +181,9 @@ class DataParallelPPOActor(MiniBatchTrainer):
 
         Returns:
             metrics averaged over the optimizer steps (identical on every rank): ``actor/pg_loss``,
-            ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, ``actor/entropy``,
+            ``actor/entropy`` and the policy loss's metrics (``actor/pg_clipfrac``,
+            ``actor/pg_clipfrac_low``, ``actor/pg_clipfrac_high``, ``actor/ppo_kl``; ``vanilla``:
+            ``actor/pg_clipfrac_lower`` (dual clip); ``gspo*``: ``actor/seq_ratio/mean|min|max``),
             ``actor/kl_loss`` (with ``use_kl_loss``), ``actor/grad_norm``, ``actor/lr`` (the LR of
             the last step), ``actor/skipped_steps`` (a sum), ``actor/optimizer_steps`` and
             ``actor/micro_batches`` (per optimizer step, the same on every rank).

@@ -11,13 +11,19 @@ from pydantic import Field, model_validator
 from ppoflow.infra.config.evaluation import EvaluationConfig
 from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, RolloutConfig
 from ppoflow.infra.config.models import ActorConfig, CriticConfig, ModelConfig, RefConfig, RewardConfig
-from ppoflow.infra.config.names import Section
+from ppoflow.infra.config.names import RecipeName, Section
+from ppoflow.infra.config.recipes import apply_recipe
 from ppoflow.infra.config.system import CheckpointConfig, ResourcesConfig, StorageConfig
 
 __all__ = ["ExperimentConfig"]
 
 
 class ExperimentConfig(Section):
+    recipe: RecipeName | None = Field(
+        None,
+        description="a named recipe (ppo, grpo, grpo_token_mean, dr_grpo, dapo, gspo, cispo, rloo, "
+        "reinforce_plus_plus) whose settings fill in what the config does not set (docs/algorithms.md)",
+    )
     model: ModelConfig
     data: DataConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -31,6 +37,11 @@ class ExperimentConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe(cls, data: Any) -> Any:
+        return apply_recipe(data)
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
@@ -84,6 +95,32 @@ class ExperimentConfig(Section):
         if self.reward.reward_model.enable and self.reward.reward_model.model is None:
             raise ValueError("reward.reward_model.enable=true needs reward.reward_model.model.path")
         return self
+
+    @model_validator(mode="after")
+    def _check_dapo(self) -> ExperimentConfig:
+        """DAPO's settings need what they read: groups of responses, scores at generation, room."""
+        if self.algorithm.dynamic_sampling.enable:
+            if self.rollout.n < 2:
+                raise ValueError(
+                    "algorithm.dynamic_sampling compares the responses to one prompt: set rollout.n >= 2"
+                )
+            if self.reward.reward_model.enable:
+                raise ValueError(
+                    "algorithm.dynamic_sampling scores responses while generating, with the rule or "
+                    "custom function only: disable reward.reward_model or dynamic sampling"
+                )
+        buffer, limit = self.reward.overlong_buffer, self.rollout.response_length
+        if buffer.enable and buffer.length is not None and buffer.length > limit:
+            raise ValueError(
+                f"reward.overlong_buffer.length={buffer.length} exceeds rollout.response_length="
+                f"{limit}: the buffer is the last part of the response length; make it at most {limit}"
+            )
+        return self
+
+    def overlong_buffer_length(self) -> int:
+        """The overlong buffer in tokens (its ``length``, else a fifth of the response length)."""
+        length = self.reward.overlong_buffer.length
+        return length if length is not None else max(1, self.rollout.response_length // 5)
 
     @model_validator(mode="after")
     def _check_token_budgets(self) -> ExperimentConfig:

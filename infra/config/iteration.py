@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ppoflow.infra.config.names import AdvEstimatorName, Dtype, KLControllerKind, KLPenaltyKind, Section
 
-__all__ = ["RolloutConfig", "KLControlConfig", "AlgorithmConfig", "DataConfig"]
+__all__ = ["RolloutConfig", "KLControlConfig", "DynamicSamplingConfig", "AlgorithmConfig", "DataConfig"]
 
 
 class RolloutConfig(Section):
@@ -89,6 +89,21 @@ class KLControlConfig(Section):
     horizon: int = 10000
 
 
+class DynamicSamplingConfig(Section):
+    """DAPO's dynamic sampling: prompt groups whose responses all scored the same (no gradient
+    signal under GRPO) are dropped, and ``generate`` samples more prompts, ``data.train_batch_size``
+    per round, until the batch holds ``data.train_batch_size`` informative groups (the first ones,
+    in data order; the rest of the last round is discarded). The data cursor moves past every
+    prompt sampled. The score is the rule / custom-function score (no reward model)."""
+
+    enable: bool = False
+    max_rounds: int = Field(
+        10,
+        ge=1,
+        description="most generation rounds per iteration; beyond it generate fails naming the shortfall",
+    )
+
+
 class AlgorithmConfig(Section):
     """PPO's estimator, KL terms and schedule. ``overlap`` (docs/checkpoints.md, "One-step off-policy"):
     ``none`` (default): iteration n samples with the weights after update n-1 (on-policy).
@@ -103,6 +118,12 @@ class AlgorithmConfig(Section):
     use_kl_in_reward: bool = False
     kl_penalty: KLPenaltyKind = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    filter_overlong_responses: bool = Field(
+        False,
+        description="DAPO's overlong filtering: responses cut at rollout.response_length get no "
+        "loss (their response mask is zeroed in the training batch, after the advantages)",
+    )
     overlap: Literal["none", "one_step"] = Field(
         "none",
         description="one_step: the rollout of iteration n uses the weights after update n-2, so it "

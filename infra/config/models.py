@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ppoflow.infra.config.names import Dtype, KLPenaltyKind, LossAggMode, Section
+from ppoflow.infra.config.names import Dtype, KLPenaltyKind, LossAggMode, PolicyLossName, Section
 
 __all__ = [
     "ModelConfig",
@@ -78,8 +78,14 @@ class ActorConfig(Section):
     ppo_micro_batch_size_per_gpu: int = Field(4, ge=1)
     ppo_epochs: int = Field(1, ge=1)
     shuffle: bool = False
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
+    policy_loss: PolicyLossName = Field(
+        "vanilla",
+        description="the policy loss (ppoflow.algos.POLICY_LOSSES): vanilla (PPO's clip), gspo "
+        "(sequence-level ratio), gspo_token, cispo (clipped stop-gradient IS weights); "
+        "docs/algorithms.md lists each one's paper defaults",
+    )
+    clip_ratio_low: float = Field(0.2, ge=0.0, le=1.0, description="the ratio's lower bound is 1 - this")
+    clip_ratio_high: float = Field(0.2, ge=0.0, description="the ratio's upper bound is 1 + this")
     clip_ratio_c: float = Field(3.0, gt=1.0)
     loss_agg_mode: LossAggMode = "token-mean"
     entropy_coeff: float = 0.0
@@ -162,6 +168,19 @@ class RewardModelConfig(Section):
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
+class OverlongBufferConfig(Section):
+    """DAPO's overlong reward shaping: a response whose length enters the last ``length`` tokens
+    before ``rollout.response_length`` gets a penalty growing linearly to ``-penalty_factor``."""
+
+    enable: bool = False
+    length: int | None = Field(
+        None,
+        ge=1,
+        description="the buffer in tokens; None = a fifth of rollout.response_length (DAPO: 4096 of 20480)",
+    )
+    penalty_factor: float = Field(1.0, ge=0.0)
+
+
 class RewardConfig(Section):
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig)
     rule: bool = Field(True, description="score with the rule registered for each row's data_source")
@@ -170,3 +189,4 @@ class RewardConfig(Section):
         description="'package.module:function' (score(data_source, solution_str, ground_truth, extra_info) -> float)",
     )
     rm_weight: float = 1.0
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)

@@ -8,11 +8,15 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
+from ppoflow.infra.config.recipes import RECIPES
+
 __all__ = [
     "Dtype",
     "Section",
     "AdvEstimatorName",
     "LossAggMode",
+    "PolicyLossName",
+    "RecipeName",
     "KLPenaltyKind",
     "KLControllerKind",
     "one_of",
@@ -52,8 +56,10 @@ def one_of(what: str, names: Callable[[], Iterable[str]]) -> Any:
 
 
 AdvEstimatorName = one_of("advantage estimator", registry("ADV_ESTIMATORS"))
+PolicyLossName = one_of("policy loss", registry("POLICY_LOSSES"))
 LossAggMode = one_of("loss aggregation mode", registry("LOSS_AGG_MODES"))
 KLPenaltyKind = one_of("KL penalty kind", registry("KL_PENALTY_KINDS"))
+RecipeName = one_of("recipe", lambda: RECIPES)
 KLControllerKind = one_of("KL controller", registry("KL_CONTROLLERS"))
 
 

@@ -28,3 +28,16 @@ def digit_share(data_source: str, solution_str: str, ground_truth: Any, extra_in
 def raises_key_error(data_source, solution_str, ground_truth, extra_info=None):
     """A reward function with a bug: it reads a key the rows do not have."""
     return float(extra_info["answer"] == solution_str)
+
+
+def odd_prompts_only(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """0 for every response to an even-numbered prompt (a group without signal: dynamic sampling
+    drops it); the response's length in characters / 100 for an odd-numbered one (differs between
+    responses)."""
+    index = (extra_info or {}).get("index", 0)
+    return 0.0 if index % 2 == 0 else len(solution_str) / 100.0
+
+
+def always_half(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """0.5 for every response: no group ever has signal, dynamic sampling cannot fill a batch."""
+    return 0.5

@@ -193,6 +193,28 @@ def test_grad_accumulation_is_exact_for_every_loss_agg_mode(tiny, mode):
     assert max_weight_diff(*weights) < 5e-7  # a few fp32 ulps of the weights (|w| < 1)
 
 
+@pytest.mark.parametrize(
+    "loss, mode", [("gspo", "seq-mean-token-mean"), ("gspo_token", "token-mean"), ("cispo", "token-mean")]
+)
+def test_grad_accumulation_is_exact_for_the_registered_policy_losses(tiny, loss, mode):
+    """As above for GSPO (a loss per sequence) and CISPO: 1-row micro-batches = the whole mini-batch,
+    and the loss's own metrics reach the update's (GSPO's sequence-ratio statistics)."""
+    cfg = make_config(tiny["dir"], mini_batch=8)
+    cfg.actor.policy_loss, cfg.actor.loss_agg_mode = loss, mode
+    cfg.actor.clip_ratio_low = cfg.actor.clip_ratio_high = 0.01  # some sequences and tokens clipped
+    data = DataProto.from_dict(tiny["batch"], meta_info={"temperature": TEMPERATURE})
+    weights = []
+    for micro in (1, 16):
+        cfg.actor.ppo_micro_batch_size_per_gpu = micro
+        actor = plain_actor(tiny["dir"], cfg, chunk_size=5)
+        actor.optimizer, actor.lr_scheduler = torch.optim.SGD(actor.module.parameters(), lr=1.0), None
+        metrics = actor.update_policy(data)
+        assert ("actor/seq_ratio/mean" in metrics) == loss.startswith("gspo")
+        assert "actor/pg_clipfrac_high" in metrics and "actor/pg_clipfrac_low" in metrics
+        weights.append({k: v.detach().clone() for k, v in actor.module.state_dict().items()})
+    assert max_weight_diff(*weights) < 5e-7
+
+
 def test_non_finite_grad_norm_skips_the_step(tiny):
     cfg = make_config(tiny["dir"])
     batch = dict(tiny["batch"])
