@@ -20,6 +20,8 @@ def copy_experiment(src_url: str, dst_root: str, name: str, at: int | None = Non
     shutil.copytree(src_url, dst)
     if at is not None:
         for sub in ("iterations", "checkpoints/actor", "checkpoints/critic"):
+            if not os.path.isdir(os.path.join(dst, sub)):  # no critic
+                continue
             for entry in os.listdir(os.path.join(dst, sub)):
                 if int(entry) > at:
                     shutil.rmtree(os.path.join(dst, sub, entry))
