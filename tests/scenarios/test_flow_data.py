@@ -8,6 +8,8 @@ read and then changed fails the next run, naming the file.
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -41,8 +43,9 @@ def _questions(paths: ExperimentPaths, n: int) -> list[str]:
 
 
 def test_new_files_are_trained_on_next_and_a_rerun_reads_the_same_rows(
-    prefect_harness, flow_config, tmp_path
+    prefect_harness, flow_config, tmp_path, capsys
 ):
+    from ppoflow.flows.cli import main
     from ppoflow.flows.ppo import ppo
 
     drop = tmp_path / "drop"
@@ -68,6 +71,10 @@ def test_new_files_are_trained_on_next_and_a_rerun_reads_the_same_rows(
 
     # a rerun of iteration 2 after a fourth file arrived: same files, same rows, same commit
     _write(drop / "2026-01-04.parquet", 30)
+    assert main(["status", paths.root]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\ndata read +3 file\(s\), 12 rows \(the last joined at iteration 2\)\n", out)
+    assert re.search(rf"\ndata new +{drop}/2026-01-04.parquet \(joins at the next run\)\n", out)
     url = copy_experiment(paths.root, str(tmp_path / "rerun"), "growing", at=1)
     rerun = flow_config(str(tmp_path / "rerun"), "growing", **LIGHT, **{"data.train_files": [str(drop)]})
     ppo(rerun, iterations=1)
