@@ -161,8 +161,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _promoted_line(paths: Any) -> str:
-    from ppoflow.flows.promotion import promotion_line
-    from ppoflow.infra.experiment.promotion import current_promotion, promoted_url
+    from ppoflow.infra.experiment.promotion import current_promotion, promoted_url, promotion_line
 
     record = current_promotion(paths)
     return "-" if record is None else f"{promotion_line(record)} at {promoted_url(paths)}"

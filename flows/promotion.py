@@ -19,7 +19,7 @@ from typing import Any
 
 from ppoflow.flows.commands import CLIError, experiment_config, read_state
 
-__all__ = ["export_iteration", "cmd_promote", "add_promote_command", "promotion_line"]
+__all__ = ["export_iteration", "cmd_promote", "add_promote_command"]
 
 
 def export_iteration(cfg: Any, paths: Any, n: int, out_dir: str, say: Callable[[str], None] = print) -> str:
@@ -57,20 +57,12 @@ def export_iteration(cfg: Any, paths: Any, n: int, out_dir: str, say: Callable[[
             storage.rm(scratch, recursive=True)
 
 
-def promotion_line(record: dict[str, Any] | None) -> str:
-    """One line about a promotion record (``ppoflow status``, the CLI)."""
-    if record is None:
-        return "-"
-    value = "" if record.get("value") is None else f", {record['metric']} {record['value']:.4f}"
-    how = "rolled back to" if record["action"] == "rollback" else "promoted"
-    return f"iteration {record['iteration']}{value} ({how} {record['at']}, #{record['seq']})"
-
-
 def cmd_promote(args: argparse.Namespace) -> int:
     from ppoflow.infra.experiment.promotion import (
         PromotionError,
         current_promotion,
         promoted_url,
+        promotion_line,
         promotion_log,
         publish_promotion,
         rollback_promotion,

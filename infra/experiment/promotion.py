@@ -42,6 +42,7 @@ __all__ = [
     "publish_promotion",
     "rollback_promotion",
     "promoted_url",
+    "promotion_line",
 ]
 
 RULES = ("gain", "always")
@@ -214,3 +215,12 @@ def rollback_promotion(paths: ExperimentPaths, flow_run_id: str | None = None) -
         "flow_run_id": flow_run_id,
     }
     return _commit(paths, record)
+
+
+def promotion_line(record: dict[str, Any] | None) -> str:
+    """One line about a promotion record (``ppoflow status``, the CLI)."""
+    if record is None:
+        return "-"
+    value = "" if record.get("value") is None else f", {record['metric']} {record['value']:.4f}"
+    how = "rolled back to" if record["action"] == "rollback" else "promoted"
+    return f"iteration {record['iteration']}{value} ({how} {record['at']}, #{record['seq']})"

@@ -3,7 +3,8 @@
 The first run trains on the two files there; a third file arrives and the next run's batch is that
 file's rows; a rerun of that iteration (on a copy rolled back to iteration 1, with a fourth file
 arrived meanwhile) reads the same rows and commits the same iteration bit for bit; a file that was
-read and then changed fails the next run, naming the file.
+read and then changed fails the next run, naming the file. Between them, ``ppoflow promote`` by
+hand: two promotions and a rollback.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ import re
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
+from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.experiment.promotion import promoted_url
 from tests.support.configs import LIGHT
 from tests.support.experiments import assert_same_commit, copy_experiment
 
@@ -81,6 +86,19 @@ def test_new_files_are_trained_on_next_and_a_rerun_reads_the_same_rows(
     assert _questions(ExperimentPaths(url), 2) == _questions(paths, 2)
     assert read_manifest(ExperimentPaths(url)).data_files == manifest.data_files
     assert_same_commit(paths.root, url, 2, roles=("actor",))
+
+    # the human side of promotion: promote 1, then 2, roll back to 1; status says which
+    for argv in (["--iteration", "1"], ["--iteration", "2"], ["--rollback"]):
+        assert main(["promote", paths.root, *argv]) == 0
+    assert "rolled back to" in capsys.readouterr().out
+    promoted = AutoModelForCausalLM.from_pretrained(promoted_url(paths)).state_dict()
+    trained = load_full_state_dict(paths.checkpoint("actor", 1))
+    assert promoted.keys() <= trained.keys()
+    assert all(torch.equal(promoted[k], trained[k]) for k in promoted)
+    assert main(["status", paths.root]) == 0
+    assert re.search(
+        r"\npromoted +iteration 1 \(rolled back to .*, #3\) at .*/growing/promoted\n", capsys.readouterr().out
+    )
 
     # a file that was read is rewritten: the next run fails naming it, before any iteration
     changed = drop / "2026-01-02.parquet"
