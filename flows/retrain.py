@@ -36,8 +36,8 @@ from ppoflow.flows.ppo import ppo, resolve_config
 from ppoflow.infra.config import ConfigError, ExperimentConfig
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.experiment.promotion import (
-    RULES,
     Decision,
+    check_promotable,
     current_promotion,
     decide,
     promoted_url,
@@ -93,8 +93,6 @@ def retrain(
         ``{experiment, iteration, promoted, decision, record, url}``.
     """
     logger = get_run_logger()
-    if rule not in RULES:
-        raise ConfigError(f"rule={rule!r}: expected one of {', '.join(RULES)}")
     if config in (None, ""):
         logger.info(f"no config given: the embedded default experiment in {os.path.abspath(demo_storage)}")
         cfg = default_config(demo_storage, log=logger.info)
@@ -104,6 +102,7 @@ def retrain(
     if not files:
         raise ConfigError("retraining evaluates before it promotes: set data.val_files or pass files")
     paths = ExperimentPaths.of(cfg)
+    check_promotable(paths, rule, min_gain)  # before training, not after
     trained = ppo(cfg, iterations)
     n = int(trained["iteration"])
     evaluated = evaluate(cfg, iteration=n, files=files)

@@ -43,6 +43,7 @@ __all__ = [
     "rollback_promotion",
     "promoted_url",
     "promotion_line",
+    "check_promotable",
 ]
 
 RULES = ("gain", "always")
@@ -113,6 +114,15 @@ def _local_root(paths: ExperimentPaths) -> str:
             "experiment must be on a local or mounted filesystem; export-hf copies a policy anywhere"
         )
     return root
+
+
+def check_promotable(paths: ExperimentPaths, rule: str, min_gain: float) -> None:
+    """Refuse, before anything runs, a rule, a gain or an experiment a promotion cannot use."""
+    if rule not in RULES:
+        raise PromotionError(f"promotion rule {rule!r}: expected one of {', '.join(RULES)}")
+    if min_gain < 0:
+        raise PromotionError(f"min_gain={min_gain} must be >= 0 (0: any gain promotes)")
+    _local_root(paths)
 
 
 def promoted_url(paths: ExperimentPaths) -> str:

@@ -11,6 +11,7 @@ from ppoflow.demo.tiny_models import save_tiny_model
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.experiment.promotion import (
     PromotionError,
+    check_promotable,
     current_promotion,
     decide,
     promoted_url,
@@ -89,7 +90,15 @@ def test_publish_swaps_the_directory_whole_and_rollback_goes_back(tmp_path):
         rollback_promotion(paths)
 
 
-def test_a_remote_experiment_is_refused_before_anything_is_written():
+def test_a_remote_experiment_a_bad_rule_or_gain_are_refused_before_anything_runs(tmp_path):
     paths = ExperimentPaths("memory://bucket/exp")
     with pytest.raises(PromotionError, match="must be on a local or mounted filesystem"):
         publish_promotion(paths, 1, lambda out: None, metric=None, metrics={}, rule={})
+    with pytest.raises(PromotionError, match="must be on a local or mounted filesystem"):
+        check_promotable(paths, "gain", 0.0)
+    local = ExperimentPaths(str(tmp_path))
+    check_promotable(local, "always", 0.0)
+    with pytest.raises(PromotionError, match="rule 'best': expected one of gain, always"):
+        check_promotable(local, "best", 0.0)
+    with pytest.raises(PromotionError, match="min_gain=-1.0 must be >= 0"):
+        check_promotable(local, "gain", -1.0)
