@@ -8,6 +8,9 @@
         iterations/000012/tasks/*.json   one receipt per finished task
         checkpoints/actor/000012/        sharded (DCP) checkpoints
         checkpoints/critic/000012/
+        data/after/000012.json           the training files the runs after iteration 12 read
+                                         (ppoflow.infra.data.stream; and data/runs/<run>.json)
+        promoted, promoted.json          the promoted policy (ppoflow.infra.experiment.promotion)
 
 Manifests and receipts store paths relative to the experiment root (``ExperimentPaths.ref`` /
 ``url``), so an experiment directory can be copied or moved as a whole.
