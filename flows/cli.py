@@ -5,6 +5,7 @@
     ppoflow status EXPERIMENT [--json]                           manifest + last metrics
     ppoflow export-hf EXPERIMENT [--iteration N] OUT             a Hugging Face directory
     ppoflow rollback EXPERIMENT --to N                           make committed iteration N the latest
+    ppoflow promote EXPERIMENT [--iteration N | --rollback]      publish a policy at <experiment>/promoted
     ppoflow tensorboard EXPERIMENT [--logdir DIR]                TensorBoard event files of the metrics
     ppoflow agent --driver HOST:PORT [--node-rank K]             one node of multi-node worker groups
 
@@ -31,7 +32,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
-from ppoflow.flows import commands
+from ppoflow.flows import commands, promotion
 from ppoflow.flows.commands import CLIError
 
 __all__ = ["main", "build_parser", "CLIError"]
@@ -150,6 +151,10 @@ def _add_experiment_commands(sub: Any) -> None:
     p.add_argument(
         "--to", dest="to", type=_positive, required=True, help="the committed iteration to go back to"
     )
+
+    from ppoflow.flows.promotion import add_promote_command
+
+    add_promote_command(sub, _positive)
 
     p = sub.add_parser(
         "import-gguf",
@@ -307,6 +312,7 @@ COMMANDS = {
     "rollback": commands.cmd_rollback,
     "tensorboard": commands.cmd_tensorboard,
     "import-gguf": commands.cmd_import_gguf,
+    "promote": promotion.cmd_promote,
     "agent": cmd_agent,
 }
 

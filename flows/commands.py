@@ -101,13 +101,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         if n and storage.exists(paths.file(n, "metrics.json"))
         else {}
     )
+    new = _new_data(args.experiment, manifest)
     if args.json:
         from ppoflow.infra.experiment.retention import checkpoint_sizes
 
         sizes = checkpoint_sizes(paths, n)
+        data = {"read": manifest.data_files, "new": new}
         print(
             json.dumps(
-                {"manifest": manifest.to_json(), "metrics": metrics, "checkpoints": sizes},
+                {"manifest": manifest.to_json(), "metrics": metrics, "checkpoints": sizes, "data": data},
                 indent=1,
                 sort_keys=True,
             )
@@ -123,6 +125,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             "data cursor",
             f"epoch {manifest.data_cursor.get('epoch')}, offset {manifest.data_cursor.get('offset')}",
         ),
+        ("data read", _read_line(manifest.data_files)),
+        (
+            "data new",
+            new if isinstance(new, str) else (", ".join(new) or "none") + " (joins at the next run)",
+        ),
+        ("promoted", _promoted_line(paths)),
         ("kl coef", manifest.kl_coef if manifest.kl_coef is not None else "-"),
         ("config", f"{paths.url(config) if config else '-'} (hash {manifest.config_hash})"),
     ]
@@ -150,6 +158,35 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif n == 0:
         print("\nno iteration has run yet (iteration 0 is the initial state)")
     return 0
+
+
+def _promoted_line(paths: Any) -> str:
+    from ppoflow.infra.experiment.promotion import current_promotion, promoted_url, promotion_line
+
+    record = current_promotion(paths)
+    return "-" if record is None else f"{promotion_line(record)} at {promoted_url(paths)}"
+
+
+def _read_line(records: list[dict[str, Any]]) -> str:
+    if not records:
+        return "-"
+    rows = sum(int(r["rows"]) for r in records)
+    last = records[-1]["joined"]
+    return f"{len(records)} file(s), {rows} rows (the last joined at iteration {last})"
+
+
+def _new_data(text: str, manifest: Any) -> list[str] | str:
+    """The training files the experiment's config names that it has not read yet, or why that
+    is not known."""
+    from ppoflow.infra.config import ConfigError
+    from ppoflow.infra.data.prompts import DataError
+    from ppoflow.infra.data.stream import new_files
+
+    try:
+        cfg = experiment_config(text)
+        return new_files(cfg.data.train_files, manifest.data_files, cfg.storage.storage_options or None)
+    except (CLIError, ConfigError, DataError, OSError) as err:
+        return f"unknown ({err})"
 
 
 def _state_line(paths: Any, manifest: Any, role: str) -> str:

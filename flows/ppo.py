@@ -34,6 +34,7 @@ run a plot of the experiment's metrics.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import sys
 import uuid
 from typing import Any
@@ -106,6 +107,18 @@ def _publish_plot(ctx: RunContext, manifest: Manifest) -> str | None:
     return url
 
 
+def _log_stream(logger: Any, stream: Any) -> None:
+    joined = [r for r in stream.records if r["joined"] == stream.after + 1]
+    rows = sum(int(r["rows"]) for r in stream.records)
+    line = f"data: {len(stream.records)} file(s), {rows} rows"
+    if joined and stream.fresh is not None:
+        line += f"; new since iteration {stream.after}: " + ", ".join(
+            f"{r['url']} ({r['rows']} rows)" for r in joined
+        )
+        line += " (visited first in a new epoch)"
+    logger.info(line)
+
+
 def _run_key() -> str:
     from prefect.runtime import flow_run
 
@@ -152,6 +165,11 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
                             else ["actor"] + (["critic"] if cfg.critic.enable else [])
                         )
                         manifest = init_experiment(key)
+                    if iterations:
+                        stream = ctx.inputs.open_stream(paths.root, key, manifest)
+                        cursor = stream.start_cursor(manifest.data_cursor, manifest.iteration)
+                        manifest = dataclasses.replace(manifest, data_cursor=cursor)
+                        _log_stream(logger, stream)
                     if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
                         # the base policy's held-out score, on the actor group that saved it
                         evaluate(key, 0, paths.url(manifest.actor_checkpoint))

@@ -191,6 +191,7 @@ def commit(
             rollout_checkpoints=rollout_checkpoints,
             before=_evaluation_of_zero(paths) if n == 1 else None,
             updated=_updated(paths, receipts),
+            data_files=ctx.inputs.data_files,
         ).settled(lambda ref: is_complete(paths.url(ref) or ""))
         ctx.lock.check()
         publish(paths, manifest)

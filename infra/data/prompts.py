@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired
 
 import numpy as np
 import pyarrow as pa
@@ -63,10 +63,13 @@ TRUNCATION = ("error", "left", "right")
 
 
 class DataCursor(TypedDict):
-    """Where the next prompt batch starts: row ``offset`` of ``epoch``'s visiting order."""
+    """Where the next prompt batch starts: row ``offset`` of ``epoch``'s visiting order.
+    ``fresh``: the epoch visits rows ``fresh..`` (rows new to the experiment) before the others
+    (:mod:`ppoflow.infra.data.stream`)."""
 
     epoch: int
     offset: int
+    fresh: NotRequired[int]
 
 
 _LOG = logging.getLogger("ppoflow.data")
@@ -100,11 +103,13 @@ class PromptDataset:
         require_ground_truth: bool = True,
         storage_options: dict | None = None,
         role: str = "data.train_files",
+        tables: list[pa.Table] | None = None,
     ):
         if not files:
             raise DataError(f"{role} is empty: list at least one parquet file")
         self.role = role
-        tables = [self._read(url, storage_options, role) for url in files]
+        if tables is None:
+            tables = [self._read(url, storage_options, role) for url in files]
         for url, table in zip(files, tables):
             required = [prompt_key, "data_source"] + (["reward_model"] if require_ground_truth else [])
             missing = [c for c in required if c not in table.column_names]
@@ -125,6 +130,15 @@ class PromptDataset:
         self.files, self.prompt_key = list(files), prompt_key
         self._starts = np.cumsum([0] + [t.num_rows for t in tables])
         self._origin = np.arange(self.table.num_rows)  # row -> row of the concatenated files
+
+    @classmethod
+    def from_tables(cls, files: list[str], tables: list[pa.Table], **kwargs: Any) -> PromptDataset:
+        """The dataset of ``files`` whose tables were read already (in the same order)."""
+        return cls(files, tables=tables, **kwargs)
+
+    def rows_before(self, origin: int) -> int:
+        """How many of this dataset's rows come from the first ``origin`` rows of the files."""
+        return int(np.searchsorted(self._origin, origin))
 
     def where(self, index: int) -> str:
         """``"<file> row <i>"``: where row ``index`` (of this dataset) comes from."""
@@ -150,28 +164,39 @@ class PromptDataset:
         return self.table.num_rows
 
     # ------------------------------------------------------------------ order
-    def order(self, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
-        """Row indices of ``epoch`` in visiting order (a function of seed and epoch only)."""
+    def order(self, epoch: int, seed: int, shuffle: bool, fresh: int | None = None) -> np.ndarray:
+        """Row indices of ``epoch`` in visiting order (a function of seed, epoch and ``fresh``
+        only). ``fresh``: rows ``fresh..`` come first (each part permuted on its own)."""
+        n = len(self)
+        if fresh is not None and 0 < fresh < n:
+            if not shuffle:
+                return np.concatenate([np.arange(fresh, n), np.arange(fresh)])
+            rng = np.random.default_rng([int(seed), int(epoch), int(fresh)])
+            return np.concatenate([fresh + rng.permutation(n - fresh), rng.permutation(fresh)])
         if not shuffle:
-            return np.arange(len(self))
-        return np.random.default_rng([int(seed), int(epoch)]).permutation(len(self))
+            return np.arange(n)
+        return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
 
     def take(
         self, cursor: DataCursor, batch_size: int, *, seed: int, shuffle: bool
     ) -> tuple[list[Row], DataCursor]:
         """The next ``batch_size`` rows from ``cursor`` and the cursor after them."""
         epoch, offset = int(cursor.get("epoch", 0)), int(cursor.get("offset", 0))
+        fresh = cursor.get("fresh")
         if offset >= len(self):  # the files shrank since the cursor was written
-            epoch, offset = epoch + 1, 0
+            epoch, offset, fresh = epoch + 1, 0, None
         rows: list[Row] = []
         while len(rows) < batch_size:
-            order = self.order(epoch, seed, shuffle)
+            order = self.order(epoch, seed, shuffle, fresh)
             step = min(batch_size - len(rows), len(self) - offset)
             rows += [Row(epoch, int(i)) for i in order[offset : offset + step]]
             offset += step
             if offset == len(self):
-                epoch, offset = epoch + 1, 0
-        return rows, DataCursor(epoch=epoch, offset=offset)
+                epoch, offset, fresh = epoch + 1, 0, None
+        after = DataCursor(epoch=epoch, offset=offset)
+        if fresh is not None:
+            after["fresh"] = int(fresh)
+        return rows, after
 
     # ------------------------------------------------------------------ tokens
     def records(self, rows: list[Row]) -> list[dict[str, Any]]:

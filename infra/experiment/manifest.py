@@ -8,6 +8,9 @@
         iterations/000012/tasks/*.json   one receipt per finished task
         checkpoints/actor/000012/        sharded (DCP) checkpoints
         checkpoints/critic/000012/
+        data/after/000012.json           the training files the runs after iteration 12 read
+                                         (ppoflow.infra.data.stream; and data/runs/<run>.json)
+        promoted, promoted.json          the promoted policy (ppoflow.infra.experiment.promotion)
 
 Manifests and receipts store paths relative to the experiment root (``ExperimentPaths.ref`` /
 ``url``), so an experiment directory can be copied or moved as a whole.
@@ -155,6 +158,9 @@ class Manifest:
     # An entry with "snapshot": true is a deferred snapshot: its state was being written when the
     # iteration committed (a later commit starts the chain after it once it is complete)
     replay: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # the training files read so far, in stream order: {url, rows, bytes, xxh3, joined}
+    # (ppoflow.infra.data.stream)
+    data_files: list[dict[str, Any]] = field(default_factory=list)
 
     def state(self, role: str) -> str | None:
         """The reference of ``role``'s state after this iteration (written or to be replayed)."""
@@ -279,12 +285,14 @@ def next_manifest(
     rollout_checkpoints: dict[str, str | None] | None = None,
     before: dict[str, Any] | None = None,
     updated: dict[str, dict[str, Any] | None] | None = None,
+    data_files: list[dict[str, Any]] | None = None,
 ) -> Manifest:
     """Manifest ``prev.iteration + 1`` after an iteration ran with ``cfg``. ``before``: metrics of
     iteration ``prev.iteration`` measured after it was committed (the evaluation of iteration 0,
     which runs once manifest 0 exists), added to the trend ahead of the new iteration's row.
     ``updated``: the roles this iteration updated, each with None (its state was written) or the
-    record of the update to replay (``ppoflow.tasks.replay.replay_entry``)."""
+    record of the update to replay (``ppoflow.tasks.replay.replay_entry``). ``data_files``: the
+    records of the files the run trains on (default: ``prev``'s)."""
     n = prev.iteration + 1
     row = {"iteration": n, **{k: metrics[k] for k in TREND_KEYS if k in metrics}}
     rows = (
@@ -297,7 +305,7 @@ def next_manifest(
         critic_checkpoint=paths.ref(critic_checkpoint),
         config_hash=cfg.config_hash(),
         identity=prev.identity,
-        data_cursor=DataCursor(epoch=int(data_cursor["epoch"]), offset=int(data_cursor["offset"])),
+        data_cursor=_cursor(data_cursor),
         kl_coef=kl_coef,
         created_at=prev.created_at,
         committed_at=now_iso(),
@@ -309,7 +317,15 @@ def next_manifest(
             else None
         ),
         replay=_chains(prev.replay, updated or {}),
+        data_files=[dict(r) for r in (prev.data_files if data_files is None else data_files)],
     )
+
+
+def _cursor(cursor: DataCursor) -> DataCursor:
+    out = DataCursor(epoch=int(cursor["epoch"]), offset=int(cursor["offset"]))
+    if cursor.get("fresh") is not None:
+        out["fresh"] = int(cursor["fresh"])
+    return out
 
 
 def _chains(

@@ -162,8 +162,15 @@ def _check_rows(
 
 def check_data(cfg: ExperimentConfig, tokenizer: Any, c: Checks) -> list[dict[str, Any]]:
     """Check every data file's schema and sample; returns the sample rows that passed the schema."""
+    from ppoflow.infra.data.stream import expand_train_files
+
     samples: list[dict[str, Any]] = []
-    for url in cfg.data.train_files:
+    try:
+        files = expand_train_files(cfg.data.train_files, cfg.storage.storage_options or None)
+    except DataError as exc:
+        c.problem("data.train_files", str(exc), "fix the entry")
+        return samples
+    for url in files:
         try:
             schema, count, rows = _sample(url, cfg)
         except DataError as exc:

@@ -16,6 +16,7 @@ class RunInputs:
     def __init__(self, cfg: ExperimentConfig):
         self.cfg = cfg
         self._dataset: Any = None
+        self._stream: Any = None
         self._val: dict[tuple[str, ...], Any] = {}
         self._tokenizer: Any = None
         self._mutex = threading.Lock()
@@ -35,19 +36,37 @@ class RunInputs:
             )
         return self._tokenizer
 
+    def open_stream(self, root: str, run_key: str, manifest: Any) -> Any:
+        """Resolve the run's training files after ``manifest`` (read, checked against what the
+        experiment read before, recorded for retries: :func:`ppoflow.infra.data.stream.open_stream`);
+        the dataset is then the stream's. Returns the :class:`~ppoflow.infra.data.stream.DataStream`."""
+        from ppoflow.infra.data.stream import open_stream
+
+        with self._mutex:
+            tokenizer = self._load_tokenizer() if self.cfg.data.filter_overlong_prompts else None
+            stream = open_stream(self.cfg, root, run_key, manifest.iteration, manifest.data_files, tokenizer)
+            self._stream, self._dataset = stream, stream.dataset
+            return stream
+
+    @property
+    def data_files(self) -> list[dict[str, Any]] | None:
+        """The records of the run's training files (None: no stream was opened)."""
+        return None if self._stream is None else self._stream.records
+
     @property
     def dataset(self) -> Any:
         """The prompt dataset (read once per run; overlong prompts dropped when the config says so)."""
         with self._mutex:
             if self._dataset is None:
                 from ppoflow.infra.data.prompts import PromptDataset
+                from ppoflow.infra.data.stream import expand_train_files
 
-                data = self.cfg.data
+                data, options = self.cfg.data, self.cfg.storage.storage_options or None
                 dataset = PromptDataset(
-                    data.train_files,
+                    expand_train_files(data.train_files, options),
                     prompt_key=data.prompt_key,
                     require_ground_truth=self.cfg.reward.rule,
-                    storage_options=self.cfg.storage.storage_options or None,
+                    storage_options=options,
                 )
                 if data.filter_overlong_prompts:
                     dataset.filter_overlong(

@@ -22,9 +22,11 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+import torch
 
 from tests.support.paths import ROOT
 from tests.support.ports import free_port
@@ -114,6 +116,60 @@ def _wait_healthy(server: _Service, api: str, timeout_s: float = 180.0) -> None:
     pytest.fail(f"prefect server not healthy after {timeout_s:.0f} s\n{_tail(server.log)}")
 
 
+def _post(api: str, path: str, body: dict) -> Any:
+    req = urllib.request.Request(
+        f"{api}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _retraining(cli: Any, api: str, demo_storage: str, worker: _Service, lap: Any, t: float) -> float:
+    """The nightly loop's deployment, run twice by hand: ``rule=always`` trains iteration 3 and
+    promotes it; a run with ``iterations=0`` and a gain no score can reach keeps it. Each run leaves
+    its event and its decision artifact; ``<experiment>/promoted`` loads as the model of iteration 3."""
+    from transformers import AutoModelForCausalLM
+
+    from ppoflow.flows.deployment import default_config
+    from ppoflow.infra.checkpoint.sharded import load_full_state_dict
+    from ppoflow.infra.experiment.manifest import ExperimentPaths
+    from ppoflow.infra.experiment.promotion import current_promotion, promoted_url
+    from ppoflow.tasks.step import artifact_slug
+
+    cli("--no-prompt", "deploy", "-n", "retrain", "--param", f"demo_storage={demo_storage}")
+    dep = _api_get(api, "/deployments/name/ppo-retrain/retrain")
+    assert dep["entrypoint"] == "ppoflow.flows.retrain:retrain"
+    [schedule] = dep["schedules"]
+    assert schedule["schedule"]["cron"] == "0 3 * * *" and schedule["active"] is False
+    runs = []
+    for params in (["-p", "rule=always"], ["-p", "iterations=0", "-p", "min_gain=1000"]):
+        run = cli(
+            "deployment", "run", "ppo-retrain/retrain", *params, "--watch", "--watch-timeout", "600",
+            timeout=660, check=False,
+        )  # fmt: skip
+        t = lap(f"retrain {params[1]}", t)
+        assert run.returncode == 0 and "finished successfully in 'Completed'" in run.stdout, (
+            f"the retraining run did not complete\n{run.stdout[-6000:]}\n{_tail(worker.log, 8000)}"
+        )
+        runs.append(run.stdout)
+    cfg = default_config(demo_storage)
+    paths = ExperimentPaths.of(cfg)
+    record = current_promotion(paths)
+    assert record is not None and (record["seq"], record["iteration"], record["action"]) == (1, 3, "promote")
+    assert record["flow_run_id"] in runs[0] and record["metrics"]["val/score"] == record["value"]
+    promoted = AutoModelForCausalLM.from_pretrained(promoted_url(paths)).state_dict()
+    trained = load_full_state_dict(paths.checkpoint("actor", 3))
+    assert all(torch.equal(promoted[k], trained[k].to(promoted[k].dtype)) for k in promoted)
+    events = _post(api, "/events/filter", {"filter": {"event": {"prefix": ["ppoflow.policy."]}}, "limit": 10})
+    got = sorted((e["event"], e["payload"]["iteration"]) for e in events["events"])
+    assert got == [("ppoflow.policy.kept", 3), ("ppoflow.policy.promoted", 3)], got
+    key = f"{artifact_slug(cfg.storage.experiment)}-promotion"
+    arts = _post(api, "/artifacts/filter", {"artifacts": {"key": {"any_": [key]}}})
+    texts = sorted(a["data"] for a in arts)
+    assert len(texts) == 2 and "**kept**" in texts[0] and "**promoted**" in texts[1], texts
+    return t
+
+
 def test_deploy_and_run_iteration_twice(tmp_path):
     from ppoflow.flows.deployment import default_config
     from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
@@ -174,8 +230,7 @@ def test_deploy_and_run_iteration_twice(tmp_path):
         ]  # this checkout, resolved at deploy
         assert dep["parameters"] == {"iterations": 1, "demo_storage": demo_storage}
         assert dep["global_concurrency_limit"]["limit"] == 1
-        [schedule] = dep["schedules"]
-        assert schedule["schedule"]["cron"] and schedule["active"] is False
+        assert dep["schedules"] == []  # the nightly schedule is the retraining deployment's
 
         worker = _Service("worker", [prefect, "worker", "start", "--pool", POOL], env, logs)
         iterations = []
@@ -234,6 +289,7 @@ def test_deploy_and_run_iteration_twice(tmp_path):
             again["val/score"] == trained["val/score"]
             and again["val/prompts"] == trained["val/prompts"] == 100
         )
+        t = _retraining(cli, api, demo_storage, worker, lap, t)
         # The flow-run processes (and their rank groups) exit by themselves after the runs.
         deadline = time.monotonic() + 60
         while worker.descendants() and time.monotonic() < deadline:
