@@ -28,7 +28,9 @@ first unfinished task, with the same committed result as a run that never failed
 
 The UI shows per iteration a table artifact of the metrics and a markdown trend summary, a
 progress artifact during generation, the ranks' output in each task's logs, and at the end of the
-run a plot of the experiment's metrics.
+run a plot of the experiment's metrics. With ``MLFLOW_TRACKING_URI`` set, the config, each
+iteration's metrics and evaluation files and the plot go to the experiment's MLflow run too
+(:mod:`ppoflow.infra.experiment.tracking`).
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ from ppoflow.flows.schedule import needs_reference, pending_roles, run_iteration
 from ppoflow.flows.signals import Terminated, install_stop_handlers
 from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
 from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.evaluation import EVAL_DIR, VAL_TAG
 from ppoflow.infra.experiment.lock import ExperimentLock
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_identity, read_manifest
 from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend_markdown
 from ppoflow.infra.experiment.plots import plot_metrics
+from ppoflow.infra.experiment.tracking import MlflowTracker
 from ppoflow.infra.remote.driver.slots import device_slots
 from ppoflow.tasks import evaluate, init_experiment, preflight
 from ppoflow.tasks.run import RunContext, open_run, worker_groups
@@ -85,6 +89,16 @@ def _publish_iteration(ctx: RunContext, manifest: Manifest, metrics: dict[str, A
         description=f"trend after iteration {n}",
     )
     get_run_logger().info(headline_line(n, metrics))
+
+
+def _track_iteration(
+    ctx: RunContext, tracker: MlflowTracker | None, manifest: Manifest, metrics: dict[str, Any]
+) -> None:
+    """The iteration's metrics (and its held-out evaluation's files) to MLflow, when tracking."""
+    if tracker is not None:
+        n = manifest.iteration
+        evaluated = any(k.startswith("val/") for k in metrics)
+        tracker.log_iteration(n, metrics, ctx.paths.file(n, f"{EVAL_DIR}/{VAL_TAG}") if evaluated else None)
 
 
 def _publish_plot(ctx: RunContext, manifest: Manifest) -> str | None:
@@ -173,11 +187,26 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
                     if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
                         # the base policy's held-out score, on the actor group that saved it
                         evaluate(key, 0, paths.url(manifest.actor_checkpoint))
-                    manifest, metrics = run_iterations(
-                        ctx, manifest, iterations, lambda m, x: _publish_iteration(ctx, m, x)
-                    )
+                    tracker = MlflowTracker.of(paths.root, cfg.storage.experiment, logger.warning)
+                    if tracker is not None:
+                        tracker.start(cfg.model_dump(mode="json"))
+
+                    def on_commit(m: Manifest, x: dict[str, Any]) -> None:
+                        _publish_iteration(ctx, m, x)
+                        _track_iteration(ctx, tracker, m, x)
+
+                    try:
+                        manifest, metrics = run_iterations(ctx, manifest, iterations, on_commit)
+                    except BaseException:
+                        if tracker is not None:
+                            tracker.finish(ok=False)
+                        raise
             if iterations:
-                _publish_plot(ctx, manifest)
+                plot = _publish_plot(ctx, manifest)
+                if tracker is not None and plot is not None:
+                    tracker.log_file(plot, "plots")
+            if tracker is not None:
+                tracker.finish()
     return {
         "experiment": cfg.storage.experiment,
         "iteration": manifest.iteration,

@@ -123,6 +123,7 @@ def retrain(
             metrics=metrics,
             rule={"rule": rule, "metric": metric, "min_gain": min_gain, "min_value": min_value},
             flow_run_id=str(flow_run.get_id()),
+            warn=logger.warning,
         )
     url = promoted_url(paths)
     experiment = cfg.storage.experiment

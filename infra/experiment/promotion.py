@@ -19,12 +19,17 @@ the promoted policy's by at least ``min_gain`` (any gain when ``min_gain`` is 0)
 Readers of ``<experiment>/promoted`` see one whole directory, the old or the new: the directory is
 written in full under ``promotions/models/`` first, then the link is replaced by one atomic
 rename. The experiment's storage must be a local (or mounted) directory for that.
+
+With ``MLFLOW_TRACKING_URI`` set, each promotion is also a version of the MLflow registered model
+named after the experiment (:mod:`ppoflow.infra.experiment.tracking`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -177,9 +182,11 @@ def publish_promotion(
     metrics: dict[str, Any],
     rule: dict[str, Any],
     flow_run_id: str | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Promote iteration ``iteration``: its HF directory written by ``export(out_dir)`` (unless
-    one was written before), then the record, the link, ``promoted.json``. Returns the record."""
+    one was written before), then the record, the link, ``promoted.json``, and the MLflow model
+    version when tracking (a tracking failure is ``warn``-ed, not raised). Returns the record."""
     root = _local_root(paths)
     ref = f"promotions/models/{iteration:06d}"
     if not os.path.isfile(os.path.join(root, ref, "config.json")):
@@ -196,7 +203,15 @@ def publish_promotion(
         "flow_run_id": flow_run_id,
         "model": ref,
     }
-    return _commit(paths, record)
+    record = _commit(paths, record)
+    from ppoflow.infra.experiment.tracking import MlflowTracker
+
+    tracker = MlflowTracker.of(
+        paths.root, os.path.basename(root.rstrip("/")), warn or logging.getLogger(__name__).warning
+    )
+    if tracker is not None:
+        tracker.register_promotion(record, os.path.join(root, ref))
+    return record
 
 
 def _brief(record: dict[str, Any] | None) -> dict[str, Any] | None:
