@@ -82,6 +82,7 @@ class MlflowTracker:
         self.storage_options = storage_options
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         self.run_id: str | None = None
+        self.created = False  # this tracker made the run (not continued from mlflow.json)
         self.failed = False
 
     @classmethod
@@ -137,7 +138,7 @@ class MlflowTracker:
         exp = self.client.get_experiment_by_name(self.name)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(self.name)
         run = self.client.create_run(exp_id, run_name=self.name, tags={"ppoflow.experiment_url": self.root})
-        self.run_id = run.info.run_id
+        self.run_id, self.created = run.info.run_id, True
         storage.write_json_atomic(
             url, {"tracking_uri": self.uri, "experiment_id": exp_id, "run_id": self.run_id}
         )
@@ -235,4 +236,6 @@ class MlflowTracker:
             tags[f"metric.{key}"] = repr(value)
         source = f"{self.client.get_run(run_id).info.artifact_uri.rstrip('/')}/{path}"
         version = self.client.create_model_version(self.name, source, run_id=run_id, tags=tags)
+        if self.created:  # a promotion of an experiment no tracked flow ran: its run ends here
+            self.client.set_terminated(run_id, "FINISHED")
         return str(version.version)

@@ -129,6 +129,7 @@ def test_each_promotion_is_a_registered_model_version(mlflow_server, tmp_path, m
     versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
     assert [v.version for v in versions] == ["1", "2"]
     run_id = json.load(open(os.path.join(root, RUN_FILE)))["run_id"]
+    assert client.get_run(run_id).info.status == "FINISHED"
     for v, n, score in zip(versions, (2, 5), (0.3, 0.4)):
         assert v.run_id == run_id
         assert v.tags["iteration"] == str(n) and v.tags["metric"] == "val/score"
