@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import uuid
 
 import pytest
@@ -186,3 +187,13 @@ def test_a_file_store_needs_no_server(tmp_path, monkeypatch):
     assert _history(client, run_id, "critic/score/mean") == [(1, 0.5), (2, 0.75)]
     assert client.get_run(run_id).data.params["seed"] == "7"
     assert client.get_model_version(name, version).tags["iteration"] == "2"
+
+
+def test_off_without_the_variable_and_without_the_client(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    warnings: list[str] = []
+    assert MlflowTracker.of(str(tmp_path), "exp", warnings.append) is None and warnings == []
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)  # as if mlflow-skinny were not installed
+    assert MlflowTracker.of(str(tmp_path), "exp", warnings.append) is None
+    assert len(warnings) == 1 and "pip install 'ppoflow[mlflow]'" in warnings[0]
