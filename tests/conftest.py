@@ -1,3 +1,4 @@
+from tests.support.mlflow_server import mlflow_server  # noqa
 from tests.support.s3_server import s3_server  # noqa
 
 

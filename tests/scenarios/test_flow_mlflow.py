@@ -16,12 +16,11 @@ from mlflow.tracking import MlflowClient
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.experiment.tracking import RUN_FILE
-from tests.support.mlflow_server import mlflow_server  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-def test_a_tracked_flow_run(prefect_harness, flow_config, mlflow_server, tmp_path, monkeypatch):  # noqa: F811
+def test_a_tracked_flow_run(prefect_harness, flow_config, mlflow_server, tmp_path, monkeypatch):
     from ppoflow.flows.ppo import ppo
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)

@@ -21,7 +21,7 @@ from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.experiment.promotion import publish_promotion
 from ppoflow.infra.experiment.tracking import RUN_FILE, MlflowTracker
-from tests.support.mlflow_server import mlflow_server, start_server  # noqa: F401
+from tests.support.mlflow_server import start_server
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, flo
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
-def test_metrics_params_artifacts_and_the_same_run_across_flow_runs(mlflow_server, tmp_path):  # noqa: F811
+def test_metrics_params_artifacts_and_the_same_run_across_flow_runs(mlflow_server, tmp_path):
     root, name = _experiment(tmp_path)
     warnings: list[str] = []
     tracker = MlflowTracker.of(root, name, warnings.append, uri=mlflow_server.uri)
@@ -112,7 +112,7 @@ def test_metrics_params_artifacts_and_the_same_run_across_flow_runs(mlflow_serve
     assert run.data.tags["config.seed"] == "8"
 
 
-def test_each_promotion_is_a_registered_model_version(mlflow_server, tmp_path, monkeypatch):  # noqa: F811
+def test_each_promotion_is_a_registered_model_version(mlflow_server, tmp_path, monkeypatch):
     root, name = _experiment(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
     paths = ExperimentPaths(root)
