@@ -2,7 +2,7 @@
 
 data/        the data plane: DataProto, its Arrow codec, fsspec storage, prompt datasets
 runtime/     the rank runtime: worker groups on torch's launcher, control channel, dispatch, fault drills
-experiment/  experiment state on storage: manifest, lock, metrics, plots, TensorBoard
+experiment/  experiment state on storage: manifest, lock, metrics, plots, TensorBoard, MLflow
 checkpoint/  sharded DCP checkpoints of the trained models, and export to Hugging Face
 config.py    the experiment config (one pydantic tree)
 hub.py       hub ids among model paths, and whether the Hugging Face hub can be reached

@@ -1,2 +1,2 @@
 """Experiment state on storage: the manifest (what is committed), the lock (who runs), metrics,
-plots and TensorBoard files."""
+plots, TensorBoard files, promotions and (optional) MLflow tracking."""
