@@ -18,7 +18,8 @@ the same name:
 The run's id is kept in ``<experiment>/mlflow.json`` (with the tracking URI), so every flow run of
 the experiment continues the same MLflow run. A tracking failure (server down, refused request)
 never fails training: the first one is logged as one warning and tracking is off for the rest of
-that flow run (MLflow's client retries a request ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` times first).
+that flow run (MLflow's client retries a request ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` times first:
+2 unless set, each waiting up to ``MLFLOW_HTTP_REQUEST_TIMEOUT``, 60 s unless set).
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ class MlflowTracker:
         uri = uri or os.environ.get(ENV) or None
         if not uri:
             return None
+        # MLflow's own defaults (7 retries with backoff, 120 s per request) could hold a commit up
+        # for minutes when the server is down; a user's settings of these are kept
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
         try:
             return cls(uri, root, name, warn)
         except ImportError:
