@@ -268,7 +268,11 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
         },
         "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True, "overlap": args.overlap},
         "storage": {"root": root, "experiment": "bench"},
-        "resources": {"nprocs": args.ranks, "device": args.device, "deterministic": args.deterministic},
+        "resources": {
+            "nprocs": args.ranks,
+            "device": args.device,
+            "deterministic": getattr(args, "deterministic", False),
+        },
         "checkpoint": {
             "async_save": not args.sync_checkpoints,
             "keep_last": 2,
