@@ -91,14 +91,18 @@ def _token_level_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any)
     if cfg.reward.rule or cfg.reward.custom_function:
         scores[torch.arange(len(last)), last] += rule_scores(cfg, batch, tokenizer)
     if cfg.reward.overlong_buffer.enable:
-        penalty = overlong_penalty(
-            mask.sum(-1),
-            cfg.rollout.response_length,
-            cfg.overlong_buffer_length(),
-            cfg.reward.overlong_buffer.penalty_factor,
-        )
-        scores[torch.arange(len(last)), last] += penalty
+        scores[torch.arange(len(last)), last] += _overlong_penalty(cfg, mask)
     return scores
+
+
+def _overlong_penalty(cfg: ExperimentConfig, mask: torch.Tensor) -> torch.Tensor:
+    """DAPO's soft length penalty of each response (``reward.overlong_buffer``)."""
+    return overlong_penalty(
+        mask.sum(-1),
+        cfg.rollout.response_length,
+        cfg.overlong_buffer_length(),
+        cfg.reward.overlong_buffer.penalty_factor,
+    )
 
 
 def _overlong_metrics(cfg: ExperimentConfig, mask: torch.Tensor) -> dict[str, float]:
@@ -106,12 +110,7 @@ def _overlong_metrics(cfg: ExperimentConfig, mask: torch.Tensor) -> dict[str, fl
     truncated = truncated_rows(mask, cfg.rollout.response_length)
     out = {"response/truncated_share": float(truncated.float().mean()) if len(mask) else 0.0}
     if cfg.reward.overlong_buffer.enable:
-        penalty = overlong_penalty(
-            mask.sum(-1),
-            cfg.rollout.response_length,
-            cfg.overlong_buffer_length(),
-            cfg.reward.overlong_buffer.penalty_factor,
-        )
+        penalty = _overlong_penalty(cfg, mask)
         out["response/overlong_penalty_mean"] = float(penalty.mean()) if len(mask) else 0.0
     return out
 

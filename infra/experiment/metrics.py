@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "finite_scalars",
     "compute_data_metrics",
     "reduce_rank_metrics",
     "throughput_metrics",
@@ -99,6 +100,22 @@ def _mean(value: Any) -> float | None:
         nums = [v for v in (_mean(x) for x in value) if v is not None]
         return sum(nums) / len(nums) if nums else None
     return None
+
+
+def finite_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a ``metrics.json`` record (not ``iteration`` / ``timestamp``, not
+    booleans): what a tracker plots."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if (
+            key in ("iteration", "timestamp")
+            or isinstance(value, bool)
+            or not isinstance(value, (int, float))
+        ):
+            continue
+        if math.isfinite(float(value)):
+            out[key] = float(value)
+    return out
 
 
 def reduce_rank_metrics(per_rank: Iterable[dict[str, Any] | None]) -> dict[str, float]:

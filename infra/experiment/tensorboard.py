@@ -17,11 +17,11 @@ Every finite numeric metric becomes a scalar tagged with its metric name (``crit
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.metrics import finite_scalars
 
 __all__ = ["EVENT_FILE_NAME", "event_bytes", "write_events"]
 
@@ -40,17 +40,7 @@ def _imports():
 
 
 def _scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
-    out = []
-    for key, value in sorted(record.items()):
-        if (
-            key in ("iteration", "timestamp")
-            or isinstance(value, bool)
-            or not isinstance(value, (int, float))
-        ):
-            continue
-        if math.isfinite(float(value)):
-            out.append((key, float(value)))
-    return out
+    return sorted(finite_scalars(record).items())
 
 
 def event_bytes(history: Sequence[dict[str, Any]]) -> bytes:

@@ -24,7 +24,6 @@ that flow run (MLflow's client retries a request ``MLFLOW_HTTP_REQUEST_MAX_RETRI
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import tempfile
@@ -33,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ppoflow.infra.data import storage
+from ppoflow.infra.experiment.metrics import finite_scalars
 
 __all__ = ["ENV", "RUN_FILE", "MlflowTracker", "metric_name", "flatten"]
 
@@ -59,17 +59,7 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for key, value in metrics.items():
-        if (
-            key in ("iteration", "timestamp")
-            or isinstance(value, bool)
-            or not isinstance(value, (int, float))
-        ):
-            continue
-        if math.isfinite(float(value)):
-            out[metric_name(key)] = float(value)
-    return out
+    return {metric_name(k): v for k, v in finite_scalars(metrics).items()}
 
 
 class MlflowTracker:
