@@ -198,7 +198,10 @@ def test_appended_tokens_complete_the_whole_conversation(char_tokenizer, mode):
             conversation = fmt._with_tag_system(conversation, schemas)
             conversation[-1] = {"role": "user", "content": "<tool_response>\n12\n</tool_response>"}
         whole = tok.apply_chat_template(
-            conversation, tools=schemas if mode == "template" else None, tokenize=False, add_generation_prompt=True
+            conversation,
+            tools=schemas if mode == "template" else None,
+            tokenize=False,
+            add_generation_prompt=True,
         )
         assert tokens == tok.encode(whole, add_special_tokens=False) + turn2
         if mode == "template":

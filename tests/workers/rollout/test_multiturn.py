@@ -117,11 +117,16 @@ def _replay_requests(out, n: int, temperature: float) -> list[dict]:
         rank, episode = divmod(b, per_rank)
         prompt = out.batch["prompts"][b][out.batch["attention_mask"][b, :P].bool()].tolist()
         resp = out.batch["responses"][b].tolist()
-        for t, lo, hi, policy in _segments(out.batch["turn_ids"][b], out.batch["response_mask"][b]):
+        for t, lo, _hi, policy in _segments(out.batch["turn_ids"][b], out.batch["response_mask"][b]):
             if policy:
                 seed = request_seed(SEED, rank, "seed", 5, "episode", episode, "turn", t)
                 requests.append(
-                    {"context": prompt + resp[:lo], "seed": seed, "max_tokens": TURN, "temperature": temperature}
+                    {
+                        "context": prompt + resp[:lo],
+                        "seed": seed,
+                        "max_tokens": TURN,
+                        "temperature": temperature,
+                    }
                 )
     return requests
 
@@ -137,8 +142,10 @@ def _check_structure(out, tok, n: int) -> None:
         assert [s[0] for s in policy] == list(range(want_turns[b]))
         assert [s[0] for s in env] == list(range(want_turns[b] - 1))
         for t, lo, hi, _ in env:  # the template's delimiters around "obs<t>", tokenized alone
-            assert resp[lo:hi].tolist() == tok.encode(f"<|user|>obs{t}<|assistant|>", add_special_tokens=False)
-        for t, lo, hi, _ in policy:
+            assert resp[lo:hi].tolist() == tok.encode(
+                f"<|user|>obs{t}<|assistant|>", add_special_tokens=False
+            )
+        for _t, lo, hi, _ in policy:
             assert 1 <= hi - lo <= TURN
         # the loss mask: exactly the policy spans; attention: every episode token
         covered = torch.zeros_like(mask)
@@ -149,7 +156,7 @@ def _check_structure(out, tok, n: int) -> None:
         assert out.batch["attention_mask"][b, P:].tolist() == [1] * end + [0] * (R - end)
         # rewards: 0.5 (t + 1) on the last token of turn t, 10 on the episode's last policy token
         want = torch.zeros(R)
-        for t, lo, hi, _ in policy:
+        for t, _lo, hi, _ in policy:
             want[hi - 1] = 10.0 if t == want_turns[b] - 1 else 0.5 * (t + 1)
         assert torch.equal(out.batch["env_scores"][b], want)
 
