@@ -407,6 +407,7 @@ def _episode_metrics(
         "rollout/sample_s": sample_s,
         "rollout/env_s": env_s,
         "rollout/tokens_per_s": sampled / sample_s if sample_s > 0 else 0.0,
+        "rollout/policy_tokens_per_s": sampled / sample_s if sample_s > 0 else 0.0,
         "rollout/turns_mean": sum(turns) / n,
         "rollout/turns_max": float(max(turns, default=0)),
         "rollout/episode_tokens_mean": sum(total) / n,
