@@ -45,6 +45,7 @@ __all__ = [
 _TOOLS: dict[str, Callable[..., Tool]] = {}
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_OPEN_RE = re.compile(r"<tool_call>\s*")
 
 
 @dataclass(frozen=True)
@@ -190,13 +191,16 @@ def build_tool(spec: str, *, timeout_s: float = 5.0, memory_mb: int = 512, max_c
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
-    """The ``<tool_call>{json}</tool_call>`` calls of a turn, in order. A call whose JSON does not
-    parse, or lacks a string ``name`` or a dict ``arguments``, comes back with ``error`` set.
-    ``arguments`` may also be a JSON string holding the dict (some templates write it so)."""
+    """The ``<tool_call>{json}</tool_call>`` calls of a turn, in order. The closing tag may be
+    missing (a small model often forgets it): the JSON object right after the opening tag counts.
+    A call whose JSON does not parse, or lacks a string ``name`` or a dict ``arguments``, comes
+    back with ``error`` set. ``arguments`` may also be a JSON string holding the dict."""
     calls = []
-    for body in TOOL_CALL_RE.findall(text):
+    decoder = json.JSONDecoder()
+    for match in _OPEN_RE.finditer(text):
+        body = text[match.end() :]
         try:
-            obj = json.loads(body)
+            obj, _ = decoder.raw_decode(body)
         except json.JSONDecodeError as exc:
             calls.append(ToolCall("", {}, f"the tool call is not valid JSON ({exc.msg})"))
             continue

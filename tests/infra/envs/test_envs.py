@@ -94,6 +94,8 @@ def test_parse_tool_calls():
     assert '{"name": <tool>' in calls[3].error
     assert "must be a JSON object" in calls[4].error
     assert parse_tool_calls("no call here") == []
+    unclosed = parse_tool_calls('<tool_call>{"name": "python", "arguments": {"code": "2*3"}} and more')
+    assert [(c.name, c.arguments) for c in unclosed] == [("python", {"code": "2*3"})]
 
 
 def test_a_failing_tool_answers_with_its_error():
@@ -228,3 +230,22 @@ def test_template_mode_needs_a_tool_format(char_tokenizer):
 def test_nothing_left_behind():
     assert _sandbox_processes() == []
     assert not [d for d in os.listdir(tempfile.gettempdir()) if d.startswith("ppoflow-tool-")]
+
+
+def test_examples_parse_and_the_guessing_environment_rewards_each_turn():
+    from ppoflow.infra.config import load_config
+    from tests.support.paths import ROOT
+
+    for name in ("gpu.yaml", "cpu.yaml"):
+        cfg = load_config(os.path.join(ROOT, "examples", "multiturn", name))
+        assert cfg.rollout.multi_turn.enable and cfg.rollout.multi_turn.tools == ["python"]
+    path = os.path.join(ROOT, "examples", "multiturn", "guess_env.py")
+    cls = env_class(f"{path}:GuessEnv")
+    env = cls(EnvSettings(tools=(build_tool(f"{path}:hint"),)), wrong_guess_reward=-0.2)
+    env.reset({"ground_truth": "42"})
+    out = env.step('<tool_call>{"name": "hint", "arguments": {"number": "1"}}</tool_call>')
+    assert out.messages[0]["content"] == "even" and out.reward == 0.0 and not out.done
+    out = env.step("50")
+    assert (out.messages[0]["content"], out.reward, out.done) == ("lower", -0.2, False)
+    out = env.step("It is 42")
+    assert (out.reward, out.done) == (1.0, True)
