@@ -47,6 +47,8 @@ def test_multi_turn_iteration_commits_and_a_killed_generate_commits_the_same(
     # the scores: the environment's rewards plus the reward model's score on the last policy token
     rm = batch.batch["rm_scores"] * cfg.reward.rm_weight
     assert torch.allclose(batch.batch["token_level_scores"], batch.batch["env_scores"] + rm)
+    last_policy = [max(i for i, m in enumerate(row) if m) for row in mask.tolist()]
+    assert [int(row.nonzero().max()) for row in batch.batch["rm_scores"]] == last_policy
     assert batch.batch["num_turns"].tolist() == [
         1 + info["index"] % 3 for info in batch.non_tensor_batch["extra_info"]
     ]
