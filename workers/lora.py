@@ -21,14 +21,13 @@ which ``ppoflow.infra.checkpoint.state`` reads (the base comes from ``model.path
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
+from ppoflow.infra.checkpoint.lora_export import ADAPTER, peft_config, peft_name, write_adapter_dir
 from ppoflow.workers.fsdp_utils import full_param, hf_name, reshard_all
 
 if TYPE_CHECKING:
@@ -49,24 +48,7 @@ __all__ = [
     "peft_name",
 ]
 
-ADAPTER = "default"  # PEFT's adapter name (one adapter per model)
 M = TypeVar("M", bound=nn.Module)
-
-
-def peft_config(cfg: LoRAConfig, exclude: list[str] | None = None) -> Any:
-    """PEFT's ``LoraConfig`` of an ``actor.lora`` / ``critic.lora`` section; ``exclude``: module
-    names that get no adapter (a critic's head, trained whole)."""
-    from peft import LoraConfig
-
-    targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
-    return LoraConfig(
-        r=cfg.rank,
-        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # PEFT annotates an int; it scales by any number
-        lora_dropout=cfg.dropout,
-        target_modules=targets,
-        exclude_modules=exclude or None,
-        bias="none",
-    )
 
 
 def _head_names(hf_model: PreTrainedModel) -> list[str]:
@@ -147,13 +129,6 @@ def _lora_layers(module: nn.Module) -> Iterator[tuple[str, Any]]:
             yield hf_name(name), sub
 
 
-def peft_name(name: str) -> str:
-    """A parameter name of the wrapped module -> the name in PEFT's ``adapter_model.safetensors``:
-    ``model.layers.0.self_attn.q_proj.lora_A.default.weight`` ->
-    ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``."""
-    return "base_model.model." + hf_name(name).replace(f".{ADAPTER}.", ".")
-
-
 def adapter_tensors(module: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The full ``lora_A`` / ``lora_B`` tensors by PEFT name, on the CPU (``dtype``: cast).
 
@@ -163,7 +138,7 @@ def adapter_tensors(module: nn.Module, dtype: torch.dtype | None = None) -> dict
     for name, param in module.named_parameters():
         if ".lora_A." in name or ".lora_B." in name:
             full = full_param(param).cpu()
-            out[peft_name(name)] = full if dtype is None else full.to(dtype)
+            out[peft_name(hf_name(name))] = full if dtype is None else full.to(dtype)
     if not out:
         raise ValueError("the module has no LoRA parameters (lora.rank 0?)")
     return out
@@ -195,41 +170,3 @@ def merged_weights(module: nn.Module, dtype: torch.dtype | None = None) -> Itera
 def _param_of(base_weight_name: str, which: str) -> str:
     """``...q_proj.base_layer.weight`` -> ``...q_proj.lora_A.default.weight`` (same wrappers)."""
     return base_weight_name.replace(".base_layer.weight", f".{which}.{ADAPTER}.weight")
-
-
-def write_adapter_dir(
-    path: str,
-    tensors: dict[str, torch.Tensor],
-    cfg: LoRAConfig,
-    base_model: str,
-    exclude: list[str] | None = None,
-) -> str:
-    """PEFT's adapter directory at local ``path`` (``adapter_config.json`` +
-    ``adapter_model.safetensors``), loadable by ``PeftModel.from_pretrained`` and vLLM's
-    ``LoRARequest``. Written to a temporary sibling and renamed: it appears whole."""
-    import shutil
-    import tempfile
-
-    from safetensors.torch import save_file
-
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.partial-", dir=parent)
-    os.chmod(staging, 0o755)
-    try:
-        config = peft_config(cfg, exclude=exclude)
-        config.base_model_name_or_path = base_model
-        config.save_pretrained(staging)
-        with open(os.path.join(staging, "adapter_config.json")) as f:
-            json.load(f)  # PEFT wrote valid JSON
-        save_file(
-            {k: v.contiguous() for k, v in tensors.items()},
-            os.path.join(staging, "adapter_model.safetensors"),
-            metadata={"format": "pt"},
-        )
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        os.rename(staging, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return path
