@@ -531,9 +531,9 @@ def lora_table(full: dict, lora: dict, args) -> str:
         return f"{v / 1e6:.1f}" if fmt == "MB" else fmt.format(v)
 
     head = f"LoRA rank {args.lora_rank} (sync {args.lora_sync}) vs full fine-tuning"
-    lines = [head, f"{'':<34}{'full':>12}{'lora':>12}"]
+    lines = [head, f"{'':<42}{'full':>12}{'lora':>12}"]
     for name, key, fmt in LORA_ROWS:
-        lines.append(f"{name:<34}{cell(full, key, fmt):>12}{cell(lora, key, fmt):>12}")
+        lines.append(f"{name:<42}{cell(full, key, fmt):>12}{cell(lora, key, fmt):>12}")
     return "\n".join(lines)
 
 
