@@ -18,6 +18,8 @@ rollout the check compares, over response tokens, the engine's own log-probs of 
     python benchmarks/gpu_check.py --device cuda --ranks 1              # one GPU, vLLM TP 1
     python benchmarks/gpu_check.py --device cuda --ranks 2 --tp 2       # two GPUs, one TP=2 engine
     python benchmarks/gpu_check.py --device cpu                         # CPU, fp32, a small model
+    python benchmarks/gpu_check.py --device cuda --ranks 1 --lora-rank 16  # a LoRA policy (vLLM serves
+                                      # the adapter; the references are ``export-hf --merge``)
 
 Tolerances (``--tol-mean``, ``--tol-max``; over response tokens):
 
@@ -106,6 +108,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--dynamic-bsz", action="store_true", help="packed token-budget micro-batches")
     p.add_argument("--compile", action="store_true", help="model.use_torch_compile")
+    p.add_argument("--lora-rank", type=int, default=0, help="a LoRA policy (and critic) of this rank")
+    p.add_argument("--lora-alpha", type=float, default=None, help="lora.alpha (default: 2 x rank)")
+    p.add_argument("--lora-sync", choices=("adapter", "merged"), default="adapter", help="actor.lora.sync")
     args = p.parse_args(argv)
     gpu = args.device == "cuda"
     defaults = dict(
@@ -180,9 +185,11 @@ def run_flow(args, work: str) -> tuple[str, DrillLog]:
     return cfg.storage.experiment_url, drill
 
 
-def export(exp: str, iteration: int, out: str) -> str:
-    """``ppoflow export-hf EXP OUT --iteration k``, the user's command, in a subprocess."""
+def export(exp: str, iteration: int, out: str, merge: bool = False) -> str:
+    """``ppoflow export-hf EXP OUT --iteration k``, the user's command, in a subprocess (``merge``:
+    a LoRA run's adapters merged into the base, a plain HF directory)."""
     cmd = [sys.executable, "-m", "ppoflow.flows.cli", "export-hf", exp, out, "--iteration", str(iteration)]
+    cmd += ["--merge"] if merge else []
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return out
 
@@ -225,7 +232,8 @@ def check(args, exp: str, work: str) -> dict:
 
     device = "cuda" if args.device == "cuda" else "cpu"
     last = 3 if args.resume else 2
-    hf = {k: export(exp, k, os.path.join(work, f"hf-{k}")) for k in range(last)}
+    merge = bool(args.lora_rank)
+    hf = {k: export(exp, k, os.path.join(work, f"hf-{k}"), merge) for k in range(last)}
     rows, separated = [], True
     for n in range(1, last + 1):
         rollout = DataProto.load(os.path.join(exp, "iterations", f"{n:06d}", "rollout.arrow"))

@@ -140,6 +140,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="rollout.calculate_log_probs: vLLM also returns its log-probs of the samples",
     )
+    lo = p.add_argument_group("LoRA")
+    lo.add_argument(
+        "--lora-rank", type=int, default=0, help="actor.lora.rank and critic.lora.rank (0: full fine-tuning)"
+    )
+    lo.add_argument("--lora-alpha", type=float, default=None, help="lora.alpha (default: 2 x rank)")
+    lo.add_argument("--lora-sync", choices=("adapter", "merged"), default="adapter", help="actor.lora.sync")
+    lo.add_argument(
+        "--lora-compare",
+        action="store_true",
+        help="run full fine-tuning first, then LoRA of --lora-rank, and print them side by side",
+    )
     c = p.add_argument_group("comparisons")
     c.add_argument(
         "--reference-tokens-per-s",
@@ -218,7 +229,7 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
         "ppo_max_token_len_per_gpu": max(budget, row),
     }
     log_prob_budget = max(args.log_prob_micro_batch * row, row)
-    return {
+    config = {
         "model": {
             "path": model_dir,
             "dtype": "float32",
@@ -279,6 +290,25 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             **({"snapshot_every": args.snapshot_every} if args.snapshot_every else {}),
         },
     }
+    if getattr(args, "lora_rank", 0):  # gpu_check and rollout_cycle build their configs here too
+        return with_lora(config, args)
+    return config
+
+
+def with_lora(config: dict, args) -> dict:
+    """``config`` with LoRA adapters of ``--lora-rank`` on the actor and the critic. On GPU the
+    frozen base is kept in bfloat16 (no float32 master copy: nothing of it is trained); the adapters
+    stay float32 (PEFT), computed in bfloat16 like the full run's parameters."""
+    lora = {
+        "rank": args.lora_rank,
+        "alpha": args.lora_alpha or 2.0 * args.lora_rank,
+        "target_modules": "all-linear",
+    }
+    config["actor"]["lora"] = {**lora, "sync": args.lora_sync}
+    config["critic"]["lora"] = dict(lora)
+    if args.device == "cuda":
+        config["model"]["dtype"] = "bfloat16"
+    return config
 
 
 def mean(rows: list[dict], key: str) -> float:
@@ -428,16 +458,9 @@ def report(
     return "\n".join(lines), run
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    work = args.storage or tempfile.mkdtemp(prefix="ppoflow-bench-")
-    os.makedirs(work, exist_ok=True)
-    os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect-home"))
-    # a fresh PREFECT_HOME migrates its database first: on a busy machine that outlasts the 20 s default
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry (offline)
-    from ppoflow.flows.ppo import install_stop_handlers, ppo
+def run_once(args, work: str) -> tuple[str, dict, list[dict]]:
+    """Build the model and prompts under ``work``, run the flow, return (table, summary, rows)."""
+    from ppoflow.flows.ppo import ppo
     from ppoflow.infra.config import parse_config
 
     model_dir = os.path.join(work, "model")
@@ -452,7 +475,6 @@ def main(argv=None) -> None:
         f"built model ({n_params / 1e6:.1f}M params) and prompts in {time.perf_counter() - t0:.1f} s",
         flush=True,
     )
-    install_stop_handlers()
     from gpu_report import DeviceMemorySampler
 
     sampler = DeviceMemorySampler().start() if args.device == "cuda" else None
@@ -473,7 +495,75 @@ def main(argv=None) -> None:
             rows.append(json.load(f))
     extra = [*generation_lines(rows), *(sampler.lines() if sampler else [])]
     text, run = report(args, rows[1:], n_params, extra, before=rows[0])
-    print(text)
+    run["checkpoint_bytes_actor"] = mean(rows, "perf/checkpoint_bytes_actor")
+    run["checkpoint_bytes_critic"] = mean(rows, "perf/checkpoint_bytes_critic")
+    for key in (
+        "actor_group_resident_gib",
+        "update_actor_gib",
+        "critic_group_resident_gib",
+        "update_critic_gib",
+    ):
+        run[f"mem_{key}"] = mean(rows[1:], f"perf/mem/{key}")
+    return text, run, rows
+
+
+LORA_ROWS = (
+    ("seconds per iteration (between commits)", "iteration_between_commits_s", "{:.2f}"),
+    ("seconds per iteration (latency)", "iteration_s", "{:.2f}"),
+    ("generation s", "generation_s", "{:.2f}"),
+    ("weight sync s", "weight_sync_s", "{:.3f}"),
+    ("actor checkpoint MB", "checkpoint_bytes_actor", "MB"),
+    ("critic checkpoint MB", "checkpoint_bytes_critic", "MB"),
+    ("actor group resident GiB/rank", "mem_actor_group_resident_gib", "{:.2f}"),
+    ("actor update peak GiB/rank", "mem_update_actor_gib", "{:.2f}"),
+    ("critic group resident GiB/rank", "mem_critic_group_resident_gib", "{:.2f}"),
+    ("critic update peak GiB/rank", "mem_update_critic_gib", "{:.2f}"),
+)
+
+
+def lora_table(full: dict, lora: dict, args) -> str:
+    """Full fine-tuning and LoRA side by side (a dash where the figure is not measured, e.g. memory on CPU)."""
+
+    def cell(run: dict, key: str, fmt: str) -> str:
+        v = run.get(key)
+        if v is None or v != v:
+            return "-"
+        return f"{v / 1e6:.1f}" if fmt == "MB" else fmt.format(v)
+
+    head = f"LoRA rank {args.lora_rank} (sync {args.lora_sync}) vs full fine-tuning"
+    lines = [head, f"{'':<42}{'full':>12}{'lora':>12}"]
+    for name, key, fmt in LORA_ROWS:
+        lines.append(f"{name:<42}{cell(full, key, fmt):>12}{cell(lora, key, fmt):>12}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    work = args.storage or tempfile.mkdtemp(prefix="ppoflow-bench-")
+    os.makedirs(work, exist_ok=True)
+    os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect-home"))
+    # a fresh PREFECT_HOME migrates its database first: on a busy machine that outlasts the 20 s default
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry (offline)
+    from ppoflow.flows.ppo import install_stop_handlers
+
+    install_stop_handlers()
+    if args.lora_compare:
+        if not args.lora_rank:
+            raise SystemExit("--lora-compare needs --lora-rank R")
+        full_args = argparse.Namespace(**{**vars(args), "lora_rank": 0})
+        full_text, full_run, _ = run_once(full_args, os.path.join(work, "full"))
+        print(full_text, flush=True)
+        text, run, rows = run_once(args, os.path.join(work, "lora"))
+        print(text)
+        table = lora_table(full_run, run, args)
+        print("\n" + table)
+        run = {"full": full_run, "lora": run}
+        text = full_text + "\n\n" + text + "\n\n" + table
+    else:
+        text, run, rows = run_once(args, work)
+        print(text)
     print("summary: " + json.dumps(run))
     out = os.environ.get("OUT")
     if out:

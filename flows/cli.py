@@ -3,7 +3,7 @@
     ppoflow demo [--storage DIR] [--iterations N] [--verbose]   build + train the tiny CPU demo
     ppoflow run CONFIG [--iterations N] [--set KEY=VALUE ...]    run the ``ppo`` flow on a config
     ppoflow status EXPERIMENT [--json]                           manifest + last metrics
-    ppoflow export-hf EXPERIMENT [--iteration N] OUT             a Hugging Face directory
+    ppoflow export-hf EXPERIMENT [--iteration N] [--merge] OUT   a Hugging Face directory (LoRA: adapter)
     ppoflow rollback EXPERIMENT --to N                           make committed iteration N the latest
     ppoflow promote EXPERIMENT [--iteration N | --rollback]      publish a policy at <experiment>/promoted
     ppoflow tensorboard EXPERIMENT [--logdir DIR]                TensorBoard event files of the metrics
@@ -142,6 +142,11 @@ def _add_experiment_commands(sub: Any) -> None:
         choices=("float32", "bfloat16", "float16"),
         default=None,
         help="cast the weights (default: keep the checkpoint's dtype)",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: write the model with the adapters merged (default: PEFT's adapter directory)",
     )
 
     p = sub.add_parser(

@@ -306,19 +306,40 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
             f"the experiment's base model {base!r} ({key}) is not a local directory; export_hf "
             "copies config and tokenizer from it"
         )
-    scratch = None
+    scratch, lora = None, _lora_of(args.experiment, args.role)
     try:
         if not is_complete(checkpoint):  # not a snapshot iteration: rebuilt from the latest one
             scratch = storage.join(paths.root, "scratch", f"export-{uuid.uuid4().hex[:12]}")
             checkpoint = _rebuilt(args.experiment, args.role, checkpoint, scratch)
-        out = export_hf(checkpoint, args.out, base, dtype=args.dtype)
+        if lora is not None:
+            from ppoflow.infra.checkpoint.lora_export import export_lora
+
+            out = export_lora(checkpoint, args.out, base, lora, merge=args.merge, dtype=args.dtype)
+        else:
+            out = export_hf(checkpoint, args.out, base, dtype=args.dtype)
     except (CheckpointError, ValueError, FileNotFoundError) as err:
         raise CLIError(str(err)) from None
     finally:
         if scratch is not None and storage.exists(scratch):
             storage.rm(scratch, recursive=True)
-    print(f"wrote a Hugging Face directory of the {args.role} at iteration {n} to {out}")
+    what = "a Hugging Face directory" if lora is None or args.merge else "a PEFT adapter directory"
+    print(f"wrote {what} of the {args.role} at iteration {n} to {out}")
     return 0
+
+
+def _lora_of(experiment: str, role: str) -> Any:
+    """The run's ``actor.lora`` when it trained the policy's adapters (None: full weights, or an
+    experiment that records no config: ``export_hf`` then refuses an adapters-only checkpoint)."""
+    try:
+        cfg = experiment_config(experiment)
+    except CLIError:
+        return None
+    lora = getattr(cfg, role).lora
+    if not lora.enabled:
+        return None
+    if role != "actor":
+        raise CLIError("the critic of a LoRA run exports only through its checkpoint; export the actor")
+    return lora
 
 
 def _rebuilt(experiment: str, role: str, state: str, scratch: str) -> str:

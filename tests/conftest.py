@@ -152,6 +152,18 @@ def base_run(prefect_harness, flow_config, tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="session")
+def light_run(prefect_harness, flow_config, tmp_path_factory):
+    """The uninterrupted reference of the one-group (``LIGHT``) flow tests: 2 iterations in one
+    flow run, local files; returns the experiment's URL."""
+    from ppoflow.flows.ppo import ppo
+    from tests.support.configs import LIGHT
+
+    cfg = flow_config(str(tmp_path_factory.mktemp("light-run")), "reference", **LIGHT)
+    assert ppo(cfg, iterations=2)["iteration"] == 2
+    return cfg.storage.experiment_url
+
+
 # ----------------------------------------------------------------------------- FSDP worker tests
 @pytest.fixture
 def one_thread():

@@ -36,6 +36,7 @@ On CUDA the methods report the rank's peak memory per phase (``perf/mem/*_gib``,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import time
@@ -50,6 +51,7 @@ from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.determinism import deterministic_updates
 from ppoflow.workers.device_memory import GIB, PeakMemory, engine_pool_bytes, resident_gib
 from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
+from ppoflow.workers.lora import adapters_off, with_adapters
 from ppoflow.workers.modeling import PolicyLM
 from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
 from ppoflow.workers.worker_setup import parse_worker_config
@@ -74,6 +76,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         self.sharding_manager: Any = None
         self.tokenizer: Any = None
         self._meshes: dict[int, Any] = {}
+        self._ref_is_base = False
         self._init_checkpoints()
 
     # ------------------------------------------------------------------ building
@@ -85,18 +88,22 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         return self._meshes[size]
 
     def _build_policy(
-        self, fsdp_cfg: FSDPConfig, trainable: bool, packed: bool
+        self, fsdp_cfg: FSDPConfig, trainable: bool, packed: bool, adapters: bool = True
     ) -> tuple[PolicyLM, dict[str, Any]]:
         """The base model as a sharded ``PolicyLM`` (rank 0 reads the weights, the others get shards);
-        ``packed``: with the attention packed forwards need."""
+        ``packed``: with the attention packed forwards need; ``adapters``: with ``actor.lora``'s
+        adapters when it is on (the base frozen)."""
         mesh = self._mesh(fsdp_cfg)
         ckpt = trainable and self.cfg.model.enable_gradient_checkpointing
         actor = self.cfg.actor
-        wrap = functools.partial(
-            PolicyLM,
-            chunk_size=actor.logprob_chunk_size,
-            head_impl=actor.logprob_head,
-            compiled_head=self.cfg.model.use_torch_compile,
+        wrap = with_adapters(
+            functools.partial(
+                PolicyLM,
+                chunk_size=actor.logprob_chunk_size,
+                head_impl=actor.logprob_head,
+                compiled_head=self.cfg.model.use_torch_compile,
+            ),
+            actor.lora if adapters else None,
         )
         module = build_fsdp_model(
             self.cfg.model,
@@ -112,6 +119,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         )
         info = {
             **mesh_info(mesh, module),
+            "trainable_params": sum(p.numel() for p in module.parameters() if p.requires_grad),
             "gradient_checkpointing": bool(module.hf_model.is_gradient_checkpointing),
             "param_offload": fsdp_cfg.param_offload,
             "attn_implementation": module.hf_model.config._attn_implementation,
@@ -130,6 +138,11 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(
             model.tokenizer, trust_remote_code=model.trust_remote_code
         )
+        extra: dict[str, Any] = {}
+        if self._adapter_sync:
+            from ppoflow.workers.rollout.lora_sync import engine_lora_kwargs
+
+            extra["engine_kwargs"] = engine_lora_kwargs(self.cfg.actor.lora.rank)
         self.rollout = build_rollout(
             self.cfg,
             model_path=model.path,
@@ -138,15 +151,19 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             device=str(self.device),
             rank=self.rank,
             world_size=self.world_size,
+            **extra,
         )
         rcfg = self.cfg.rollout
-        sleep_level = rcfg.sleep_level or (2 if self.is_actor else 1)
+        # an engine serving adapters keeps its base weights: level 1 (level 2 would discard them)
+        sleep_level = rcfg.sleep_level or (2 if self.is_actor and not self._adapter_sync else 1)
+        lora = self.cfg.actor.lora
         self.sharding_manager = build_sharding_manager(
             self.rollout,
             self.actor.module,
             loader=rcfg.weight_loader,
             sleep_level=sleep_level,
             quiet=self.checkpoints.paused,
+            **(dict(lora_sync=lora.sync, base_model=model.path) if lora.enabled else {}),
         )
         info: dict[str, Any] = {"engine": type(self.rollout).__name__}
         describe = getattr(self.rollout, "describe", None)
@@ -159,6 +176,12 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         if hasattr(self.sharding_manager, "sleep"):
             self.sharding_manager.sleep()
         return info
+
+    @property
+    def _adapter_sync(self) -> bool:
+        """Whether the vLLM engine serves the policy's LoRA adapter (``actor.lora.sync: adapter``)."""
+        lora = self.cfg.actor.lora
+        return lora.enabled and lora.sync == "adapter" and self.cfg.rollout.engine == "vllm"
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
@@ -188,8 +211,16 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
                 optimizer, scheduler = build_optimizer(module, cfg.actor.optim)
                 info["actor"]["optimizer"] = optimizer_kernel(optimizer)
             self.actor = DataParallelPPOActor(cfg.actor, module, optimizer, scheduler, **common)
+        self._ref_is_base = False  # the reference is the actor's module with its adapters off
         if self.is_ref:
-            module, info["ref"] = self._build_policy(cfg.ref.fsdp, trainable=False, packed=ref_packed)
+            if cfg.actor.lora.enabled and self.actor is not None:
+                module, info["ref"] = self.actor.module, {"shared_with": "actor", "adapters": "off"}  # type: ignore[assignment]  # the actor's PolicyLM
+                ref_packed = ref_packed and cfg.actor.use_dynamic_bsz  # the actor's attention
+                self._ref_is_base = True
+            else:  # its own copy (with LoRA on and no actor in this role: the plain base model)
+                module, info["ref"] = self._build_policy(
+                    cfg.ref.fsdp, trainable=False, packed=ref_packed, adapters=False
+                )
             self.ref = DataParallelPPOActor(
                 cfg.actor,
                 module,
@@ -266,8 +297,11 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """``ref_log_prob`` (B, R) of ``responses`` under the frozen reference policy."""
-        log_probs, _ = self._need("ref").compute_log_prob(data)
+        """``ref_log_prob`` (B, R) of ``responses`` under the frozen reference policy (with LoRA: the
+        actor's module with its adapters switched off)."""
+        ref = self._need("ref")
+        with adapters_off(ref.module) if self._ref_is_base else contextlib.nullcontext():
+            log_probs, _ = ref.compute_log_prob(data)
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
     @register(Dispatch.DP_COMPUTE_PROTO)
@@ -300,6 +334,8 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         """Finish a checkpoint write in flight, then drop the engines, modules and optimizer state
         before the process group goes away."""
         self.checkpoints.close()
+        if hasattr(self.sharding_manager, "close"):
+            self.sharding_manager.close()  # a LoRA manager's adapter directories
         if self.rollout is not None and hasattr(self.rollout, "shutdown"):
             self.rollout.shutdown()
         self.rollout = self.sharding_manager = self.actor = self.ref = None

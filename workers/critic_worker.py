@@ -28,6 +28,7 @@ from ppoflow.workers.critic import DataParallelPPOCritic
 from ppoflow.workers.determinism import deterministic_updates
 from ppoflow.workers.device_memory import PeakMemory, release_cached, resident_gib
 from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
+from ppoflow.workers.lora import with_adapters
 from ppoflow.workers.modeling import ValueModel
 from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
 from ppoflow.workers.worker_setup import parse_worker_config
@@ -56,7 +57,7 @@ class CriticWorker(CheckpointMethods, Worker):
         module = build_fsdp_model(
             model_cfg,
             "token_classification",
-            ValueModel,
+            with_adapters(ValueModel, cfg.critic.lora),  # LoRA: adapters + the value head trained
             mesh,
             cfg.critic.fsdp,
             self.device,

@@ -23,7 +23,7 @@ import torch
 
 from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 
-__all__ = ["export_hf"]
+__all__ = ["export_hf", "publish_hf_dir"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".index.json")
 
@@ -87,6 +87,36 @@ def export_hf(
     Returns:
         ``out_dir``.
     """
+    tensors = load_full_state_dict(checkpoint_url, storage_options=storage_options)
+    if any(".lora_A." in k for k in tensors):
+        raise ValueError(
+            f"checkpoint {checkpoint_url} holds LoRA adapters only: export it with "
+            "ppoflow.infra.checkpoint.lora_export.export_lora (ppoflow export-hf does)"
+        )
+    return publish_hf_dir(
+        tensors,
+        out_dir,
+        base_model_path,
+        dtype=dtype,
+        max_shard_bytes=max_shard_bytes,
+        trust_remote_code=trust_remote_code,
+        source=checkpoint_url,
+    )
+
+
+def publish_hf_dir(
+    tensors: dict[str, torch.Tensor],
+    out_dir: str,
+    base_model_path: str,
+    *,
+    dtype: str | None = None,
+    max_shard_bytes: int = 5 * 2**30,
+    trust_remote_code: bool = False,
+    source: str = "the weights",
+) -> str:
+    """Write full model ``tensors`` (HF names) as a Hugging Face directory at local ``out_dir``,
+    checked against ``base_model_path``'s architecture (see :func:`export_hf`; ``source`` names
+    the tensors' origin in errors)."""
     if not os.path.isdir(base_model_path):
         raise FileNotFoundError(
             f"base model directory {base_model_path} does not exist; export_hf copies the config "
@@ -97,10 +127,9 @@ def export_hf(
             f"export_hf: out_dir {out_dir} is the base model directory; choose another directory"
         )
     shapes, tied = _expected_state(base_model_path, trust_remote_code)
-    tensors = load_full_state_dict(checkpoint_url, storage_options=storage_options)
     if tied:
-        tensors.pop("lm_head.weight", None)
-    _check_matches(tensors, shapes, checkpoint_url, base_model_path)
+        tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
+    _check_matches(tensors, shapes, source, base_model_path)
     if dtype is not None:
         target = getattr(torch, dtype)
         tensors = {k: v.to(target) if v.is_floating_point() else v for k, v in tensors.items()}

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -126,6 +127,19 @@ def _split_optim(osd: dict, names: Names) -> tuple[dict, dict]:
     return tensors, {"param_groups": groups, "scalars": scalars}
 
 
+def state_options(model: torch.nn.Module) -> StateDictOptions:
+    """The state-dict options of ``model``: a module marked ``checkpoint_trainable_only`` (a LoRA
+    model, whose frozen base comes from its model directory again) saves and loads only its
+    trainable parameters."""
+    only_trainable = bool(getattr(model, "checkpoint_trainable_only", False))
+    return StateDictOptions(ignore_frozen_params=only_trainable, strict=not only_trainable)
+
+
+def _clean(name: str) -> str:
+    """A parameter name without the prefixes of activation-checkpoint and compile wrappers."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
 @dataclass
 class Collected:
     """A model (+ optimizer) as DCP trees and JSON: ``model``/``optim`` are ``{MODEL: ...}`` /
@@ -149,12 +163,16 @@ def collect(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, for
     load, that created state is what DCP fills.
     """
     fresh = optimizer is not None and not optimizer.state
+    opts = state_options(model)
     if optimizer is not None:
-        msd, osd = get_state_dict(model, optimizer)
+        msd, osd = get_state_dict(model, optimizer, options=opts)
         if fresh and for_save:
             optimizer.state.clear()
     else:
-        msd, osd = get_model_state_dict(model), None
+        msd, osd = get_model_state_dict(model, options=opts), None
+    if opts.ignore_frozen_params:  # a tied frozen weight stays under its second name: drop it too
+        trainable = {_clean(n) for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+        msd = {k: v for k, v in msd.items() if _clean(k) in trainable}
     names = Names(model, list(msd))
     optim, optim_json = None, None
     if osd is not None:
@@ -174,8 +192,9 @@ def restore(
 ) -> None:
     """Put loaded tensors (in ``got``, filled in place by DCP) and the marker's optimizer JSON
     (``saved_optim``) back into ``model`` and ``optimizer``."""
+    opts = state_options(model)
     if optimizer is None or got.osd is None:
-        set_model_state_dict(model, got.msd)
+        set_model_state_dict(model, got.msd, options=opts)
         return
     assert saved_optim is not None  # the marker has it when the checkpoint has an optimizer state
     osd, names = got.osd, got.names
@@ -201,7 +220,7 @@ def restore(
             osd["state"].setdefault(names.from_hf.get(name, name), {}).update(dec(st))
         for name, st in (got.optim or {}).get(OPTIM, {}).items():
             osd["state"][names.from_hf.get(name, name)].update(st)
-    set_state_dict(model, optimizer, model_state_dict=got.msd, optim_state_dict=osd)
+    set_state_dict(model, optimizer, model_state_dict=got.msd, optim_state_dict=osd, options=opts)
     if saved_optim.get("fresh"):
         optimizer.state.clear()
 

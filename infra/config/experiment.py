@@ -117,6 +117,33 @@ class ExperimentConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_lora(self) -> ExperimentConfig:
+        """LoRA's settings against the engine and the model's other options."""
+        lora = self.actor.lora
+        on = [name for name, cfg in (("actor", lora), ("critic", self.critic.lora)) if cfg.enabled]
+        if on and self.model.use_torch_compile:
+            raise ValueError(
+                f"{on[0]}.lora with model.use_torch_compile: the adapters are injected after the "
+                "layers are compiled; turn one of them off"
+            )
+        if not lora.enabled or self.rollout.engine != "vllm":
+            return self
+        if lora.rank > 512:
+            raise ValueError(f"actor.lora.rank={lora.rank}: vLLM serves adapters of rank <= 512")
+        if self.rollout.weight_loader == "dtensor":
+            raise ValueError(
+                "actor.lora with rollout.weight_loader=dtensor: the pre-sliced push is for full "
+                "weights; use weight_loader=hf (an adapter is small; merged weights go the hf way)"
+            )
+        if lora.sync == "adapter" and self.rollout.sleep_level == 2:
+            raise ValueError(
+                "actor.lora.sync=adapter keeps the base weights in the engine, but rollout.sleep_level=2 "
+                "discards them after every rollout: set rollout.sleep_level to 1 (or null), or "
+                "actor.lora.sync=merged"
+            )
+        return self
+
     def overlong_buffer_length(self) -> int:
         """The overlong buffer in tokens (its ``length``, else a fifth of the response length)."""
         length = self.reward.overlong_buffer.length

@@ -3,15 +3,17 @@ reward (rule and model), with their FSDP and optimizer settings."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ppoflow.infra.config.names import Dtype, KLPenaltyKind, LossAggMode, PolicyLossName, Section
 
 __all__ = [
     "ModelConfig",
     "FSDPConfig",
+    "LoRAConfig",
     "OptimConfig",
     "ActorConfig",
     "RefConfig",
@@ -53,6 +55,58 @@ class FSDPConfig(Section):
     param_offload: bool = False
     optimizer_offload: bool = False
     reshard_after_forward: bool = True
+
+
+LINEAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+class LoRAConfig(Section):
+    """Low-rank adapters (PEFT's LoRA) on a frozen base model: only the adapters (and a critic's
+    value head) are trained, checkpointed and, for the policy, synced into the rollout engine.
+    ``rank`` 0 (the default) trains every parameter."""
+
+    rank: int = Field(0, ge=0, description="the adapters' rank r; 0 = LoRA off (full fine-tuning)")
+    alpha: float = Field(16.0, gt=0.0, description="scaling: the update is (alpha / rank) * B @ A")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input while training")
+    target_modules: str | list[str] = Field(
+        "all-linear",
+        description="'all-linear' (every linear layer of the decoder, not the LM head) or a list of "
+        "module names (suffixes such as q_proj, v_proj)",
+    )
+    sync: Literal["adapter", "merged"] = Field(
+        "adapter",
+        description="policy only: how the rollout engine gets new weights: 'adapter' pushes the "
+        "adapter tensors (vLLM's LoRA serving, the base stays in the engine), 'merged' merges them "
+        "into the base weights and pushes every weight",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str):
+            if value != "all-linear":
+                raise ValueError(
+                    f"lora.target_modules={value!r}: give 'all-linear' or a list of module names "
+                    "(e.g. [q_proj, v_proj])"
+                )
+            return value
+        if not value:
+            raise ValueError(
+                "lora.target_modules is an empty list: name at least one module, or 'all-linear'"
+            )
+        bad = [v for v in value if not LINEAR_NAME.match(v)]
+        if bad:
+            raise ValueError(f"lora.target_modules: {bad} are not module names (e.g. q_proj, mlp.down_proj)")
+        if "lm_head" in value:
+            raise ValueError(
+                "lora.target_modules: lm_head cannot carry an adapter (vLLM serves none there and "
+                "the policy's log-prob head reads its weight directly); leave it out"
+            )
+        return value
 
 
 class OptimConfig(Section):
@@ -116,6 +170,7 @@ class ActorConfig(Section):
     )
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
 
 
 class RefConfig(Section):
@@ -154,6 +209,10 @@ class CriticConfig(Section):
     )
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
+    lora: LoRAConfig = Field(
+        default_factory=LoRAConfig,
+        description="adapters on the critic's base; its value head stays fully trained",
+    )
 
 
 class RewardModelConfig(Section):

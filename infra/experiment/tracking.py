@@ -67,8 +67,12 @@ class MlflowTracker:
     tracking failures (see the module docstring); :meth:`of` returns None when tracking is off."""
 
     def __init__(self, uri: str, root: str, name: str, warn: Callable[[str], None], storage_options=None):
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient, set_registry_uri, set_tracking_uri
 
+        # MLflow resolves some calls (a model version's source on a file store) through the
+        # process's default URI, which would otherwise create ./mlflow.db in the working directory
+        set_tracking_uri(uri)
+        set_registry_uri(uri)
         self.uri, self.root, self.name, self.warn = uri, root.rstrip("/"), name, warn
         self.storage_options = storage_options
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)

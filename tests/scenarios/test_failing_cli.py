@@ -159,13 +159,9 @@ def test_a_failed_run_prints_one_error_block(cli, flow_config, flow_assets, tmp_
 
 
 def test_sigkill_mid_iteration_leaves_nothing_and_the_next_run_commits_the_same(
-    cli, prefect_harness, flow_config, tmp_path
+    cli, light_run, flow_config, tmp_path
 ):
-    from ppoflow.flows.ppo import ppo
-
     root = str(tmp_path / "runs")
-    reference = flow_config(root, "reference", **LIGHT)
-    ppo(reference, iterations=2)
     cfg = flow_config(root, "exp", **LIGHT)
     paths = ExperimentPaths.of(cfg)
     config = write_config(tmp_path, cfg)
@@ -201,7 +197,7 @@ def test_sigkill_mid_iteration_leaves_nothing_and_the_next_run_commits_the_same(
     assert "waiting for 2 of this machine's" not in out  # the slots were free at once
     assert read_manifest(paths).iteration == 2
     for n in (1, 2):
-        assert_same_commit(reference.storage.experiment_url, cfg.storage.experiment_url, n, roles=("actor",))
+        assert_same_commit(light_run, cfg.storage.experiment_url, n, roles=("actor",))
 
 
 # ------------------------------------------------------------------------------ signals

@@ -136,9 +136,16 @@ def build_sharding_manager(rollout: Rollout, actor_module: Any, **kwargs: Any):
     """``FSDPVLLMShardingManager`` for a vLLM rollout, a no-op manager for the HF rollout.
 
     ``kwargs`` go to ``FSDPVLLMShardingManager`` (``loader``, ``sleep_level``, ``storage_options``,
-    ``quiet``).
+    ``quiet``). A policy with LoRA adapters gets ``lora_sync.LoRAShardingManager`` (``kwargs``
+    also ``lora_sync`` and ``base_model``).
     """
     rollout = getattr(rollout, "engine", rollout)  # a MultiTurnRollout's manager is its engine's
+    lora_sync = kwargs.pop("lora_sync", None)
+    base_model = kwargs.pop("base_model", None)
+    if getattr(rollout, "engine_name", None) == "vllm" and lora_sync is not None:
+        from ppoflow.workers.rollout.lora_sync import LoRAShardingManager
+
+        return LoRAShardingManager(rollout, actor_module, sync=lora_sync, base_model=base_model, **kwargs)
     if getattr(rollout, "engine_name", None) == "vllm":
         from ppoflow.workers.rollout.sharding_manager import FSDPVLLMShardingManager
 

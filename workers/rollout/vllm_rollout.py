@@ -130,6 +130,7 @@ class VLLMRollout(Rollout):
         self._tp_group = tp_cpu_group(tp, self.tp_rank, rank) if tp > 1 else None
         self.sleeping = False
         self.calls = 0
+        self.lora_request: Any = None  # the adapter every request carries (a LoRA policy's sync sets it)
         self.warmup_s = self._warm_up() if warmup else 0.0
 
     # ------------------------------------------------------------------ engine
@@ -332,7 +333,7 @@ class VLLMRollout(Rollout):
         with frozen_heap() as gc_time, torch.random.fork_rng(devices=rng_devices):
             t_gen = time.perf_counter()
             with cpu_use() as cpu:  # what CPU the decoding got (infra/host_cpu.py)
-                outs = self.llm.generate(requests, params, use_tqdm=False)
+                outs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
         return outs, t_gen, gc_time, cpu
 
     def shutdown(self) -> None:

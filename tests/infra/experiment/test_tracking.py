@@ -170,6 +170,8 @@ def test_a_server_that_goes_away_costs_one_warning_and_no_exception(tmp_path, mo
 
 def test_a_file_store_needs_no_server(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
     root, name = _experiment(tmp_path)
     uri = (tmp_path / "mlruns").as_uri()
     warnings: list[str] = []
@@ -187,6 +189,7 @@ def test_a_file_store_needs_no_server(tmp_path, monkeypatch):
     assert _history(client, run_id, "critic/score/mean") == [(1, 0.5), (2, 0.75)]
     assert client.get_run(run_id).data.params["seed"] == "7"
     assert client.get_model_version(name, version).tags["iteration"] == "2"
+    assert os.listdir(tmp_path / "cwd") == []  # nothing of MLflow's own defaults in the cwd
 
 
 def test_off_without_the_variable_and_without_the_client(tmp_path, monkeypatch):
