@@ -2,7 +2,10 @@
 model, a scripted environment): it commits; the advantage batch keeps environment tokens out of
 the loss (mask 0, no advantage) and the environment's rewards are its scores; the episode
 metrics reach the commit. Then the same iteration on a rolled-back copy with a rank killed in
-``generate_sequences``: the retried generate commits the same episodes."""
+``generate_sequences``: the retried generate commits the same episodes. Last, multi-turn with a
+LoRA actor (``sync: adapter``): in both iterations vLLM's log-probs of the policy's tokens equal
+the actor's (base + adapter) recomputation over the episodes, so every turn sampled with the
+adapter of the iteration."""
 
 from __future__ import annotations
 
@@ -62,3 +65,19 @@ def test_multi_turn_iteration_commits_and_a_killed_generate_commits_the_same(
     for key in ("responses", "response_mask", "turn_ids", "env_scores"):
         assert torch.equal(again.batch[key], first.batch[key]), key
     assert_same_commit(cfg.storage.experiment_url, copy, 1, roles=("actor",))
+
+
+def test_multi_turn_with_a_lora_actor_samples_with_its_adapter(prefect_harness, flow_config, tmp_path):
+    from ppoflow.flows.ppo import ppo
+    from tests.scenarios.test_flow_lora import LORA_RUN
+
+    cfg = flow_config(str(tmp_path), "lora-multiturn", **LORA_RUN, **MULTI_TURN)
+    ppo(cfg, iterations=2)
+    paths = ExperimentPaths(cfg.storage.experiment_url)
+    assert read_manifest(paths).iteration == 2
+    for n in (1, 2):
+        out = DataProto.load(paths.file(n, "rollout.arrow"))
+        mask = out.batch["response_mask"].bool()
+        assert (out.batch["num_turns"] > 1).any()
+        diff = (out.batch["rollout_log_probs"] - out.batch["old_log_probs"])[mask].abs().max()
+        assert float(diff) < 1e-4, (n, float(diff))
