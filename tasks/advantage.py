@@ -1,7 +1,9 @@
 """``advantage``: rewards and advantages on the CPU of the flow process.
 
 1. ``token_level_scores`` (B, R): ``reward.rm_weight * rm_scores`` (reward model) plus the rule /
-   custom score of the decoded response placed on its last response token.
+   custom score of the decoded response placed on its last response token; for multi-turn
+   episodes (an ``env_scores`` column) the environment's rewards instead of the rule / custom
+   score (the built-in ``tools`` environment applies that function to the final answer itself).
 2. ``token_level_rewards``: with ``algorithm.use_kl_in_reward`` the scores minus
    ``beta * KL(old || ref)`` per token (``ppoflow.algos.apply_kl_penalty``); the KL controller's
    coefficient comes from the manifest of iteration n-1 and its updated value goes into the
@@ -40,7 +42,15 @@ from ppoflow.infra.experiment.metrics import compute_data_metrics
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, Receipt
 from ppoflow.tasks.step import Step, ppo_task
 
-__all__ = ["advantage", "rule_scores", "kl_controller", "decode_responses", "response_scores", "shorten"]
+__all__ = [
+    "advantage",
+    "last_response_token",
+    "rule_scores",
+    "kl_controller",
+    "decode_responses",
+    "response_scores",
+    "shorten",
+]
 
 
 def kl_controller(cfg: ExperimentConfig, kl_coef: float | None):
@@ -57,6 +67,14 @@ def decode_responses(batch: DataProto, tokenizer: Any) -> list[str]:
     """The text of each response of a rollout (its unmasked tokens, special tokens dropped)."""
     responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
     return [tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(responses, mask)]
+
+
+def decode_episodes(batch: DataProto, tokenizer: Any) -> list[str]:
+    """The text of each multi-turn episode after its prompt: the policy's and the environment's
+    tokens (the attention mask's response part), special tokens kept (they delimit the turns)."""
+    width = batch.batch["responses"].shape[1]
+    mask = batch.batch["attention_mask"][:, -width:].bool()
+    return [tokenizer.decode(row[m].tolist()) for row, m in zip(batch.batch["responses"], mask)]
 
 
 def response_scores(cfg: ExperimentConfig, batch: DataProto, texts: list[str]) -> list[float]:
@@ -87,12 +105,25 @@ def _token_level_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any)
     scores = torch.zeros(mask.shape, dtype=torch.float32)
     if "rm_scores" in batch.batch:
         scores += cfg.reward.rm_weight * batch.batch["rm_scores"].float()
-    last = (mask.sum(-1) - 1).clamp(min=0)
-    if cfg.reward.rule or cfg.reward.custom_function:
+    last = last_response_token(mask)
+    if "env_scores" in batch.batch:  # multi-turn: the environment scored each turn and the episode
+        scores += batch.batch["env_scores"].float()
+    elif cfg.reward.rule or cfg.reward.custom_function:
         scores[torch.arange(len(last)), last] += rule_scores(cfg, batch, tokenizer)
     if cfg.reward.overlong_buffer.enable:
         scores[torch.arange(len(last)), last] += _overlong_penalty(cfg, mask)
     return scores
+
+
+def last_response_token(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) index of each row's last position where ``mask`` is 1 (0 for an empty row): the end
+    of a response, or of a multi-turn episode's last policy turn."""
+    positions = torch.arange(mask.shape[1]).expand_as(mask)
+    return (
+        torch.where(mask != 0, positions, 0).amax(dim=-1)
+        if mask.shape[1]
+        else torch.zeros(len(mask), dtype=torch.long)
+    )
 
 
 def _overlong_penalty(cfg: ExperimentConfig, mask: torch.Tensor) -> torch.Tensor:
@@ -181,7 +212,8 @@ def _samples_artifact(step: Step[AdvantageReceipt], batch: DataProto, rows: int)
 
     tok = step.ctx.inputs.tokenizer
     head = batch[: min(rows, len(batch))]
-    responses = decode_responses(head, tok)
+    episodes = "turn_ids" in head.batch  # multi-turn: the whole episode, environment turns too
+    responses = decode_episodes(head, tok) if episodes else decode_responses(head, tok)
     width = head.batch["prompts"].shape[1]
     prompts = [
         tok.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
@@ -193,7 +225,8 @@ def _samples_artifact(step: Step[AdvantageReceipt], batch: DataProto, rows: int)
             "row": i,
             "data_source": str(head.non_tensor_batch["data_source"][i]),
             "prompt": shorten(prompts[i]),
-            "response": shorten(responses[i]),
+            "response": shorten(responses[i], 1500 if episodes else 300),
+            **({"turns": int(head.batch["num_turns"][i])} if "num_turns" in head.batch else {}),
             "score": round(float((head.batch["token_level_scores"][i] * mask[i]).sum()), 4),
             "reward": round(float((head.batch["token_level_rewards"][i] * mask[i]).sum()), 4),
             "advantage": round(

@@ -155,4 +155,6 @@ def _scores(step: Step[GenerateReceipt], batch: DataProto) -> list[float]:
     compares within a group: the outcome, before any shaping)."""
     from ppoflow.tasks.advantage import decode_responses, response_scores
 
+    if "env_scores" in batch.batch:  # multi-turn: the environment's rewards of each episode
+        return [float(s) for s in batch.batch["env_scores"].sum(-1).tolist()]
     return response_scores(step.cfg, batch, decode_responses(batch, step.ctx.inputs.tokenizer))

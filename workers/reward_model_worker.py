@@ -7,7 +7,7 @@ the model is ``reward.reward_model.model`` (an HF ``*ForSequenceClassification``
     compute_rm_score(data) DP_COMPUTE_PROTO -> "rm_scores" (B, R) float32
 
 The score of a (prompt, response) is the head's output at the last token of the response; it is
-written at the last valid response position (``response_mask.sum() - 1``, position 0 for an empty
+written at the last valid response position (the last 1 of ``response_mask``, position 0 for an empty
 response) and every other position is 0.
 
 Tokenizers: when the reward model's tokenizer equals the policy's (same name, or same vocabulary,
@@ -254,7 +254,9 @@ class RewardModelWorker(Worker):
         release_cached(self.device)  # the next rollout's engine maps its memory on this GPU
         out = torch.zeros((n, r), dtype=torch.float32)
         if n:
-            where = (mask.sum(-1) - 1).clamp(min=0).long()
+            # the last position where the mask is 1: the end of a response, or of a multi-turn
+            # episode's last policy turn (its mask has gaps); 0 for an empty one
+            where = (torch.arange(r) * (mask != 0)).argmax(-1)
             out[torch.arange(n), where] = scores
         return DataProto.from_dict({"rm_scores": out})
 

@@ -34,6 +34,7 @@ from ppoflow.infra.config.models import (
     RewardConfig,
     RewardModelConfig,
 )
+from ppoflow.infra.config.multiturn import MultiTurnConfig
 from ppoflow.infra.config.names import Dtype
 from ppoflow.infra.config.system import CheckpointConfig, RendezvousConfig, ResourcesConfig, StorageConfig
 
@@ -50,6 +51,7 @@ __all__ = [
     "RewardModelConfig",
     "RewardConfig",
     "RolloutConfig",
+    "MultiTurnConfig",
     "KLControlConfig",
     "AlgorithmConfig",
     "DataConfig",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from ppoflow.infra.config.multiturn import MultiTurnConfig
 from ppoflow.infra.config.names import AdvEstimatorName, Dtype, KLControllerKind, KLPenaltyKind, Section
 
 __all__ = ["RolloutConfig", "KLControlConfig", "DynamicSamplingConfig", "AlgorithmConfig", "DataConfig"]
@@ -74,6 +75,25 @@ class RolloutConfig(Section):
     )
     seed: int = 0
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
+    multi_turn: MultiTurnConfig = Field(
+        default_factory=MultiTurnConfig, description="multi-turn episodes with an environment and tools"
+    )
+
+    @model_validator(mode="after")
+    def _check_multi_turn(self) -> RolloutConfig:
+        mt = self.multi_turn
+        if mt.enable and self.tensor_model_parallel_size != 1:
+            raise ValueError(
+                "rollout.multi_turn runs its environments in each engine's rank: it needs "
+                "rollout.tensor_model_parallel_size=1 (got "
+                f"{self.tensor_model_parallel_size})"
+            )
+        if mt.enable and mt.max_turn_tokens is not None and mt.max_turn_tokens > self.response_length:
+            raise ValueError(
+                f"rollout.multi_turn.max_turn_tokens={mt.max_turn_tokens} exceeds the episode budget "
+                f"rollout.response_length={self.response_length}: lower it or raise response_length"
+            )
+        return self
 
     def engine_seqs(self, sequences: int | None) -> int:
         """``max_num_seqs`` for an engine holding ``sequences`` of a batch (None: unknown, 256)."""

@@ -217,6 +217,11 @@ HEADLINES: tuple[Headline, ...] = (
         ("Held-out score", "mean score per response"),
         sometimes=True,
     ),
+    # multi-turn rollouts only: policy turns per episode, and the engine's sampling speed
+    Headline("turns", (("rollout/turns_mean", "policy turns per episode"),), ".2f", sometimes=True),
+    Headline(
+        "tok/s", (("rollout/policy_tokens_per_s", "policy tokens sampled per second"),), ".0f", sometimes=True
+    ),
     Headline("vf loss", (("critic/vf_loss", "value loss"),), ".4g", ("Value loss", "critic loss")),
     Headline("seconds", (("timing_s/iteration", "seconds"),), ".1f"),
 )

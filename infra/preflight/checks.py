@@ -23,6 +23,7 @@ What is checked, and what it costs (independent of the dataset's size):
   ``data.truncation`` (those rows are read and tokenized);
 - reward: ``reward.custom_function`` imports, and the reward function returns a finite score on
   :data:`~ppoflow.infra.preflight.data.REWARD_ROWS` sample rows (for an empty response and for the ground truth as response);
+- multi-turn: ``rollout.multi_turn``'s environment and tools load (``preflight.multiturn``);
 - checkpoints: the checkpoints the manifest points at are complete and every file's size and
   content hash match the marker (:func:`checkpoint_problem`; each file read once: this one grows
   with the model, about 0.2-0.4 s per GB).
@@ -47,6 +48,7 @@ from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.hub import cached_on_this_machine, hub_unreachable, is_hub_id
 from ppoflow.infra.preflight.data import check_data, check_reward
+from ppoflow.infra.preflight.multiturn import check_multi_turn
 from ppoflow.infra.preflight.report import Checks, PreflightError, PreflightReport
 
 __all__ = ["preflight", "checkpoint_problem", "rollback_hint"]
@@ -220,6 +222,7 @@ def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> Prefl
         )
     rows = check_data(cfg, tokenizer, c)
     check_reward(cfg, rows, c)
+    check_multi_turn(cfg, c)
     _check_checkpoints(cfg, c)
     c.report.seconds = time.perf_counter() - t0
     if c.problems:

@@ -136,6 +136,24 @@ def test_a_reward_function_that_returns_nan_and_one_that_does_not_import(tmp_pat
         preflight(cfg, lambda: tokenizer_of(model_dir))
 
 
+def test_a_multi_turn_environment_or_tool_that_does_not_load(tmp_path, model_dir):
+    data = write(tmp_path / "d.parquet", rows(["1+2="] * 8))
+    over = {
+        "rollout.multi_turn.enable": True,
+        "rollout.multi_turn.environment": "no_such_module:Env",
+        "rollout.multi_turn.tools": ["python", "calc"],
+    }
+    cfg = make_config(tmp_path, model_dir, [data], **over)
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg, lambda: tokenizer_of(model_dir))
+    env, tool = err.value.problems
+    assert env.where == "rollout.multi_turn.environment='no_such_module:Env'" and "ImportError" in env.found
+    assert tool.where == "rollout.multi_turn.tools: 'calc'" and "no tool 'calc'" in tool.found
+    over = {**over, "rollout.multi_turn.environment": "tools", "rollout.multi_turn.tools": ["python"]}
+    report = preflight(make_config(tmp_path, model_dir, [data], **over), lambda: tokenizer_of(model_dir))
+    assert "multi-turn: environment 'tools', tools ['python']" in report.passed
+
+
 def test_a_reward_function_that_raises_fails_the_preflight(tmp_path, model_dir):
     data = write(tmp_path / "d.parquet", rows(["1+2="] * 8))
     fn = "tests.support.rewards:raises_key_error"

@@ -11,7 +11,8 @@
 Engines (``rollout.engine``): ``vllm`` (``VLLMRollout``: a vLLM engine inside each rank, SPMD,
 TP from ``rollout.tensor_model_parallel_size``) and ``hf`` (``HFRollout``: transformers generate on
 the actor's own FSDP module; its manager is a no-op). Both give the same output columns; see
-``ppoflow.workers.rollout.base``.
+``ppoflow.workers.rollout.base``. With ``rollout.multi_turn.enable`` the engine is wrapped in
+``MultiTurnRollout`` (``ppoflow.workers.rollout.multiturn``): episodes with an environment.
 """
 
 from __future__ import annotations
@@ -67,6 +68,35 @@ def build_rollout(
 
     if isinstance(config, dict):
         config = ExperimentConfig.model_validate(config)
+    engine = _build_engine(
+        config,
+        model_path=model_path,
+        tokenizer=tokenizer,
+        actor_module=actor_module,
+        device=device,
+        rank=rank,
+        world_size=world_size,
+        **engine_kwargs,
+    )
+    if not config.rollout.multi_turn.enable:
+        return engine
+    from ppoflow.workers.rollout.multiturn import MultiTurnRollout
+
+    return MultiTurnRollout(engine, config.rollout, tokenizer, reward_function=config.reward.custom_function)
+
+
+def _build_engine(
+    config: Any,
+    *,
+    model_path: str,
+    tokenizer: Any,
+    actor_module: Any,
+    device: str,
+    rank: int,
+    world_size: int,
+    **engine_kwargs: Any,
+) -> Rollout:
+    """The engine of ``config.rollout.engine`` (an ``ExperimentConfig``)."""
     rcfg = config.rollout
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
@@ -109,6 +139,7 @@ def build_sharding_manager(rollout: Rollout, actor_module: Any, **kwargs: Any):
     ``quiet``). A policy with LoRA adapters gets ``lora_sync.LoRAShardingManager`` (``kwargs``
     also ``lora_sync`` and ``base_model``).
     """
+    rollout = getattr(rollout, "engine", rollout)  # a MultiTurnRollout's manager is its engine's
     lora_sync = kwargs.pop("lora_sync", None)
     base_model = kwargs.pop("base_model", None)
     if getattr(rollout, "engine_name", None) == "vllm" and lora_sync is not None:

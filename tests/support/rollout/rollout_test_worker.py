@@ -9,10 +9,11 @@ Driven through ``ppoflow.infra.remote.driver.group.WorkerGroup``:
     generate(data, engine=None, **meta)  (DP_COMPUTE_PROTO) rollout inside the manager, then the actor's
                                       old_log_probs of the same rows; metrics in meta_info
     layout()                          tp/dp layout, block size, push stats
+    replay(requests)                  single vLLM requests with given seeds (multi-turn reference)
 
 Config keys: model_path, tp, engine ("vllm"/"hf"), also_hf (build an HFRollout on the same module
 too; ``generate(..., engine="hf")`` uses it), loader ("hf"/"dtensor"), prompt_length,
-response_length, n, temperature, kv_cache_gib, lr, load_format.
+response_length, n, temperature, kv_cache_gib, lr, load_format, multi_turn (the rollout section's).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class RolloutTestWorker(Worker):
                     "kv_cache_gib": c.get("kv_cache_gib", 0.0625),
                     "seed": c.get("seed", 0),
                     "calculate_log_probs": c.get("calculate_log_probs", True),
+                    "multi_turn": c.get("multi_turn", {}),
                 },
                 "actor": {
                     "optim": {"lr": c.get("lr", 0.05), "weight_decay": 0.0},
@@ -181,6 +183,25 @@ class RolloutTestWorker(Worker):
         out.meta_info["metrics"]["weight_sync_s"] = manager.last_sync_s
         out.meta_info["metrics"]["rank"] = self.rank
         return out
+
+    @register(Dispatch.ONE_TO_ALL)
+    def replay(self, requests: list[dict]) -> list[list[int]]:
+        """Sample each ``{"context", "seed", "max_tokens", "temperature"}`` request alone, straight
+        from this rank's vLLM engine (the reference of the multi-turn tests)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        rollout, manager = self.engines["vllm"]
+        llm = getattr(rollout, "engine", rollout).llm
+        outs = []
+        with manager:
+            for r in requests:
+                params = SamplingParams(
+                    temperature=r["temperature"], max_tokens=r["max_tokens"], seed=r["seed"], detokenize=False
+                )
+                out = llm.generate([TokensPrompt(prompt_token_ids=r["context"])], params, use_tqdm=False)
+                outs.append(list(out[0].outputs[0].token_ids))
+        return outs
 
     def shutdown(self) -> None:
         if self.rollout is not None:

@@ -1,0 +1,56 @@
+"""Data of the multi-turn example: multiplication problems the policy may solve with the sandboxed
+``python`` tool, in veRL's format, under ``--root`` (default ``runs/multiturn``). The model is the
+SmolLM2 example's (``python examples/smollm2/prepare.py`` first).
+
+    python examples/multiturn/prepare.py [--root runs/multiturn] [--train 2048] [--test 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+DATA_SOURCE = "arithmetic/mul3"
+QUESTION = (
+    "What is {a} * {b}? Compute it with the python tool first, by replying exactly "
+    '<tool_call>{{"name": "python", "arguments": {{"code": "{a} * {b}"}}}}</tool_call> '
+    "then answer with the number only."
+)
+
+
+def rows(pairs: list[tuple[int, int]], split: str) -> list[dict]:
+    return [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": QUESTION.format(a=a, b=b)}],
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(a * b)},
+            "extra_info": {"split": split, "index": i, "a": a, "b": b},
+        }
+        for i, (a, b) in enumerate(pairs)
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default="runs/multiturn")
+    ap.add_argument("--train", type=int, default=2048)
+    ap.add_argument("--test", type=int, default=256)
+    args = ap.parse_args()
+    rng = random.Random(0)
+    pairs = list({(rng.randint(100, 999), rng.randint(10, 99)) for _ in range(4 * (args.train + args.test))})
+    rng.shuffle(pairs)
+    os.makedirs(os.path.join(args.root, "data"), exist_ok=True)
+    for split, chosen in (("test", pairs[: args.test]), ("train", pairs[args.test : args.test + args.train])):
+        path = os.path.join(args.root, "data", f"{split}.parquet")
+        pq.write_table(pa.Table.from_pylist(rows(chosen, split)), path + ".tmp")
+        os.replace(path + ".tmp", path)
+        print(f"{split}: {len(chosen)} problems -> {path}")
+
+
+if __name__ == "__main__":
+    main()

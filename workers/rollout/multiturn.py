@@ -1,0 +1,425 @@
+"""MultiTurnRollout: episodes of policy turns and environment turns in one rollout row.
+
+Wraps the rank's engine (``VLLMRollout`` or ``HFRollout``) when ``rollout.multi_turn.enable``.
+Every episode of the rank's batch (``B * n``) starts from its environment's ``reset``; then, turn
+by turn, the episodes still running are sampled together in the engine (token-id prompts: the
+whole history, so vLLM's prefix cache reuses it), each turn is handed to its environment
+(``step``, on a thread pool), and the environment's answer is appended as tokens
+(``chat_turns.ChatFormat``). An episode ends when its environment says done, after
+``max_turns`` policy turns, or when the next turn could not sample a single token within the
+budget (``rollout.response_length`` tokens after the prompt, policy and environment together).
+
+Token-in/token-out: the policy's tokens are kept exactly as sampled; only the environment's
+text is tokenized. The output row is the whole episode in the usual columns
+(``ppoflow.workers.rollout.base``), with these differences:
+
+    responses          (B*n, R)  the episode after the prompt: policy and environment tokens
+    response_mask      (B*n, R)  1 on the policy's own tokens only (the loss mask)
+    attention_mask     (B*n, P+R) prompt mask ++ 1 on every episode token
+    turn_ids           (B*n, R)  int64: turn t (0-based) on the policy's tokens of turn t and on
+                                 the environment's tokens that follow it; -1 on padding
+    env_scores         (B*n, R)  float32: each step's reward on the last token of its policy turn
+    num_turns          (B*n,)    int64: policy turns of the episode
+    prompts            (B*n, P)  the first prompt as the environment's reset rendered it (with the
+                                 tools), left-padded to the input's width
+
+Old/ref log-probs and values are computed on every position (one forward over the episode);
+``response_mask`` keeps environment tokens out of the losses, the KL terms and the advantage
+estimators, which skip masked positions (GAE carries the next policy token's value across an
+environment span: the environment's tokens are not actions).
+
+Seeds: each turn's request carries ``request_seed(seed, dp_rank, meta seed, episode, turn)``
+(vLLM), or the HF engine's per-call seed from (meta seed, turn), so a retried ``generate``
+samples the same episodes, as long as the environment answers the same (a tool stopped at its
+time limit under load may not).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ppoflow.infra.config import RolloutConfig
+from ppoflow.infra.envs import Environment, EnvSettings, StepOutcome, build_tool, env_class
+from ppoflow.workers.rollout.base import (
+    Rollout,
+    SamplingSettings,
+    _output_meta,
+    _position_ids,
+    check_prompts,
+    prompt_token_lists,
+)
+from ppoflow.workers.rollout.chat_turns import ChatFormat
+
+__all__ = ["MultiTurnRollout", "Episode"]
+
+
+@dataclass
+class Episode:
+    """One episode's state: its prompt, its tokens so far (policy and environment), which are the
+    policy's, their turn, the rewards by position, its log-probs (0 on environment tokens)."""
+
+    env: Environment
+    schemas: list[dict]
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    policy: list[int] = field(default_factory=list)
+    turn: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    rewards: dict[int, float] = field(default_factory=dict)
+    turns: int = 0
+    done: bool = False
+    ended_by: str = ""
+    tool_calls: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, errors]
+
+    def add(self, toks: list[int], policy: bool, lps: list[float] | None = None) -> None:
+        self.tokens += toks
+        self.policy += [int(policy)] * len(toks)
+        self.turn += [self.turns - 1] * len(toks)  # the environment's answer belongs to the turn before
+        self.log_probs += lps if lps is not None else [0.0] * len(toks)
+
+
+class MultiTurnRollout(Rollout):
+    """Multi-turn episodes on ``engine`` (see the module docstring)."""
+
+    def __init__(
+        self, engine: Rollout, config: RolloutConfig, tokenizer: Any, reward_function: str | None = None
+    ):
+        self.engine = engine
+        self.engine_name = engine.engine_name
+        self.tp_size, self.tp_rank = engine.tp_size, engine.tp_rank
+        self.dp_size, self.dp_rank = engine.dp_size, engine.dp_rank
+        self.config, self.mt = config, config.multi_turn
+        self.tokenizer = tokenizer
+        self.format = ChatFormat(tokenizer, self.mt.tool_format)
+        self.env_cls = env_class(self.mt.environment)
+        tools = tuple(
+            build_tool(
+                t,
+                timeout_s=self.mt.tool_timeout_s,
+                memory_mb=self.mt.tool_memory_mb,
+                max_chars=self.mt.tool_output_chars,
+            )
+            for t in self.mt.tools
+        )
+        self.settings = EnvSettings(tools=tools, reward_function=reward_function, max_turns=self.mt.max_turns)
+        self.pad_token_id = int(getattr(engine, "pad_token_id", 0))
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:  # the sharding manager and the worker talk to the engine
+        if name == "engine":
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    # ------------------------------------------------------------------ episodes
+    def _start(self, prompts, n: int) -> list[Episode]:
+        nt = prompts.non_tensor_batch
+        given = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
+        episodes = []
+        for i in range(len(prompts)):
+            row = {k: _plain(v[i]) for k, v in nt.items()}
+            for _ in range(n):
+                env = self.env_cls(self.settings, **self.mt.env_kwargs)
+                reset = env.reset(dict(row))
+                schemas = [t.schema() for t in reset.tools]
+                if reset.messages is None:
+                    tokens = list(given[i])
+                else:
+                    tokens = self.format.prompt_tokens(reset.messages, schemas)
+                episodes.append(Episode(env=env, schemas=schemas, prompt=tokens))
+        width = prompts.batch["input_ids"].shape[1]
+        longest = max((len(e.prompt) for e in episodes), default=0)
+        if longest > width:
+            raise ValueError(
+                f"a multi-turn prompt rendered with its tools is {longest} tokens, longer than "
+                f"rollout.prompt_length={width}: raise rollout.prompt_length"
+            )
+        return episodes
+
+    def _step_envs(
+        self, pool: ThreadPoolExecutor, running: list[Episode], texts: list[str]
+    ) -> list[StepOutcome]:
+        def one(ep: Episode, text: str) -> StepOutcome:
+            try:
+                return ep.env.step(text)
+            except Exception as exc:
+                raise RuntimeError(
+                    f"environment {self.mt.environment!r} raised in step(): {type(exc).__name__}: {exc}. "
+                    "An environment must answer every turn (tools return their errors as output)"
+                ) from exc
+
+        return list(pool.map(one, running, texts))
+
+    def generate_sequences(self, prompts):
+        """Run this rank's episodes; columns in the module docstring."""
+        if getattr(self.engine, "sleeping", False):
+            raise RuntimeError("the vLLM engine is asleep: generate inside the sharding manager's context")
+        s = SamplingSettings.resolve(self.config, prompts.meta_info)
+        check_prompts(prompts)
+        meta_seed = prompts.meta_info.get("seed")
+        call = self.calls
+        self.calls += 1
+        budget = s.response_length
+        per_turn = min(self.mt.max_turn_tokens or budget, budget)
+        t0 = time.perf_counter()
+        episodes = self._start(prompts, s.n)
+        sample_s = env_s = 0.0
+        sampled = 0
+        with ThreadPoolExecutor(max_workers=self.mt.env_workers) as pool:
+            for turn in range(self.mt.max_turns):
+                running = [i for i, e in enumerate(episodes) if not e.done]
+                if not _any_rank(bool(running), self.engine):
+                    break
+                limits = [min(per_turn, budget - len(episodes[i].tokens)) for i in running]
+                t1 = time.perf_counter()
+                outs = self._sample(
+                    [episodes[i].prompt + episodes[i].tokens for i in running],
+                    limits,
+                    running,
+                    turn,
+                    s,
+                    meta_seed,
+                    call,
+                )
+                sample_s += time.perf_counter() - t1
+                texts = []
+                for i, (toks, lps) in zip(running, outs):
+                    ep = episodes[i]
+                    ep.turns += 1
+                    ep.add(toks, True, lps)
+                    sampled += len(toks)
+                    texts.append(self.tokenizer.decode(toks, skip_special_tokens=True))
+                t1 = time.perf_counter()
+                results = self._step_envs(pool, [episodes[i] for i in running], texts)
+                env_s += time.perf_counter() - t1
+                for i, res in zip(running, results):
+                    self._apply(episodes[i], res, turn, budget)
+        for ep in episodes:
+            if not ep.done:
+                ep.done, ep.ended_by = True, ep.ended_by or "turn_limit"
+            ep.env.close()
+        generate_s = time.perf_counter() - t0
+        metrics = _episode_metrics(episodes, generate_s, sample_s, env_s, sampled)
+        return self._assemble(prompts, episodes, s, metrics)
+
+    def _apply(self, ep: Episode, res: StepOutcome, turn: int, budget: int) -> None:
+        """Put a step's reward on the turn's last token, record its tool calls, append its
+        messages unless the episode ends here."""
+        last = len(ep.tokens) - 1
+        ep.rewards[last] = ep.rewards.get(last, 0.0) + float(res.reward)
+        for r in res.tool_results:
+            counts = ep.tool_calls.setdefault(r.name, [0, 0])
+            counts[0] += 1
+            counts[1] += int(not r.ok)
+        if res.done:
+            ep.done, ep.ended_by = True, "done"
+            return
+        if turn + 1 >= self.mt.max_turns:
+            ep.done, ep.ended_by = True, "turn_limit"
+            return
+        env = self.format.env_tokens(_last_turn(ep), res.messages, ep.schemas)
+        if len(ep.tokens) + len(env) + 1 > budget:
+            ep.done, ep.ended_by = True, "budget"
+            return
+        ep.add(env, False)
+
+    # ------------------------------------------------------------------ engines
+    def _sample(
+        self,
+        contexts: list[list[int]],
+        limits: list[int],
+        episode_ids: list[int],
+        turn: int,
+        s: SamplingSettings,
+        meta_seed: Any,
+        call: int,
+    ) -> list[tuple[list[int], list[float] | None]]:
+        if self.engine.engine_name == "vllm":
+            return self._sample_vllm(contexts, limits, episode_ids, turn, s, meta_seed, call)
+        return self._sample_hf(contexts, limits, turn, s, meta_seed, call)
+
+    def _sample_vllm(self, contexts, limits, episode_ids, turn, s, meta_seed, call):
+        from vllm import SamplingParams
+
+        from ppoflow.workers.rollout.vllm_rollout import _sampled_log_probs, request_seed
+
+        engine: Any = self.engine
+        want_lp = self.config.calculate_log_probs
+        limit = engine.llm.llm_engine.vllm_config.model_config.max_model_len
+        if contexts and max(len(c) + m for c, m in zip(contexts, limits)) > limit:
+            raise ValueError(f"a multi-turn episode would pass the engine's max_model_len {limit}")
+        base = (self.config.seed, self.dp_rank) + (
+            ("call", call) if meta_seed is None else ("seed", meta_seed)
+        )
+        params = []
+        for ep, m in zip(episode_ids, limits):
+            kw: dict[str, Any] = dict(
+                n=1,
+                temperature=s.temperature if s.do_sample else 0.0,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                max_tokens=m,
+                detokenize=False,
+            )
+            if want_lp:
+                kw.update(logprobs=0, flat_logprobs=True)
+            if s.do_sample:
+                kw["seed"] = request_seed(*base, "episode", ep, "turn", turn)
+            params.append(SamplingParams(**kw))
+        outs, _, _, _ = engine._decode(contexts, params)
+        result = []
+        for out in outs:
+            comp = out.outputs[0]
+            toks = list(comp.token_ids)
+            result.append((toks, _sampled_log_probs(comp, toks) if want_lp else None))
+        return result
+
+    def _sample_hf(self, contexts, limits, turn, s, meta_seed, call):
+        from ppoflow.workers.rollout.hf_rollout import _cut_at_eos, _sampled_tokens
+        from ppoflow.workers.rollout.vllm_rollout import request_seed
+
+        engine: Any = self.engine
+        rows = contexts or [
+            [self.pad_token_id]
+        ]  # a rank without episodes still joins the collective forwards
+        width = max(len(c) for c in rows)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, c in enumerate(rows):
+            ids[r, width - len(c) :] = torch.as_tensor(c)
+            mask[r, width - len(c) :] = 1
+        most = max(limits) if limits else 1
+        kwargs = engine._generate_kwargs(dataclasses.replace(s, response_length=most))
+        seed = request_seed("hf", call if meta_seed is None else meta_seed, "turn", turn)
+        out, _, _ = engine._sample(ids.to(engine.device), mask.to(engine.device), kwargs, seed)
+        gen, token_lp = _sampled_tokens(out, width)
+        responses, log_probs = _cut_at_eos(gen, token_lp, engine.eos_token_id)
+        if not contexts:
+            return []
+        return [(r[:m], lp[:m]) for r, lp, m in zip(responses, log_probs, limits)]
+
+    # ------------------------------------------------------------------ output
+    def _assemble(self, prompts, episodes: list[Episode], s: SamplingSettings, metrics: dict[str, float]):
+        from ppoflow.infra.data.dataproto import DataProto
+
+        n, R = s.n, s.response_length
+        width = prompts.batch["input_ids"].shape[1]
+        B = len(episodes)
+        prompt_ids = torch.full((B, width), self.pad_token_id, dtype=torch.long)
+        prompt_mask = torch.zeros((B, width), dtype=prompts.batch["attention_mask"].dtype)
+        resp = torch.full((B, R), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((B, R), dtype=prompt_mask.dtype)
+        loss_mask = torch.zeros((B, R), dtype=torch.long)
+        turn_ids = torch.full((B, R), -1, dtype=torch.long)
+        scores = torch.zeros((B, R), dtype=torch.float32)
+        lp = torch.zeros((B, R), dtype=torch.float32)
+        for b, ep in enumerate(episodes):
+            k, p = len(ep.tokens), len(ep.prompt)
+            prompt_ids[b, width - p :] = torch.as_tensor(ep.prompt)
+            prompt_mask[b, width - p :] = 1
+            if k:
+                resp[b, :k] = torch.as_tensor(ep.tokens)
+                attn[b, :k] = 1
+                loss_mask[b, :k] = torch.as_tensor(ep.policy)
+                turn_ids[b, :k] = torch.as_tensor(ep.turn)
+                lp[b, :k] = torch.as_tensor(ep.log_probs, dtype=torch.float32)
+            for pos, r in ep.rewards.items():
+                scores[b, pos] += r
+        given_pos = prompts.batch.get("position_ids")
+        if (
+            all(
+                e.prompt == g
+                for e, g in zip(
+                    episodes[::n],
+                    prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"]),
+                )
+            )
+            and given_pos is not None
+        ):
+            prompt_pos = _position_ids(prompts, n)
+        else:
+            prompt_pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        resp_pos = prompt_pos[:, -1:] + torch.arange(1, R + 1, dtype=prompt_pos.dtype).unsqueeze(0)
+        tensors = {
+            "prompts": prompt_ids,
+            "responses": resp,
+            "input_ids": torch.cat([prompt_ids, resp], dim=1),
+            "attention_mask": torch.cat([prompt_mask, attn], dim=1),
+            "position_ids": torch.cat([prompt_pos, resp_pos], dim=1),
+            "response_mask": loss_mask,
+            "turn_ids": turn_ids,
+            "env_scores": scores,
+            "num_turns": torch.as_tensor([e.turns for e in episodes], dtype=torch.long),
+        }
+        if self.config.calculate_log_probs or self.engine.engine_name == "hf":
+            tensors["rollout_log_probs"] = lp
+        non_tensors = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensor_batch.items()}
+        return DataProto.from_dict(tensors, non_tensors, _output_meta(prompts, s, metrics))
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value it holds; anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _last_turn(ep: Episode) -> list[int]:
+    """The tokens of the episode's last policy turn."""
+    start = len(ep.turn)
+    while start > 0 and ep.policy[start - 1] and ep.turn[start - 1] == ep.turn[-1]:
+        start -= 1
+    return ep.tokens[start:]
+
+
+def _any_rank(local: bool, engine: Any) -> bool:
+    """HF engine on several ranks: whether any rank still has episodes (every generate is a
+    collective there); else ``local``."""
+    if (
+        engine.engine_name != "hf"
+        or not (dist.is_available() and dist.is_initialized())
+        or dist.get_world_size() == 1
+    ):
+        return local
+    flag = torch.tensor([int(local)], dtype=torch.long, device=engine.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _episode_metrics(
+    episodes: list[Episode], generate_s: float, sample_s: float, env_s: float, sampled: int
+) -> dict[str, float]:
+    """``rollout/*`` episode metrics and ``tool/<name>/calls_per_episode``, ``tool/<name>/error_rate``."""
+    n = max(1, len(episodes))
+    turns = [e.turns for e in episodes]
+    total = [len(e.tokens) for e in episodes]
+    policy = [sum(e.policy) for e in episodes]
+    out = {
+        "rollout/generate_s": generate_s,
+        "rollout/sample_s": sample_s,
+        "rollout/env_s": env_s,
+        "rollout/tokens_per_s": sampled / sample_s if sample_s > 0 else 0.0,
+        "rollout/policy_tokens_per_s": sampled / sample_s if sample_s > 0 else 0.0,
+        "rollout/turns_mean": sum(turns) / n,
+        "rollout/turns_max": float(max(turns, default=0)),
+        "rollout/episode_tokens_mean": sum(total) / n,
+        "rollout/policy_tokens_mean": sum(policy) / n,
+        "rollout/env_tokens_mean": (sum(total) - sum(policy)) / n,
+    }
+    for why in ("done", "turn_limit", "budget"):
+        out[f"rollout/ended_{why}_share"] = sum(e.ended_by == why for e in episodes) / n
+    names = sorted({k for e in episodes for k in e.tool_calls})
+    for name in names:
+        calls = sum(e.tool_calls.get(name, [0, 0])[0] for e in episodes)
+        errors = sum(e.tool_calls.get(name, [0, 0])[1] for e in episodes)
+        out[f"tool/{name}/calls_per_episode"] = calls / n
+        out[f"tool/{name}/error_rate"] = errors / calls if calls else 0.0
+    return out
