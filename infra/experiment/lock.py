@@ -23,9 +23,9 @@ A stale lock is taken over. How atomic each step is depends on the storage:
 
 If the heartbeat thread finds the lock owned by someone else (it was taken over after a long
 stall), :attr:`lost` becomes True and :meth:`check` raises: the flow stops before committing.
-The lock is a lease: when renewals fail (a full disk, storage errors) for so long that the next
-beat would come after ``stale_after_s`` — when another run may take it over — :attr:`lost` becomes
-True as well and :meth:`check` raises :class:`LeaseExpired` naming the renewal error. Every task
+The lock is a lease: when renewals fail or hang (a full disk, storage errors, a storage that does
+not answer) until one heartbeat before ``stale_after_s`` — when another run may take it over —
+:attr:`lost` becomes True as well and :meth:`check` raises :class:`LeaseExpired` naming the renewal error. Every task
 checks the lock before it starts and before it records its result.
 """
 
@@ -257,28 +257,45 @@ class ExperimentLock:
         self._thread.start()
         return self
 
+    def _lease_end(self) -> float:
+        """When this run stops writing if no renewal succeeds before: one heartbeat before another
+        run may count the lock as stale."""
+        return self._renewed_at + self.stale_after_s - self.heartbeat_s
+
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
-            started = time.time()
-            try:
-                self.heartbeat()
-            except Exception as exc:  # noqa: BLE001 - storage hiccup: try again next beat, if in time
-                now = time.time()
-                silent = now - self._renewed_at
-                # the next try ends a heartbeat and about one more failed try from now
-                if silent + self.heartbeat_s + 2 * (now - started) < self.stale_after_s:
-                    self.log(
-                        f"experiment lock heartbeat failed ({silent:.0f} s since the last renewal): {exc}"
-                    )
-                    continue
-                self.lost_reason = (
-                    f"this run could not renew the experiment lock {self.url} for {silent:.0f} s "
-                    f"(last error: {type(exc).__name__}: {exc}); after {self.stale_after_s:.0f} s another "
-                    "run may take it over, so this run stopped writing and committed nothing more"
-                )
-                self.lost = True
-                self._stop.set()
-                self.log(self.lost_reason)
+            # each renewal runs in a thread of its own, so a storage call that hangs (or retries
+            # with backoff) cannot carry this run past the end of its lease
+            outcome: list[BaseException | None] = []
+            attempt = threading.Thread(
+                target=self._renew, args=(outcome,), name="ppoflow-lock-renewal", daemon=True
+            )
+            attempt.start()
+            attempt.join(max(0.0, self._lease_end() - time.time()))
+            if outcome and outcome[0] is None:
+                continue
+            now = time.time()
+            silent = now - self._renewed_at
+            exc = outcome[0] if outcome else TimeoutError(f"no answer from the storage for {silent:.0f} s")
+            if outcome and now + self.heartbeat_s < self._lease_end():  # one more try fits
+                self.log(f"experiment lock heartbeat failed ({silent:.0f} s since the last renewal): {exc}")
+                continue
+            self.lost_reason = (
+                f"this run could not renew the experiment lock {self.url} for {silent:.0f} s "
+                f"(last error: {type(exc).__name__}: {exc}); after {self.stale_after_s:.0f} s another "
+                "run may take it over, so this run stopped writing and committed nothing more"
+            )
+            self.lost = True
+            self._stop.set()
+            self.log(self.lost_reason)
+
+    def _renew(self, outcome: list[BaseException | None]) -> None:
+        try:
+            self.heartbeat()
+        except Exception as exc:  # noqa: BLE001 - storage hiccup: _beat decides whether to try again
+            outcome.append(exc)
+        else:
+            outcome.append(None)
 
     def heartbeat(self) -> None:
         """Refresh ``heartbeat_at``; mark the lock lost if someone else owns it now."""

@@ -4,6 +4,7 @@
         s3.fail("PUT", r"/exp/manifest\\.json$", times=1000)
         ... run something ...
         s3.failed                                # [(method, path), ...] of the requests it failed
+        s3.stall("PUT", r"/exp/lock\\.json$", seconds=8)   # answer those only after 8 s (a hung storage)
 
 A failed request gets what S3 answers under trouble: HTTP 500 with an ``InternalError`` XML body
 (the request body is read first, as a server that broke mid-upload would have). Everything else
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -44,6 +46,7 @@ class FaultyS3:
     def __init__(self, app):
         self.app = app
         self.rules: list[Rule] = []
+        self.stalls: list[tuple[str, re.Pattern, float]] = []
         self.failed: list[tuple[str, str]] = []
         self.passed: list[tuple[str, str]] = []
         self._lock = threading.Lock()
@@ -55,9 +58,15 @@ class FaultyS3:
         with self._lock:
             self.rules.append(Rule(method, re.compile(pattern), times, skip))
 
+    def stall(self, method: str, pattern: str, seconds: float) -> None:
+        """Hold every ``method`` request whose path matches ``pattern`` for ``seconds`` before
+        answering it (a storage that hangs)."""
+        with self._lock:
+            self.stalls.append((method, re.compile(pattern), float(seconds)))
+
     def clear(self) -> None:
         with self._lock:
-            self.rules = []
+            self.rules, self.stalls = [], []
 
     def _should_fail(self, method: str, path: str) -> bool:
         with self._lock:
@@ -73,6 +82,10 @@ class FaultyS3:
 
     def __call__(self, environ, start_response):
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+        with self._lock:
+            hold = max((s for m, p, s in self.stalls if m == method and p.search(path)), default=0.0)
+        if hold:
+            time.sleep(hold)
         if self._should_fail(method, path):
             length = int(environ.get("CONTENT_LENGTH") or 0)
             if length:

@@ -122,3 +122,25 @@ def test_a_lock_that_cannot_be_renewed_stops_the_run_before_the_lease_expires():
         a.release()
         assert json.loads(storage.read_bytes(url))["run_id"] == "run-b"
         b.release()
+
+
+def test_a_renewal_that_hangs_ends_the_lease_in_time():
+    """A storage that does not answer (every PUT of the lock held for 8 s, twice the time after
+    which another run may take the lock over) still ends the lease one heartbeat before it could
+    be counted stale, with an error that says the storage did not answer."""
+    from ppoflow.infra.experiment.lock import LeaseExpired
+    from tests.support.faulty_s3 import BUCKET, faulty_s3
+
+    with faulty_s3() as s3:
+        url = f"s3://{BUCKET}/hang/exp/lock.json"
+        a = ExperimentLock(url, "run-a", heartbeat_s=0.3, stale_after_s=4.0).acquire()
+        renewed = time.time()
+        s3.stall("PUT", r"/hang/exp/lock\.json$", seconds=8.0)
+        while not a.lost and time.time() < renewed + 9:
+            time.sleep(0.05)
+        lost_after = time.time() - renewed
+        assert a.lost and lost_after < 4.0, lost_after
+        with pytest.raises(LeaseExpired, match=r"TimeoutError: no answer from the storage"):
+            a.check()
+        s3.clear()
+        a.release()
