@@ -15,6 +15,15 @@ def _session_device_slots(tmp_path_factory):
     os.environ["PPOFLOW_SLOTS_DIR"] = str(tmp_path_factory.mktemp("device-slots"))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_faults():
+    """Every test starts with no injected fault spent: an entry that fired in an earlier test of
+    the session (the same ``PPOFLOW_FAULT`` text) fires again in this one."""
+    from ppoflow.infra import faults
+
+    faults.reset()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _stop_local_prefect_server():
     """Stop the local Prefect API server an in-process CLI run of the session started (its process
