@@ -1,6 +1,6 @@
 """Plain-vLLM generation reference: sampled tokens/s of an offline ``vllm.LLM`` on one GPU.
 
-The yardstick for ppoflow's rollout (issue 11): the same model shape, batch and sampling request
+The yardstick for ppoflow's rollout: the same model shape, batch and sampling request
 that ``VLLMRollout`` makes, with nothing of ppoflow around it. The model is Qwen2.5-0.5B-shaped
 (hidden 896, 24 layers, 14 query / 2 KV heads, intermediate 4864, vocabulary 151936, tied embeddings,
 bf16), built from a transformers ``Qwen2Config``: random weights (vLLM's ``dummy`` loader by default,
@@ -90,7 +90,7 @@ DEFAULT_ENGINES = [
     "eager-mem0.8-mp",
     "graphs-mem0.8-mp-v1runner",  # the V1 model runner (per-request generators drawn in a Python loop)
     "graphs-mem0.3-mp",
-    "eager-mem0.3-inproc",  # ppoflow's rollout defaults as measured in issue 11
+    "eager-mem0.3-inproc",  # ppoflow's rollout defaults
     "graphs-mem0.8-mp-seqs512",
 ]
 VARIANTS = ["seed+lp", "noseed+lp", "seed+nolp", "noseed+nolp"]

@@ -1,4 +1,4 @@
-"""Training uses every rank whatever the rollout engine's tensor parallelism (issue 11, Build item 4).
+"""Training uses every rank whatever the rollout engine's tensor parallelism.
 
 Two gloo ranks run ``ActorRolloutRefWorker`` with vLLM's CPU build at TP=2: the engine is one
 replica over both ranks (dp 1), while every DP_COMPUTE_PROTO method is dispatched over both ranks
