@@ -17,6 +17,7 @@ from typing import Any
 
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.experiment.metrics import merge_shard_metrics
 from ppoflow.infra.remote.protocol import Call, Layout, Reply
 
 __all__ = ["ProtoSplit", "split_proto", "merge_results", "remove_chunks"]
@@ -96,7 +97,8 @@ def merge_results(
     """Merge the per-rank replies of a DP_COMPUTE_PROTO call.
 
     DataProto outputs (replies of kind "dataproto", i.e. from output ranks) are loaded in dp_rank
-    order, concatenated (meta_info of dp rank 0), and the padding is removed in proportion: with
+    order, concatenated (meta_info of dp rank 0, but ``meta_info["metrics"]`` merged over the dp
+    ranks: :func:`~ppoflow.infra.experiment.metrics.merge_shard_metrics`), and the padding is removed in proportion: with
     ``k = output rows / padded input rows`` the last ``pad_size * k`` rows go. The result is saved
     atomically at ``out_url``, which is returned. JSON outputs come back as the per-rank list.
     """
@@ -116,7 +118,10 @@ def merge_results(
             f"{[dp for dp, _ in outs]} for dp_size {split.dp_size} (set "
             "is_output_rank=False on all but one rank of each dp replica)"
         )
-    merged = DataProto.concat([DataProto.load(str(replies[rank].result)) for _, rank in outs])
+    parts = [DataProto.load(str(replies[rank].result)) for _, rank in outs]
+    merged = DataProto.concat(parts)
+    if any(p.meta_info.get("metrics") for p in parts):  # the whole batch's, not dp rank 0's
+        merged.meta_info["metrics"] = merge_shard_metrics([p.meta_info.get("metrics") for p in parts])
     if split.pad_size:
         k, rem = divmod(len(merged), split.padded_len)
         if rem:

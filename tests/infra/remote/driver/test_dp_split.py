@@ -1,0 +1,47 @@
+"""The merge of a DP_COMPUTE_PROTO call's outputs: rows in dp_rank order, and the metrics of the
+whole batch (not dp rank 0's)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.remote.driver.dp_split import ProtoSplit, merge_results
+from ppoflow.infra.remote.protocol import Layout, Reply
+
+
+def test_outputs_are_concatenated_in_dp_order_and_their_metrics_merged(tmp_path):
+    # two shards of a multi-turn rollout: 2 episodes each, turns 1, 1 and 3, 2; only shard 1 used a tool
+    shards = [
+        ({"turns": [1, 1]}, {"rollout/turns_mean": 1.0, "rollout/turns_max": 1.0, "rollout/generate_s": 2.0}),
+        (
+            {"turns": [3, 2]},
+            {
+                "rollout/turns_mean": 2.5,
+                "rollout/turns_max": 3.0,
+                "rollout/generate_s": 4.0,
+                "tool/python/calls_per_episode": 1.5,
+                "tool/python/error_rate": 0.25,
+            },
+        ),
+    ]
+    replies, layout = [], []
+    for rank, (cols, metrics) in reversed(list(enumerate(shards))):  # rank 0 holds dp rank 1
+        url = str(tmp_path / f"out-{rank}.arrow")
+        DataProto.from_dict({"turns": torch.tensor(cols["turns"])}, meta_info={"metrics": metrics}).save(url)
+        replies.append(Reply(id=0, ok=True, kind="dataproto", result=url))
+        layout.append(Layout(dp_rank=rank, dp_size=2))
+    split = ProtoSplit(in_urls=["a", "b"], pad_size=0, padded_len=2, dp_size=2)
+    out = DataProto.load(
+        merge_results("generate_sequences", replies, layout, split, str(tmp_path / "m.arrow"))
+    )
+
+    turns = out.batch["turns"].tolist()
+    assert turns == [1, 1, 3, 2]
+    m = out.meta_info["metrics"]
+    assert m["rollout/turns_mean"] == pytest.approx(sum(turns) / len(turns))  # the batch's mean
+    assert m["rollout/turns_max"] == max(turns)
+    assert m["rollout/generate_s"] == pytest.approx(3.0)  # per rank, on average
+    assert m["tool/python/calls_per_episode"] == pytest.approx(3 / 4)  # 3 calls in 4 episodes
+    assert m["tool/python/error_rate"] == pytest.approx(0.25)
