@@ -257,6 +257,11 @@ class ExperimentLock:
         self._thread.start()
         return self
 
+    @property
+    def renewed_at(self) -> float:
+        """When this run last wrote its heartbeat (or took the lock), in ``time.time()`` seconds."""
+        return self._renewed_at
+
     def _lease_end(self) -> float:
         """When this run stops writing if no renewal succeeds before: one heartbeat before another
         run may count the lock as stale."""

@@ -134,7 +134,8 @@ def merge_shard_metrics(per_shard: list[dict[str, Any] | None]) -> dict[str, flo
     """The metrics of one batch from those of its equal data-parallel shards (each rank's
     ``meta_info["metrics"]`` of a DP_COMPUTE_PROTO call): the mean over shards, the largest of
     ``*_max`` keys, the smallest of ``*_min`` keys; a ``*_per_episode`` count a shard does not
-    report is 0 there (a tool no episode of that shard called)."""
+    report is 0 there (a tool no episode of that shard called), and ``<tool>/error_rate`` is
+    ``errors_per_episode / calls_per_episode`` of the whole batch."""
     keys = list(dict.fromkeys(k for m in per_shard for k in (m or {})))
     out: dict[str, float] = {}
     for key in keys:
@@ -149,6 +150,11 @@ def merge_shard_metrics(per_shard: list[dict[str, Any] | None]) -> dict[str, flo
             out[key] = sum(values) / len(per_shard)
         else:
             out[key] = sum(values) / len(values)
+    for key in keys:  # a rate over all the shards' calls, not the mean of the shards' rates
+        base = key[: -len("error_rate")]
+        if key.endswith("/error_rate") and f"{base}errors_per_episode" in out:
+            calls = out.get(f"{base}calls_per_episode", 0.0)
+            out[key] = out[f"{base}errors_per_episode"] / calls if calls else 0.0
     return out
 
 

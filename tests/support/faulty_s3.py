@@ -5,6 +5,7 @@
         ... run something ...
         s3.failed                                # [(method, path), ...] of the requests it failed
         s3.stall("PUT", r"/exp/lock\\.json$", seconds=8)   # answer those only after 8 s (a hung storage)
+        s3.stalled                               # [(method, path), ...] of the requests it held
 
 A failed request gets what S3 answers under trouble: HTTP 500 with an ``InternalError`` XML body
 (the request body is read first, as a server that broke mid-upload would have). Everything else
@@ -48,6 +49,7 @@ class FaultyS3:
         self.rules: list[Rule] = []
         self.stalls: list[tuple[str, re.Pattern, float]] = []
         self.failed: list[tuple[str, str]] = []
+        self.stalled: list[tuple[str, str]] = []
         self.passed: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self.endpoint = ""
@@ -85,6 +87,8 @@ class FaultyS3:
         with self._lock:
             hold = max((s for m, p, s in self.stalls if m == method and p.search(path)), default=0.0)
         if hold:
+            with self._lock:
+                self.stalled.append((method, path))
             time.sleep(hold)
         if self._should_fail(method, path):
             length = int(environ.get("CONTENT_LENGTH") or 0)

@@ -118,7 +118,8 @@ def assemble(
 def episode_metrics(
     episodes: list[Episode], generate_s: float, sample_s: float, env_s: float, sampled: int
 ) -> dict[str, float]:
-    """``rollout/*`` episode metrics and ``tool/<name>/calls_per_episode``, ``tool/<name>/error_rate``."""
+    """``rollout/*`` episode metrics and ``tool/<name>/calls_per_episode``, ``errors_per_episode``
+    and ``error_rate``."""
     n = max(1, len(episodes))
     turns = [e.turns for e in episodes]
     total = [len(e.tokens) for e in episodes]
@@ -142,5 +143,6 @@ def episode_metrics(
         calls = sum(e.tool_calls.get(name, [0, 0])[0] for e in episodes)
         errors = sum(e.tool_calls.get(name, [0, 0])[1] for e in episodes)
         out[f"tool/{name}/calls_per_episode"] = calls / n
+        out[f"tool/{name}/errors_per_episode"] = errors / n
         out[f"tool/{name}/error_rate"] = errors / calls if calls else 0.0
     return out

@@ -101,8 +101,10 @@ def test_a_lock_that_cannot_be_renewed_stops_the_run_before_the_lease_expires():
         url = f"s3://{BUCKET}/lease/exp/lock.json"
         messages: list[str] = []
         a = ExperimentLock(url, "run-a", heartbeat_s=0.3, stale_after_s=4.0, log=messages.append).acquire()
-        renewed = time.time()
         s3.fail("PUT", r"/lease/exp/lock\.json$", times=10_000)
+        while not s3.failed:  # renewals are one at a time: the last success is behind the first failure
+            time.sleep(0.01)
+        renewed = a.renewed_at
         deadline = renewed + 4.0
         while not a.lost and time.time() < deadline + 5:
             time.sleep(0.05)
@@ -134,8 +136,10 @@ def test_a_renewal_that_hangs_ends_the_lease_in_time():
     with faulty_s3() as s3:
         url = f"s3://{BUCKET}/hang/exp/lock.json"
         a = ExperimentLock(url, "run-a", heartbeat_s=0.3, stale_after_s=4.0).acquire()
-        renewed = time.time()
         s3.stall("PUT", r"/hang/exp/lock\.json$", seconds=8.0)
+        while not s3.stalled:  # a renewal is held: the one before it was the last to succeed
+            time.sleep(0.01)
+        renewed = a.renewed_at
         while not a.lost and time.time() < renewed + 9:
             time.sleep(0.05)
         lost_after = time.time() - renewed

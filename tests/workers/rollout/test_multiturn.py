@@ -164,10 +164,15 @@ def _check_structure(out, tok, n: int) -> None:
 def test_vllm_episodes_structure_and_rewards(episodes):
     _check_structure(episodes["a"], episodes["tok"], n=2)
     m = episodes["a"].meta_info["metrics"]
-    # the metrics are rank 0's (the first chunk's meta_info): episodes of 1, 1, 2, 2 turns
-    assert m["rollout/turns_mean"] == pytest.approx(1.5) and m["rollout/ended_done_share"] == 1.0
-    # one "fake" call (ok at turn 0) in each 2-turn episode
-    assert m["tool/fake/calls_per_episode"] == 0.5 and m["tool/fake/error_rate"] == 0.0
+    # the whole batch's (both ranks'): episodes of 1, 1, 2, 2, 3, 3, 3, 3 turns
+    turns = [1, 1, 2, 2, 3, 3, 3, 3]
+    assert m["rollout/turns_mean"] == pytest.approx(sum(turns) / 8) and m["rollout/turns_max"] == 3
+    assert m["rollout/ended_done_share"] == 1.0
+    # a "fake" call after every turn but the last, failing after odd turns: 10 calls, 4 errors
+    calls = sum(t - 1 for t in turns)
+    errors = sum(1 for t in turns for k in range(t - 1) if k % 2 == 1)
+    assert m["tool/fake/calls_per_episode"] == pytest.approx(calls / 8)
+    assert m["tool/fake/error_rate"] == pytest.approx(errors / calls)
     assert m["rollout/tokens_per_s"] > 0
 
 

@@ -22,7 +22,8 @@ def test_outputs_are_concatenated_in_dp_order_and_their_metrics_merged(tmp_path)
                 "rollout/turns_max": 3.0,
                 "rollout/generate_s": 4.0,
                 "tool/python/calls_per_episode": 1.5,
-                "tool/python/error_rate": 0.25,
+                "tool/python/errors_per_episode": 0.5,
+                "tool/python/error_rate": 1 / 3,
             },
         ),
     ]
@@ -44,4 +45,4 @@ def test_outputs_are_concatenated_in_dp_order_and_their_metrics_merged(tmp_path)
     assert m["rollout/turns_max"] == max(turns)
     assert m["rollout/generate_s"] == pytest.approx(3.0)  # per rank, on average
     assert m["tool/python/calls_per_episode"] == pytest.approx(3 / 4)  # 3 calls in 4 episodes
-    assert m["tool/python/error_rate"] == pytest.approx(0.25)
+    assert m["tool/python/error_rate"] == pytest.approx(1 / 3)  # 1 of the 3 calls failed
