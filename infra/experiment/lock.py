@@ -268,6 +268,7 @@ class ExperimentLock:
         return self._renewed_at + self.stale_after_s - self.heartbeat_s
 
     def _beat(self) -> None:
+        failed: BaseException | None = None  # the last renewal error since the last success
         while not self._stop.wait(self.heartbeat_s):
             # each renewal runs in a thread of its own, so a storage call that hangs (or retries
             # with backoff) cannot carry this run past the end of its lease
@@ -278,17 +279,23 @@ class ExperimentLock:
             attempt.start()
             attempt.join(max(0.0, self._lease_end() - time.time()))
             if outcome and outcome[0] is None:
+                failed = None
                 continue
             now = time.time()
             silent = now - self._renewed_at
-            exc = outcome[0] if outcome else TimeoutError(f"no answer from the storage for {silent:.0f} s")
-            if outcome and now + self.heartbeat_s < self._lease_end():  # one more try fits
-                self.log(f"experiment lock heartbeat failed ({silent:.0f} s since the last renewal): {exc}")
-                continue
+            if outcome:
+                failed = outcome[0]
+                if now + self.heartbeat_s < self._lease_end():  # one more try fits
+                    self.log(
+                        f"experiment lock heartbeat failed ({silent:.0f} s since the last renewal): {failed}"
+                    )
+                    continue
+            hung = "" if outcome else "; the last renewal got no answer before the lease ended"
+            exc = failed or TimeoutError(f"no answer from the storage for {silent:.0f} s")
             self.lost_reason = (
                 f"this run could not renew the experiment lock {self.url} for {silent:.0f} s "
-                f"(last error: {type(exc).__name__}: {exc}); after {self.stale_after_s:.0f} s another "
-                "run may take it over, so this run stopped writing and committed nothing more"
+                f"(last error: {type(exc).__name__}: {exc}{hung}); after {self.stale_after_s:.0f} s "
+                "another run may take it over, so this run stopped writing and committed nothing more"
             )
             self.lost = True
             self._stop.set()

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -115,6 +116,8 @@ def test_a_lock_that_cannot_be_renewed_stops_the_run_before_the_lease_expires():
         ):
             a.check()
         assert any("stopped writing" in m for m in messages)  # said in the run's log too
+        while any(t.name == "ppoflow-lock-renewal" for t in threading.enumerate()):
+            time.sleep(0.05)  # a renewal cut off at the lease's end may still be retrying its PUT
         s3.clear()
         time.sleep(max(0.0, deadline + 0.2 - time.time()))
         b = ExperimentLock(url, "run-b", stale_after_s=4.0).acquire()
