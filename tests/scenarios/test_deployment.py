@@ -162,9 +162,17 @@ def _retraining(cli: Any, api: str, demo_storage: str, worker: _Service, lap: An
     promoted = AutoModelForCausalLM.from_pretrained(promoted_url(paths)).state_dict()
     trained = load_full_state_dict(paths.checkpoint("actor", 2))
     assert all(torch.equal(promoted[k], trained[k].to(promoted[k].dtype)) for k in promoted)
-    events = _post(api, "/events/filter", {"filter": {"event": {"prefix": ["ppoflow.policy."]}}, "limit": 10})
-    got = sorted((e["event"], e["payload"]["iteration"]) for e in events["events"])
-    assert got == [("ppoflow.policy.kept", 2), ("ppoflow.policy.promoted", 2)], got
+    # the server stores events in batches after they arrive: the second run's may land after the
+    # run is reported complete, so wait for it (a run that emitted nothing still fails here)
+    want = [("ppoflow.policy.kept", 2), ("ppoflow.policy.promoted", 2)]
+    deadline = time.monotonic() + 60
+    while True:
+        events = _post(api, "/events/filter", {"filter": {"event": {"prefix": ["ppoflow.policy."]}}, "limit": 10})
+        got = sorted((e["event"], e["payload"]["iteration"]) for e in events["events"])
+        if got == want or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert got == want, got
     key = f"{artifact_slug(cfg.storage.experiment)}-promotion"
     arts = _post(api, "/artifacts/filter", {"artifacts": {"key": {"any_": [key]}}})
     texts = sorted(a["data"] for a in arts)
