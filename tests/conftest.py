@@ -85,7 +85,8 @@ def flow_assets(tmp_path_factory):
 def flow_config(flow_assets):
     """``make(root, experiment, **dotted_overrides) -> ExperimentConfig``: the tiny PPO config of
     the flow tests (2 CPU ranks, vLLM, GAE with a critic, a reward model + the GSM8K rule, an
-    adaptive KL penalty in the reward: every task of the graph runs)."""
+    adaptive KL penalty in the reward: every task of the graph runs). With a ``recipe`` override
+    the algorithm section is the recipe's (the overrides may still set its keys)."""
     from ppoflow.infra.config import apply_overrides, parse_config
 
     def make(root: str, experiment: str, **over):
@@ -134,6 +135,8 @@ def flow_config(flow_assets):
             "checkpoint": {"snapshot_every": 1},
             "seed": 7,
         }
+        if "recipe" in over:
+            del data["algorithm"]
         return parse_config(apply_overrides(data, over), source="flow test config")
 
     return make

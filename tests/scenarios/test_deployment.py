@@ -167,7 +167,9 @@ def _retraining(cli: Any, api: str, demo_storage: str, worker: _Service, lap: An
     want = [("ppoflow.policy.kept", 2), ("ppoflow.policy.promoted", 2)]
     deadline = time.monotonic() + 60
     while True:
-        events = _post(api, "/events/filter", {"filter": {"event": {"prefix": ["ppoflow.policy."]}}, "limit": 10})
+        events = _post(
+            api, "/events/filter", {"filter": {"event": {"prefix": ["ppoflow.policy."]}}, "limit": 10}
+        )
         got = sorted((e["event"], e["payload"]["iteration"]) for e in events["events"])
         if got == want or time.monotonic() > deadline:
             break

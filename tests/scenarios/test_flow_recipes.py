@@ -7,12 +7,16 @@
    ``generate_sequences``: the retried generate commits the same batch, bit for bit.
 2. GSPO for one iteration (its sequence-ratio metrics reach the commit); then the same experiment
    with DAPO and a reward that never differs: the dynamic-sampling cap ends the run with its
-   message, committing nothing. (CISPO and the other recipes differ from these only in the loss or
-   the estimator's settings: tests/algos, tests/infra/test_recipes.py and the actor's exact
-   gradient-accumulation test cover them.)
+   message, committing nothing.
+3. Every other recipe (GRPO and its token-mean variant, Dr. GRPO, CISPO, RLOO, REINFORCE++) for
+   one iteration each: it commits, its committed advantages equal the estimator's equation written
+   here as a plain loop over the committed rewards, and its loss's own metrics reach the commit.
+   (The losses' values and gradients against their papers' equations: tests/algos.)
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -124,3 +128,79 @@ def test_gspo_commits_and_dapo_without_signal_stops_at_the_cap(prefect_harness, 
     assert "dynamic sampling: 2 generation rounds of iteration 2 found 0 of the 4 prompt groups" in message
     assert "(the other 8 scored all alike" in message and "algorithm.dynamic_sampling.max_rounds" in message
     assert read_manifest(paths).iteration == 1  # nothing committed
+
+
+def _group_reference(scores: list[float], uids: list[str], estimator: str) -> list[float]:
+    """Each response's outcome advantage from the papers' equations, a plain loop: GRPO
+    ``(s - mean) / (std + 1e-6)`` (unbiased std), Dr. GRPO ``s - mean``, RLOO ``s - mean of the
+    others``."""
+    out = []
+    for i, s in enumerate(scores):
+        group = [scores[j] for j in range(len(scores)) if uids[j] == uids[i]]
+        n, mean = len(group), sum(group) / len(group)
+        if estimator == "rloo":
+            out.append(s - (sum(group) - s) / (n - 1))
+        elif estimator == "dr_grpo":
+            out.append(s - mean)
+        else:
+            std = math.sqrt(sum((g - mean) ** 2 for g in group) / (n - 1))
+            out.append((s - mean) / (std + 1e-6))
+    return out
+
+
+def _whitened_returns(rewards: list[list[float]], mask: list[list[float]]) -> list[list[float]]:
+    """REINFORCE++: each response token's return to go (gamma 1), whitened over every response
+    token of the batch (unbiased variance)."""
+    returns = []
+    for r, m in zip(rewards, mask):
+        g, row = 0.0, [0.0] * len(r)
+        for t in reversed(range(len(r))):
+            if m[t]:
+                g += r[t]
+                row[t] = g
+        returns.append(row)
+    flat = [x for row, m in zip(returns, mask) for x, keep in zip(row, m) if keep]
+    mean = sum(flat) / len(flat)
+    var = sum((x - mean) ** 2 for x in flat) / (len(flat) - 1)
+    return [[(x - mean) / math.sqrt(var + 1e-8) if keep else 0.0 for x, keep in zip(row, m)]
+            for row, m in zip(returns, mask)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "recipe", ["grpo", "grpo_token_mean", "dr_grpo", "cispo", "rloo", "reinforce_plus_plus"]
+)
+def test_each_recipe_commits_with_its_equations(prefect_harness, flow_config, tmp_path, recipe):
+    from ppoflow.flows.ppo import ppo
+
+    over = {k: v for k, v in GROUP_RUN.items() if not k.startswith("algorithm.")}
+    over["reward.custom_function"] = "tests.support.rewards:digit_share"
+    cfg = flow_config(str(tmp_path), recipe, **over, recipe=recipe)
+    assert ppo(cfg, iterations=1)["iteration"] == 1
+    paths = ExperimentPaths(cfg.storage.experiment_url)
+    assert read_manifest(paths).iteration == 1
+    metrics = storage.read_json(paths.file(1, "metrics.json"))
+    assert all(math.isfinite(v) for v in metrics.values() if isinstance(v, float)), metrics
+    assert not any(k.startswith("critic/vf_") for k in metrics)  # no critic in any of these
+
+    batch = DataProto.load(paths.file(1, "advantages.arrow"))
+    mask = batch.batch["response_mask"].tolist()
+    rewards = batch.batch["token_level_rewards"].tolist()
+    got = batch.batch["advantages"].tolist()
+    if recipe == "reinforce_plus_plus":
+        want = _whitened_returns(rewards, mask)
+    else:
+        scores = [sum(r * m for r, m in zip(rr, mm)) for rr, mm in zip(rewards, mask)]
+        uids = batch.non_tensor_batch["uid"].tolist()
+        per = _group_reference(scores, uids, {"rloo": "rloo", "dr_grpo": "dr_grpo"}.get(recipe, "grpo"))
+        want = [[a if keep else 0.0 for keep in m] for a, m in zip(per, mask)]
+        assert len(set(round(s, 6) for s in scores)) > 1, "the reward gave no signal: nothing is compared"
+    assert np.allclose(np.array(got), np.array(want), atol=1e-5), (recipe, got, want)
+
+    if recipe in ("grpo", "grpo_token_mean"):
+        assert "actor/kl_loss" in metrics  # GRPO's KL is a loss term, not a reward penalty
+    else:
+        assert "actor/kl_loss" not in metrics
+    if recipe == "cispo":
+        assert cfg.actor.policy_loss == "cispo" and cfg.actor.clip_ratio_low == 1.0
+        assert metrics["actor/pg_clipfrac_low"] == 0.0  # no lower bound: no weight is clipped below
+    assert {"actor/pg_clipfrac_low", "actor/pg_clipfrac_high", "actor/pg_loss"} <= set(metrics)
