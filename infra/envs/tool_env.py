@@ -21,7 +21,8 @@ __all__ = ["ToolEnv", "row_messages"]
 
 
 def row_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The chat messages of a dataset row's ``raw_prompt`` (a string is one user message)."""
+    """The chat messages of a dataset row's ``raw_prompt`` (a string is one user message). A
+    parquet column of messages gives every message every field: the unset ones (None) are dropped."""
     raw = row.get("raw_prompt")
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
@@ -29,7 +30,7 @@ def row_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
         raise KeyError(
             "the row has no raw_prompt column: the tools environment starts from the dataset's prompt"
         )
-    return [dict(m) for m in raw]
+    return [{k: v for k, v in dict(m).items() if v is not None} for m in raw]
 
 
 @register_env("tools")

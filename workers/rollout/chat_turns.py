@@ -99,8 +99,11 @@ class ChatFormat:
         return [{k: v for k, v in m.items() if k != "_tool"} for m in out]
 
     def prompt_tokens(self, messages: list[dict[str, Any]], schemas: list[dict]) -> list[int]:
-        """The first prompt, ending with the assistant header."""
-        return self._encode(self._render(self._with_tag_system(messages, schemas), schemas, True))
+        """The first prompt, ending with the assistant header. Tool messages in it (a worked
+        example, an earlier exchange) render as the environment's tool outputs do."""
+        return self._encode(
+            self._render(self._with_tag_system(self._as_chat(messages), schemas), schemas, True)
+        )
 
     def _base(self, schemas: list[dict]) -> tuple[str, str]:
         """(the base exchange rendered, the close of its assistant message) for these tools."""

@@ -219,6 +219,35 @@ def test_appended_tokens_complete_the_whole_conversation(char_tokenizer, mode):
         tok.chat_template = CHAT_TEMPLATE
 
 
+def test_a_prompt_with_a_worked_example_renders_tool_outputs_as_the_environment_does(char_tokenizer):
+    """Tag mode on a template that knows no tool role: a tool message in the dataset's prompt (a
+    demonstration of a call and its output) becomes the same ``<tool_response>`` user message the
+    environment's outputs become, not a message of an unknown role."""
+    from ppoflow.workers.rollout.chat_turns import ChatFormat
+
+    tok = char_tokenizer
+    fmt = ChatFormat(tok, "tag")
+    schemas = [PythonTool().schema()]
+    call = '<tool_call>{"name": "python", "arguments": {"code": "3*4"}}</tool_call>'
+    prompt = [
+        {"role": "user", "content": "What is 3*4?"},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "name": "python", "content": "12"},
+        {"role": "assistant", "content": "12"},
+        {"role": "user", "content": "What is 5*6?"},
+    ]
+    expected = fmt._with_tag_system(prompt, schemas)
+    expected[3] = {"role": "user", "content": "<tool_response>\n12\n</tool_response>"}
+    whole = tok.apply_chat_template(expected, tokenize=False, add_generation_prompt=True)
+    assert fmt.prompt_tokens(prompt, schemas) == tok.encode(whole, add_special_tokens=False)
+    assert "<|tool|>" not in tok.decode(fmt.prompt_tokens(prompt, schemas))
+    # a parquet column of messages gives each message every field; the unset ones are dropped
+    from ppoflow.infra.envs.tool_env import row_messages
+
+    stored = [{"role": m["role"], "content": m["content"], "name": m.get("name")} for m in prompt]
+    assert row_messages({"raw_prompt": stored}) == prompt
+
+
 def test_template_mode_needs_a_tool_format(char_tokenizer):
     from ppoflow.workers.rollout.chat_turns import ChatFormat
 
