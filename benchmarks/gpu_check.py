@@ -110,7 +110,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="model.use_torch_compile")
     p.add_argument("--lora-rank", type=int, default=0, help="a LoRA policy (and critic) of this rank")
     p.add_argument("--lora-alpha", type=float, default=None, help="lora.alpha (default: 2 x rank)")
-    p.add_argument("--lora-sync", choices=("adapter", "merged"), default="adapter", help="actor.lora.sync")
+    p.add_argument("--lora-sync", choices=("adapter", "merged"), default="merged", help="actor.lora.sync")
     args = p.parse_args(argv)
     gpu = args.device == "cuda"
     defaults = dict(

@@ -145,7 +145,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--lora-rank", type=int, default=0, help="actor.lora.rank and critic.lora.rank (0: full fine-tuning)"
     )
     lo.add_argument("--lora-alpha", type=float, default=None, help="lora.alpha (default: 2 x rank)")
-    lo.add_argument("--lora-sync", choices=("adapter", "merged"), default="adapter", help="actor.lora.sync")
+    lo.add_argument("--lora-sync", choices=("adapter", "merged"), default="merged", help="actor.lora.sync")
     lo.add_argument(
         "--lora-compare",
         action="store_true",

@@ -74,10 +74,11 @@ class LoRAConfig(Section):
         "module names (suffixes such as q_proj, v_proj)",
     )
     sync: Literal["adapter", "merged"] = Field(
-        "adapter",
-        description="policy only: how the rollout engine gets new weights: 'adapter' pushes the "
-        "adapter tensors (vLLM's LoRA serving, the base stays in the engine), 'merged' merges them "
-        "into the base weights and pushes every weight",
+        "merged",
+        description="policy only: how the rollout engine gets new weights: 'merged' merges the "
+        "adapters into the base weights and pushes every weight (faster on GPU and CPU: "
+        "docs/lora.md), 'adapter' pushes the adapter tensors (vLLM's LoRA serving, the base stays "
+        "in the engine)",
     )
 
     @property

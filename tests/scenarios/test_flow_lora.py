@@ -39,6 +39,7 @@ LORA_RUN = {
     "actor.use_kl_loss": True,
     "actor.lora.rank": 8,
     "actor.lora.alpha": 16,
+    "actor.lora.sync": "adapter",  # the default is merged; this test covers vLLM serving the adapter
     "actor.optim.lr": 1e-2,
     "rollout.calculate_log_probs": True,
 }

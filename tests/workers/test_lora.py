@@ -120,7 +120,12 @@ def test_lora_log_probs_equal_the_merged_model_and_peft(tiny):
         ({"actor.lora.rank": 4, "actor.lora.dropout": 1.0}, "less than 1"),
         ({"actor.lora.rank": 4, "actor.lora.sync": "full"}, "'adapter' or 'merged'"),
         (
-            {"actor.lora.rank": 4, "rollout.engine": "vllm", "rollout.sleep_level": 2},
+            {
+                "actor.lora.rank": 4,
+                "actor.lora.sync": "adapter",
+                "rollout.engine": "vllm",
+                "rollout.sleep_level": 2,
+            },
             "set rollout.sleep_level to 1",
         ),
         ({"actor.lora.rank": 1024, "rollout.engine": "vllm"}, "rank <= 512"),
