@@ -18,8 +18,9 @@ rollout the check compares, over response tokens, the engine's own log-probs of 
     python benchmarks/gpu_check.py --device cuda --ranks 1              # one GPU, vLLM TP 1
     python benchmarks/gpu_check.py --device cuda --ranks 2 --tp 2       # two GPUs, one TP=2 engine
     python benchmarks/gpu_check.py --device cpu                         # CPU, fp32, a small model
-    python benchmarks/gpu_check.py --device cuda --ranks 1 --lora-rank 16  # a LoRA policy (vLLM serves
-                                      # the adapter; the references are ``export-hf --merge``)
+    python benchmarks/gpu_check.py --device cuda --ranks 1 --lora-rank 16  # a LoRA policy (merged into
+                                      # vLLM's weights; ``--lora-sync adapter``: vLLM serves the adapter;
+                                      # the references are ``export-hf --merge``)
 
 Tolerances (``--tol-mean``, ``--tol-max``; over response tokens):
 
