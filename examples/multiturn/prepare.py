@@ -20,21 +20,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 DATA_SOURCE = "arithmetic/mul3"
-QUESTION = (
-    "What is {a} * {b}? Compute it with the python tool first, by replying exactly "
-    '<tool_call>{{"name": "python", "arguments": {{"code": "{a} * {b}"}}}}</tool_call> '
-    "then answer with the number only."
-)
 
 
 def _call(a: int, b: int) -> str:
     return f'<tool_call>{{"name": "python", "arguments": {{"code": "{a} * {b}"}}}}</tool_call>'
 
 
+def _question(a: int, b: int) -> str:
+    return (
+        f"What is {a} * {b}? Compute it with the python tool first, by replying exactly "
+        f"{_call(a, b)} then answer with the number only."
+    )
+
+
 # the worked exchange: the tool's output is a `tool` message, rendered as the rollout renders the
 # environment's (the chat template's tool format, or a <tool_response> block)
 EXAMPLE = [
-    {"role": "user", "content": QUESTION.format(a=512, b=34)},
+    {"role": "user", "content": _question(512, 34)},
     {"role": "assistant", "content": _call(512, 34)},
     {"role": "tool", "name": "python", "content": "17408"},
     {"role": "assistant", "content": "17408"},
@@ -45,7 +47,7 @@ def rows(pairs: list[tuple[int, int]], split: str, shots: int = 1) -> list[dict]
     return [
         {
             "data_source": DATA_SOURCE,
-            "prompt": [*(EXAMPLE if shots else []), {"role": "user", "content": QUESTION.format(a=a, b=b)}],
+            "prompt": [*(EXAMPLE if shots else []), {"role": "user", "content": _question(a, b)}],
             "ability": "arithmetic",
             "reward_model": {"style": "rule", "ground_truth": str(a * b)},
             "extra_info": {"split": split, "index": i, "a": a, "b": b},
