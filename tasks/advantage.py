@@ -39,6 +39,7 @@ from ppoflow.algos import (
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.metrics import compute_data_metrics
+from ppoflow.tasks.graph import output_of
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, Receipt
 from ppoflow.tasks.step import Step, ppo_task
 
@@ -160,7 +161,7 @@ def advantage(
     cfg = step.cfg
     batch = DataProto.load(generated.output("rollout"))
     for receipt in scored:
-        batch = batch.union(DataProto.load(receipt.output(receipt.task)))
+        batch = batch.union(DataProto.load(receipt.output(output_of(receipt.task))))
     mask = batch.batch["response_mask"]
     scores = _token_level_scores(cfg, batch, step.ctx.inputs.tokenizer)
     metrics: dict[str, float] = {}

@@ -34,22 +34,13 @@ from ppoflow.infra.experiment.manifest import (
 from ppoflow.infra.experiment.metrics import throughput_metrics
 from ppoflow.infra.experiment.retention import apply_retention
 from ppoflow.infra.faults import maybe_fail
+from ppoflow.tasks.graph import critical_path, trained_roles
 from ppoflow.tasks.receipts import IterationReceipts, Receipt
 from ppoflow.tasks.replay import replay_entry
 from ppoflow.tasks.run import get_run
 from ppoflow.tasks.step import TASK_OPTIONS, task_logs
 
 __all__ = ["init_experiment", "commit", "iteration_metrics"]
-
-#: Tasks on the iteration's critical path; parallel ones are grouped (the slowest counts).
-CRITICAL_PATH = (
-    ("generate",),
-    ("ref_log_prob", "values", "rm_score"),
-    ("advantage",),
-    ("update_actor", "update_critic"),
-    ("evaluate",),
-    ("commit",),
-)
 
 
 @task(name="init", task_run_name="init", **TASK_OPTIONS)
@@ -61,7 +52,7 @@ def init_experiment(run: str) -> Manifest:
     if existing is not None:
         return existing
     maybe_fail("init", "before")
-    roles = ["actor"] + (["critic"] if cfg.critic.enable else [])
+    roles = trained_roles(cfg)
     checkpoints: dict[str, str | None] = {"actor": None, "critic": None}
     with task_logs(ctx, *roles) as logger:
         logger.info(
@@ -93,7 +84,7 @@ def iteration_metrics(receipts: list[Receipt], wall_s: float, nprocs: int) -> di
         metrics.update(receipt.metrics)
         metrics[f"timing_s/{receipt.task}"] = float(receipt.timing_s)
     critical = sum(
-        max((metrics.get(f"timing_s/{t}", 0.0) for t in stage), default=0.0) for stage in CRITICAL_PATH
+        max((metrics.get(f"timing_s/{t}", 0.0) for t in stage), default=0.0) for stage in critical_path()
     )
     metrics["timing_s/iteration"] = wall_s
     metrics["timing_s/critical_path"] = critical
@@ -106,7 +97,7 @@ def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, f
     """Wait for (or recover, concurrently per role) the iteration's checkpoints; their write metrics."""
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
-    updates = {role: receipts.update_of(role) for role in ("actor", "critic")}
+    updates = {role: receipts.update_of(role) for role in trained_roles(ctx.cfg)}
     wanted = {r: u.checkpoints[r] for r, u in updates.items() if u is not None and r not in u.replay}
     with ThreadPoolExecutor(max_workers=len(wanted) or 1, thread_name_prefix="ppoflow-commit") as pool:
         jobs = [pool.submit(ctx.groups.materialize, role, url, logger.info) for role, url in wanted.items()]
@@ -122,11 +113,11 @@ def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, f
     return metrics
 
 
-def _updated(paths, receipts: IterationReceipts) -> dict[str, dict | None]:
+def _updated(cfg, paths, receipts: IterationReceipts) -> dict[str, dict | None]:
     """The roles iteration n updated: None where the state was written, else the update's record
     for the manifest's replay chain (the batch hashed now, once)."""
     out: dict[str, dict | None] = {}
-    for role in ("actor", "critic"):
+    for role in trained_roles(cfg):
         update = receipts.update_of(role)
         if update is not None:
             out[role] = replay_entry(paths, update, role) if role in update.replay else None
@@ -190,7 +181,7 @@ def commit(
             metrics=metrics,
             rollout_checkpoints=rollout_checkpoints,
             before=_evaluation_of_zero(paths) if n == 1 else None,
-            updated=_updated(paths, receipts),
+            updated=_updated(cfg, paths, receipts),
             data_files=ctx.inputs.data_files,
         ).settled(lambda ref: is_complete(paths.url(ref) or ""))
         ctx.lock.check()
