@@ -96,7 +96,7 @@ class BatchScorer(ABC):
         """One result per request, in order."""
 
 
-Reward: TypeAlias = "RewardFn | BatchScorer"
+Reward: TypeAlias = RewardFn | BatchScorer
 
 _REGISTRY: dict[str, Reward] = {}
 
