@@ -7,5 +7,6 @@ checkpoint/  sharded DCP checkpoints of the trained models, and export to Huggin
 config.py    the experiment config (one pydantic tree)
 hub.py       hub ids among model paths, and whether the Hugging Face hub can be reached
 host_cpu.py  the CPU a stretch of work got: the thread's own, the host's busy and stolen shares
-rewards.py   rule rewards by data source, and custom reward functions by import path
+rewards/     rewards by data source, custom rewards and batch scorers, scoring rollouts, the loader of
+             user objects by import path
 """

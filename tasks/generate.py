@@ -32,6 +32,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.data.prompts import DataCursor, DataError
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
+from ppoflow.infra.rewards.rollouts import outcome_scores
 from ppoflow.tasks.receipts import GenerateReceipt
 from ppoflow.tasks.step import Step, ppo_task
 
@@ -151,10 +152,6 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
 
 
 def _scores(step: Step[GenerateReceipt], batch: DataProto) -> list[float]:
-    """The rule / custom-function score of each response of a round (what dynamic sampling
-    compares within a group: the outcome, before any shaping)."""
-    from ppoflow.tasks.advantage import decode_responses, response_scores
-
-    if "env_scores" in batch.batch:  # multi-turn: the environment's rewards of each episode
-        return [float(s) for s in batch.batch["env_scores"].sum(-1).tolist()]
-    return response_scores(step.cfg, batch, decode_responses(batch, step.ctx.inputs.tokenizer))
+    """The rule / custom-function score of each response of a round, or the environment's of
+    each episode (what dynamic sampling compares within a group: the outcome, before any shaping)."""
+    return outcome_scores(batch, step.ctx.inputs.tokenizer, step.cfg.reward.custom_function)
