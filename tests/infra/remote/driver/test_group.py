@@ -207,6 +207,17 @@ def test_dp_layout_reported_by_ranks(group, tmp_path):
     assert group.call("stats", str(tmp_path / "in.arrow"))[1]["ids"] == [3, 4, 0]
 
 
+def test_dp_metrics_merge_by_the_rules_the_method_declares(group, tmp_path):
+    """``measure`` declares ``*_max`` as the largest over the ranks; its ``x_mean`` is undeclared
+    (the mean over the ranks, of equal shares): both are the whole batch's."""
+    data = make_proto(6, seed=3)
+    data.save(str(tmp_path / "in.arrow"))
+    out = DataProto.load(group.call("measure", str(tmp_path / "in.arrow"), out_url=str(tmp_path / "m.arrow")))
+    x = data.batch["x"].double()
+    assert out.batch["id"].tolist() == list(range(6))
+    assert out.meta_info["metrics"] == pytest.approx({"x_max": x.max().item(), "x_mean": x.mean().item()})
+
+
 def test_shutdown_runs_worker_hook_and_leaves_nothing(group, marker):
     """Last user of the module group: shut it down explicitly (the fixture's exit is then a no-op)."""
     pids, scratch = group.pids + [group.launcher_pid], group.scratch
