@@ -53,7 +53,6 @@ import torch
 import torch.distributed as dist
 
 from ppoflow.infra import faults
-from ppoflow.infra.checkpoint.state import seed_rngs
 from ppoflow.infra.remote.dispatch import Dispatch, dispatch_mode_of, metric_rules_of, registered_methods
 from ppoflow.infra.remote.errors import error_types
 from ppoflow.infra.remote.procs import block_until_exit
@@ -69,6 +68,7 @@ from ppoflow.infra.remote.protocol import (
     receive,
     send,
 )
+from ppoflow.infra.remote.rank.seeding import seed_rngs
 
 FAULT_EXIT_CODE = 17
 
