@@ -439,7 +439,7 @@ def test_a_truncated_shard_and_a_damaged_marker_are_caught(run, tmp_path):
 
 def test_verification_cost(run, tmp_path):
     """Prints the hash throughput (the cost of verifying a checkpoint, per byte read)."""
-    from ppoflow.infra.checkpoint.integrity import hash_bytes
+    from ppoflow.infra.data.hashing import hash_bytes
 
     data = os.urandom(64 << 20)
     t0 = time.perf_counter()

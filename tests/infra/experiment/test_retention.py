@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ppoflow.infra.checkpoint.integrity import ALGORITHM, hash_bytes
 from ppoflow.infra.checkpoint.marker import FORMAT, is_complete, read_marker, write_marker
 from ppoflow.infra.data import storage
+from ppoflow.infra.data.hashing import ALGORITHM, hash_bytes
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, read_manifest
 from ppoflow.infra.experiment.retention import apply_retention, checkpoint_sizes
 from ppoflow.infra.experiment.rollback import RollbackRefused, rollback
