@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ppoflow.infra.remote.dispatch import Dispatch, metric_rules_of, register
 from ppoflow.infra.remote.metric_merge import MetricRule, merge_metrics
-from ppoflow.infra.remote.protocol import Reply, decode, encode
 
 RATIO = MetricRule(pattern="*/rate", merge="ratio", of=("hits", "tries"))
 
@@ -62,20 +60,3 @@ def test_ill_formed_rules_are_refused_where_they_are_declared():
         MetricRule(pattern="", merge="max")
     with pytest.raises(ValidationError):
         MetricRule(pattern="*", merge="median")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="DP_COMPUTE_PROTO"):
-        register(Dispatch.ONE_TO_ALL, metrics=(RATIO,))
-    with pytest.raises(TypeError, match="MetricRule"):
-        register(Dispatch.DP_COMPUTE_PROTO, metrics=({"pattern": "*", "merge": "max"},))  # type: ignore[arg-type]
-
-
-def test_declared_rules_travel_in_the_reply():
-    class W:
-        @register(Dispatch.DP_COMPUTE_PROTO, metrics=(RATIO,))
-        def ratios(self, data): ...
-
-        @register(Dispatch.DP_COMPUTE_PROTO)
-        def plain(self, data): ...
-
-    assert metric_rules_of(W, "ratios") == (RATIO,) and metric_rules_of(W, "plain") == ()
-    reply = Reply(id=1, ok=True, kind="dataproto", result="u", metric_rules=metric_rules_of(W, "ratios"))
-    assert decode(encode(reply), Reply).metric_rules == (RATIO,)

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.remote.driver.group import Dispatch, RankFailure, WorkerGroup, WorkerGroupDead
+from ppoflow.infra.remote.driver.group import RankFailure, WorkerGroup, WorkerGroupDead
 from ppoflow.infra.remote.procs import pid_alive
 from tests.support.paths import ROOT
-from tests.support.toy_workers import ToyWorker, double_plus
+from tests.support.toy_workers import double_plus
 
 pytestmark = pytest.mark.slow
 
@@ -89,19 +89,6 @@ def group(lines, marker):
 
 
 # ---------------------------------------------------------------------- control plane
-def test_dispatch_registry():
-    from ppoflow.infra.remote.dispatch import dispatch_mode_of, register
-
-    assert dispatch_mode_of(ToyWorker, "info") is Dispatch.ONE_TO_ALL
-    assert dispatch_mode_of(ToyWorker, "double") is Dispatch.DP_COMPUTE_PROTO
-    with pytest.raises(AttributeError, match="not callable from the driver"):
-        dispatch_mode_of(ToyWorker, "not_registered")
-    with pytest.raises(AttributeError, match="no method 'nope'"):
-        dispatch_mode_of(ToyWorker, "nope")
-    with pytest.raises(TypeError):
-        register("ONE_TO_ALL")
-
-
 def test_one_to_all_runs_on_every_rank(group):
     out = group.call("info")
     assert [r["rank"] for r in out] == [0, 1]
