@@ -42,9 +42,9 @@ import gc
 import time
 from typing import Any
 
-from ppoflow.infra.checkpoint.state import seed_rngs
 from ppoflow.infra.config import FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.remote.rank.seeding import seed_rngs
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.workers.checkpointing import CheckpointMethods
@@ -54,6 +54,7 @@ from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.lora import adapters_off, with_adapters
 from ppoflow.workers.modeling import PolicyLM
 from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
+from ppoflow.workers.rollout.episodes import EPISODE_METRIC_RULES
 from ppoflow.workers.worker_setup import parse_worker_config
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
@@ -245,7 +246,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         return obj
 
     # ------------------------------------------------------------------ compute
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, metrics=EPISODE_METRIC_RULES)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample ``rollout.n`` responses per prompt, then recompute ``old_log_probs`` (B*n, R) with
         the FSDP actor: the PPO ratio's denominator comes from the trained model."""
@@ -273,7 +274,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         out.batch["old_log_probs"] = log_probs
         return out
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, metrics=EPISODE_METRIC_RULES)
     def generate_responses(self, prompts: DataProto) -> DataProto:
         """Responses only, no old log-probs (evaluation): the engine's output with the sampling
         settings of ``prompts.meta_info`` (``do_sample=False``: greedy), after the same weight push

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
+from ppoflow.workers.rollout.episodes import EPISODE_METRIC_RULES
 
 
 class RolloutTestWorker(Worker):
@@ -171,7 +172,7 @@ class RolloutTestWorker(Worker):
     def use_checkpoint(self, url: str) -> None:
         self.manager.set_source_checkpoint(url)
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, metrics=EPISODE_METRIC_RULES)
     def generate(self, data, engine: str | None = None, **meta):
         """Rollout (weights pushed on entry if needed) + the actor's old_log_probs of its rows."""
         rollout, manager = self.engines[engine or self.cfg.rollout.engine]
