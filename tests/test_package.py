@@ -38,9 +38,6 @@ PACKAGES = tuple(
 #: function over MAX_FUNCTION_LINES without a reason), ``test: <file>`` (no mirrored test module),
 #: ``import: <file> -> <file>`` (a sideways import).
 IN_FLIGHT: dict[str, str] = {
-    # the sideways rule of the tasks
-    "import: tasks/generate.py -> tasks/advantage.py": "rewards package (rule scoring out of tasks/advantage.py)",
-    "import: tasks/evaluate.py -> tasks/advantage.py": "rewards package (rule scoring out of tasks/advantage.py)",
     # sizes
     "lines: infra/remote/driver/group.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
     "lines: tasks/run/groups.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
@@ -72,7 +69,6 @@ IN_FLIGHT: dict[str, str] = {
     "test: infra/data/arrow_objects.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
     "test: infra/data/storage.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
     "test: infra/envs/base.py": "rewards package and one user-object loader (infra/envs/*)",
-    "test: infra/envs/registry.py": "rewards package and one user-object loader (infra/envs/*)",
     "test: infra/envs/sandbox.py": "rewards package and one user-object loader (infra/envs/*)",
     "test: infra/envs/tool_env.py": "rewards package and one user-object loader (infra/envs/*)",
     "test: infra/envs/tools.py": "rewards package and one user-object loader (infra/envs/*)",
