@@ -164,34 +164,46 @@ def commit(
             [*receipts.all(), *extra, commit_time], wall_s=time.time() - started, nprocs=cfg.resources.nprocs
         )
         metrics.update(written)
-        metrics["iteration"] = n
-        metrics["time/started_unix_s"] = started
-        metrics["time/committed_unix_s"] = time.time()
+        metrics.update({"iteration": n, "time/started_unix_s": started, "time/committed_unix_s": time.time()})
         storage.write_json_atomic(paths.file(n, "metrics.json"), metrics)
-        actor_checkpoint = receipts.checkpoint("actor")
-        assert actor_checkpoint is not None  # update_actor runs in every iteration
-        manifest = next_manifest(
-            previous,
-            cfg,
-            paths,
-            actor_checkpoint=actor_checkpoint,
-            critic_checkpoint=receipts.checkpoint("critic") or paths.url(previous.critic_checkpoint),
-            data_cursor=receipts.generate.next_cursor,
-            kl_coef=receipts.advantage.kl_coef,
-            metrics=metrics,
-            rollout_checkpoints=rollout_checkpoints,
-            before=_evaluation_of_zero(paths) if n == 1 else None,
-            updated=_updated(cfg, paths, receipts),
-            data_files=ctx.inputs.data_files,
-        ).settled(lambda ref: is_complete(paths.url(ref) or ""))
+        manifest = _manifest(ctx, n, previous, receipts, metrics, rollout_checkpoints)
         ctx.lock.check()
         publish(paths, manifest)
         maybe_fail("commit", "after", n)
-        try:
-            removed = apply_retention(paths, cfg.checkpoint, manifest)
-        except Exception as exc:  # noqa: BLE001 - the commit stands; the next one retries the cleanup
-            logger.warning(f"retention after commit {n} failed (the next commit tries again): {exc}")
-        else:
-            if removed:
-                logger.info(f"retention: removed {', '.join(paths.ref(u) for u in removed)}")
+        _retain(ctx, n, manifest, logger)
     return manifest
+
+
+def _manifest(
+    ctx, n: int, previous: Manifest, receipts: IterationReceipts, metrics: dict, rollout: dict | None
+) -> Manifest:
+    """Manifest ``n``: ``previous`` advanced by the iteration's receipts (checkpoints, cursor, KL
+    coefficient, metrics), its replay chain settled on what is complete."""
+    cfg, paths = ctx.cfg, ctx.paths
+    actor_checkpoint = receipts.checkpoint("actor")
+    assert actor_checkpoint is not None  # update_actor runs in every iteration
+    return next_manifest(
+        previous,
+        cfg,
+        paths,
+        actor_checkpoint=actor_checkpoint,
+        critic_checkpoint=receipts.checkpoint("critic") or paths.url(previous.critic_checkpoint),
+        data_cursor=receipts.generate.next_cursor,
+        kl_coef=receipts.advantage.kl_coef,
+        metrics=metrics,
+        rollout_checkpoints=rollout,
+        before=_evaluation_of_zero(paths) if n == 1 else None,
+        updated=_updated(cfg, paths, receipts),
+        data_files=ctx.inputs.data_files,
+    ).settled(lambda ref: is_complete(paths.url(ref) or ""))
+
+
+def _retain(ctx, n: int, manifest: Manifest, logger) -> None:
+    """Apply the retention policy after commit ``n`` (a failure is logged: the next commit retries)."""
+    try:
+        removed = apply_retention(ctx.paths, ctx.cfg.checkpoint, manifest)
+    except Exception as exc:  # noqa: BLE001 - the commit stands; the next one retries the cleanup
+        logger.warning(f"retention after commit {n} failed (the next commit tries again): {exc}")
+    else:
+        if removed:
+            logger.info(f"retention: removed {', '.join(ctx.paths.ref(u) for u in removed)}")
