@@ -5,9 +5,8 @@
         engine="ppoflow.workers.rollout.vllm_rollout:VLLMRollout",
         sharding_manager="ppoflow.workers.rollout.sharding_manager:FSDPVLLMShardingManager",
         lora_sharding_manager="ppoflow.workers.rollout.lora_sync:LoRAShardingManager",
-        capabilities={"tensor_parallel", "multi_turn", "weight_push", "adapter_sync", "sleep"},
+        capabilities=frozenset({"tensor_parallel", "multi_turn", "weight_push", "adapter_sync", "sleep"}),
         max_lora_rank=512,
-        description="a vLLM engine inside each rank",
     ))
 
 The config validates ``rollout.engine`` against these names and refuses settings the engine lacks
@@ -17,7 +16,7 @@ engine-specific branch asks a capability (``spec.can("adapter_sync")``), never a
 import paths only, so the flow process validates configs without importing worker code or vLLM:
 :meth:`EngineSpec.load` is for the ranks.
 
-Capabilities (:data:`CAPABILITIES` says what each means and which setting needs it):
+Capabilities (:data:`CAPABILITIES`), and the settings that need them:
 
     tensor_parallel      one engine over several ranks (rollout.tensor_model_parallel_size > 1)
     multi_turn           samples one turn of many episodes (Rollout.sample_turn; rollout.multi_turn)
@@ -78,7 +77,6 @@ class EngineSpec:
         lora_sharding_manager: import path of the manager used for a policy with LoRA adapters;
             None: ``sharding_manager`` serves those too.
         max_lora_rank: the largest LoRA rank the engine serves (None: no limit).
-        description: one line for the config's field description and errors.
     """
 
     name: str
@@ -87,7 +85,6 @@ class EngineSpec:
     capabilities: frozenset[str] = frozenset()
     lora_sharding_manager: str | None = None
     max_lora_rank: int | None = None
-    description: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "capabilities", frozenset(self.capabilities))
@@ -159,7 +156,8 @@ def engines_with(capability: str) -> list[str]:
     return [name for name in engine_names() if _ENGINES[name].can(capability)]
 
 
-# The built-in engines: each declared here once, and nowhere else.
+# The built-in engines, each declared here once and nowhere else.
+# vllm: a vLLM engine inside each rank (SPMD), the actor's weights pushed into it before a rollout.
 register_engine(
     EngineSpec(
         name="vllm",
@@ -168,15 +166,14 @@ register_engine(
         lora_sharding_manager="ppoflow.workers.rollout.lora_sync:LoRAShardingManager",
         capabilities=frozenset({"tensor_parallel", "multi_turn", "weight_push", "adapter_sync", "sleep"}),
         max_lora_rank=512,
-        description="a vLLM engine inside each rank (SPMD), weights pushed from the actor",
     )
 )
+# hf: transformers generate on the actor's own FSDP module (no vLLM, no second copy of the weights).
 register_engine(
     EngineSpec(
         name="hf",
         engine="ppoflow.workers.rollout.hf_rollout:HFRollout",
         sharding_manager="ppoflow.workers.rollout.sharding_manager:NoOpShardingManager",
         capabilities=frozenset({"multi_turn", "always_log_probs", "collective_generate"}),
-        description="transformers generate on the actor's own FSDP module (no vLLM)",
     )
 )

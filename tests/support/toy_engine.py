@@ -28,7 +28,6 @@ TOY = EngineSpec(
     engine="tests.support.toy_engine:ToyRollout",
     sharding_manager="ppoflow.workers.rollout.sharding_manager:NoOpShardingManager",
     capabilities=frozenset({"multi_turn", "always_log_probs"}),
-    description="repeats the last prompt token (tests)",
 )
 
 

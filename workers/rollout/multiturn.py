@@ -66,7 +66,7 @@ class MultiTurnRollout(Rollout):
         self, engine: Rollout, config: RolloutConfig, tokenizer: Any, reward_function: str | None = None
     ):
         spec = engine.spec
-        if not spec.can("multi_turn"):  # the config refuses it first; an engine built by hand may not
+        if not spec.can("multi_turn"):  # the config refuses this first; kept for engines built by hand
             raise ValueError(f"rollout.engine={spec.name!r} cannot sample multi-turn episodes")
         self.engine, self.spec = engine, spec
         self.tp_size, self.tp_rank = engine.tp_size, engine.tp_rank
