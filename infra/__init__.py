@@ -15,6 +15,7 @@ preflight/   checks of an experiment before any worker group starts
 rewards/     rewards by data source, custom rewards and batch scorers, scoring rollouts, the loader of
              user objects by import path
 faults.py    fault drills (PPOFLOW_FAULT): a task that fails, a rank or a node that dies, on purpose
+rollout_engines.py  the registry of rollout engines: name, classes by import path, capabilities
 hub.py       hub ids among model paths, and whether the Hugging Face hub can be reached
 host_cpu.py  the CPU a stretch of work got: the thread's own, the host's busy and stolen shares
 """

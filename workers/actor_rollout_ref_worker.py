@@ -139,11 +139,6 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(
             model.tokenizer, trust_remote_code=model.trust_remote_code
         )
-        extra: dict[str, Any] = {}
-        if self._adapter_sync:
-            from ppoflow.workers.rollout.lora_sync import engine_lora_kwargs
-
-            extra["engine_kwargs"] = engine_lora_kwargs(self.cfg.actor.lora.rank)
         self.rollout = build_rollout(
             self.cfg,
             model_path=model.path,
@@ -152,7 +147,6 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             device=str(self.device),
             rank=self.rank,
             world_size=self.world_size,
-            **extra,
         )
         rcfg = self.cfg.rollout
         # an engine serving adapters keeps its base weights: level 1 (level 2 would discard them)
@@ -174,15 +168,16 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             info.update(
                 {f"engine_{tag}_gib": round(n / GIB, 3) for tag, n in pool.items() if tag != "asleep"}
             )
-        if hasattr(self.sharding_manager, "sleep"):
+        if self.rollout.spec.can("sleep"):
             self.sharding_manager.sleep()
         return info
 
     @property
     def _adapter_sync(self) -> bool:
-        """Whether the vLLM engine serves the policy's LoRA adapter (``actor.lora.sync: adapter``)."""
+        """Whether the engine serves the policy's LoRA adapter (``actor.lora.sync: adapter`` with an
+        engine that has the ``adapter_sync`` capability)."""
         lora = self.cfg.actor.lora
-        return lora.enabled and lora.sync == "adapter" and self.cfg.rollout.engine == "vllm"
+        return lora.enabled and lora.sync == "adapter" and self.rollout.spec.can("adapter_sync")
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:

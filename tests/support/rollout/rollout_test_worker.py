@@ -99,9 +99,7 @@ class RolloutTestWorker(Worker):
             **kw,
         )
         self.manager = build_sharding_manager(
-            self.rollout,
-            self.module,
-            **({"loader": self.config.get("loader", "hf")} if cfg.rollout.engine == "vllm" else {}),
+            self.rollout, self.module, loader=self.config.get("loader", "hf")
         )
         self.engines = {cfg.rollout.engine: (self.rollout, self.manager)}
         if self.config.get("also_hf") and cfg.rollout.engine != "hf":  # the HF rollout on the same module
