@@ -45,6 +45,8 @@ __all__ = [
     "Manifest",
     "IdentityMismatch",
     "ManifestConflict",
+    "OutsideExperiment",
+    "LAYOUT",
     "read_manifest",
     "check_identity",
     "record_config",
@@ -71,15 +73,64 @@ class ManifestConflict(RuntimeError):
     manifest from a newer ppoflow)."""
 
 
+class OutsideExperiment(ConfigError):
+    """A path that would resolve outside the storage root or the experiment: an experiment name
+    that is not one directory (a config that bypassed validation), or a stored reference with a
+    ``..`` component (not one ppoflow wrote)."""
+
+
+#: What an experiment directory holds (the module docstring; ``data/`` is
+#: :mod:`ppoflow.infra.data.stream`'s, ``scratch/`` a multi-node run's and an export's, ``promoted*``
+#: and ``promotions/`` :mod:`ppoflow.infra.experiment.promotion`'s, ``mlflow.json``
+#: :mod:`ppoflow.infra.experiment.tracking`'s, ``tensorboard/`` ``ppoflow tensorboard``'s).
+LAYOUT = frozenset(
+    {
+        "manifest.json",
+        "lock.json",
+        "configs",
+        "iterations",
+        "checkpoints",
+        "data",
+        "plots",
+        "scratch",
+        "promoted",
+        "promoted.json",
+        "promotions",
+        "mlflow.json",
+        "tensorboard",
+    }
+)
+
+
 class ExperimentPaths:
-    """URLs of everything in one experiment (``experiment_url`` = storage root + experiment)."""
+    """URLs of everything in one experiment (``experiment_url`` = storage root + experiment).
+
+    Every URL is joined inside the experiment (:func:`~ppoflow.infra.data.storage.join_inside`):
+    nothing derived from the config or from a stored reference resolves outside it
+    (:class:`OutsideExperiment`)."""
 
     def __init__(self, experiment_url: str):
         self.root = experiment_url.rstrip("/")
 
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> ExperimentPaths:
-        return cls(cfg.storage.experiment_url)
+        """The experiment of ``cfg``: ``storage.experiment``, one directory under ``storage.root``."""
+        name = cfg.storage.experiment
+        if not name or "/" in name or "\\" in name:
+            raise OutsideExperiment(
+                f"storage.experiment={name!r}: an experiment is one directory under storage.root; "
+                "give a name without '/'"
+            )
+        try:
+            return cls(storage.join_inside(cfg.storage.root.rstrip("/") or "/", name))
+        except ValueError as err:
+            raise OutsideExperiment(f"storage.experiment={name!r}: {err}; give a plain name") from None
+
+    def _join(self, *parts: str) -> str:
+        try:
+            return storage.join_inside(self.root, *parts)
+        except ValueError as err:
+            raise OutsideExperiment(f"{err}; a reference under the experiment cannot hold '..'") from None
 
     @overload
     def ref(self, url: str) -> str: ...
@@ -102,35 +153,36 @@ class ExperimentPaths:
     @overload
     def url(self, ref: str | None) -> str | None: ...
     def url(self, ref: str | None) -> str | None:
-        """The URL of a stored reference (see :meth:`ref`)."""
+        """The URL of a stored reference (see :meth:`ref`); a relative one stays inside the
+        experiment (:class:`OutsideExperiment` if it has a ``..`` component)."""
         if ref is None or "://" in ref or ref.startswith("/"):
             return ref
-        return storage.join(self.root, ref)
+        return self._join(ref)
 
     @property
     def manifest(self) -> str:
-        return storage.join(self.root, "manifest.json")
+        return self._join("manifest.json")
 
     @property
     def lock(self) -> str:
-        return storage.join(self.root, "lock.json")
+        return self._join("lock.json")
 
     def config(self, config_hash: str) -> str:
-        return storage.join(self.root, "configs", f"{config_hash}.yaml")
+        return self._join("configs", f"{config_hash}.yaml")
 
     def iteration(self, n: int) -> str:
-        return storage.join(self.root, "iterations", f"{n:06d}")
+        return self._join("iterations", f"{n:06d}")
 
     def file(self, n: int, name: str) -> str:
         """``iterations/{n:06d}/<name>`` (e.g. ``rollout.arrow``, ``metrics.json``)."""
-        return storage.join(self.iteration(n), name)
+        return self._join("iterations", f"{n:06d}", name)
 
     def receipt(self, n: int, task: str) -> str:
-        return storage.join(self.iteration(n), "tasks", f"{task}.json")
+        return self._join("iterations", f"{n:06d}", "tasks", f"{task}.json")
 
     def checkpoint(self, role: str, n: int) -> str:
         """``checkpoints/<role>/{n:06d}`` (role: actor or critic)."""
-        return storage.join(self.root, "checkpoints", role, f"{n:06d}")
+        return self._join("checkpoints", role, f"{n:06d}")
 
 
 @dataclass
