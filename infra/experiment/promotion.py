@@ -10,7 +10,9 @@
 A record: ``{seq, action (promote | rollback), iteration, metric, value, metrics, rule, previous
 (the record promoted before, or None), flow_run_id, at, model}``. A rollback makes the record
 before the current one current again (its own record has that one's iteration and model, and its
-``previous``), so rolling back twice goes two promotions back.
+``previous``), so rolling back twice goes two promotions back. A record's ``model`` is always
+``promotions/models/<6 digits>`` (:data:`MODEL_REF`): one read back from storage that names
+anything else is refused before anything is written.
 
 The rule (:func:`decide`): ``always``; or ``gain``: the evaluation's ``metric`` must be more than
 the promoted policy's by at least ``min_gain`` (any gain when ``min_gain`` is 0), and at least
@@ -50,6 +52,8 @@ __all__ = [
     "promoted_url",
     "promotion_line",
     "check_promotable",
+    "model_ref",
+    "MODEL_REF",
 ]
 
 RULES = ("gain", "always")

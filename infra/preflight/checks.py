@@ -259,5 +259,5 @@ def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> Prefl
     _check_checkpoints(cfg, c)
     c.report.seconds = time.perf_counter() - t0
     if c.problems:
-        raise PreflightError(c.problems)
+        raise PreflightError(c.problems, c.report.seconds)
     return c.report
