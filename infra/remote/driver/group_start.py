@@ -36,7 +36,9 @@ __all__ = ["accept_ranks", "classify", "root_cause", "START_METHODS"]
 #: hello, and while the ranks build their workers.
 START_METHODS = ("__start__", "__init__")
 
-_ROOT = re.compile(r"Root Cause \(first observed failure\):\s*\[(\d+)\]:.*?exitcode\s*:\s*(-?\d+)", re.S)
+_ROOT = re.compile(
+    r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+).*?\bexitcode\s*:\s*(-?\d+)", re.S
+)
 _ERROR_LINE = re.compile(r"^\[rank(\d+)\]:\s?((?:[A-Za-z_][\w.]*)(?:Error|Exception|Exit)\b.*)$")
 
 
@@ -81,17 +83,18 @@ def accept_ranks(
 
 def root_cause(output: str) -> tuple[int, int, str] | None:
     """``(rank, exit code, its last error line)`` of the first rank to end, from torchrun's failure
-    report in ``output`` (the error line is "" when the rank printed none); None without a report."""
+    report in ``output`` (the error line: another rank's when it printed none, "" when no rank
+    did); None without a report."""
     found = _ROOT.findall(output)
     if not found:
         return None
     rank, code = int(found[-1][0]), int(found[-1][1])
-    error = ""
+    errors: dict[int, str] = {}  # each rank's last error line
     for line in output.splitlines():
         m = _ERROR_LINE.match(line.strip())
-        if m and int(m.group(1)) == rank:
-            error = m.group(2).strip()
-    return rank, code, error
+        if m:
+            errors[int(m.group(1))] = m.group(2).strip()
+    return rank, code, errors.get(rank) or next(reversed(errors.values()), "")
 
 
 def classify(exc: RankFailure, output: str) -> RankFailure:

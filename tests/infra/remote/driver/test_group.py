@@ -355,6 +355,9 @@ def test_ranks_that_die_at_start_from_a_bad_environment_cannot_start():
     assert "while starting: RuntimeError: " in head and "Unable to find address for: nosuchif0" in head
     assert "fails the same way" in head
     assert tail == g.output_tail() and "Unable to find address for: nosuchif0" in tail
+    report = tail.splitlines()[tail.splitlines().index("Root Cause (first observed failure):") :]
+    first = next(line for line in report if line.strip().startswith("rank "))  # "rank : 1 (local_rank: 1)"
+    assert f"\nrank {first.split(':')[1].split()[0]} exited with status 1 while starting: " in head
     assert tail.splitlines()[-1] == lines.lines[-1]  # the last lines the ranks and torchrun printed
     assert took < 120 and is_permanent(info.value)
     _check_dead(g)
