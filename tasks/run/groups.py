@@ -250,8 +250,9 @@ class RunGroups:
             try:
                 self.group(role, None)
             except Exception as exc:  # noqa: BLE001 - the task raises it (or starts again)
-                head = str(exc).partition("\n--- ")[0]
-                self.log.warning(f"starting the {role} group in the background failed: {head}")
+                if not self.closed:  # else the run ended (and killed the start): nothing to say
+                    head = str(exc).partition("\n--- ")[0]
+                    self.log.warning(f"starting the {role} group in the background failed: {head}")
 
         for role in roles:
             slot = self._slots[role]
