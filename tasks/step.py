@@ -47,7 +47,7 @@ from ppoflow.infra.experiment.lock import ExperimentLocked
 from ppoflow.infra.experiment.manifest import ExperimentPaths, ManifestConflict, now_iso
 from ppoflow.infra.preflight import PreflightError
 from ppoflow.infra.remote.driver.handle import WorkerHandle
-from ppoflow.infra.remote.errors import RankFailure
+from ppoflow.infra.remote.errors import GroupCannotStart, RankFailure
 from ppoflow.infra.rewards import RewardError
 from ppoflow.tasks.receipts import R, Receipt, find_receipt, input_stamps, write_receipt
 from ppoflow.tasks.replay import ReplayError
@@ -100,6 +100,7 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     ExperimentLocked,
     ManifestConflict,
     RunClosed,
+    GroupCannotStart,  # a worker group whose ranks fail at start the same way every time
     PermissionError,
     *_credential_errors(),
 )

@@ -1,8 +1,15 @@
+<<<<<<< HEAD
 """The config's shared pieces: the section base (unknown keys are errors), dtypes, and string fields
 whose allowed values are a registry's names (the algorithms', the rollout engines')."""
+=======
+"""The config's shared pieces: the section base (unknown keys are errors), dtypes, string fields
+whose allowed values are the algorithm registries' names, and the rule for names that become a
+path or key component (:data:`NAME_RULE`)."""
+>>>>>>> failing
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal, cast
 
@@ -23,9 +30,30 @@ __all__ = [
     "KLControllerKind",
     "one_of",
     "registry",
+    "NAME_PATTERN",
+    "NAME_RULE",
+    "name_problem",
 ]
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+
+#: A name that becomes one path or key component (``storage.experiment``: a directory, or an S3
+#: key prefix, under ``storage.root``). Starting with a letter or digit, it is never ``.``, ``..``,
+#: a hidden or temporary name; with no ``/`` nor backslash it is one component on every store.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+#: :data:`NAME_PATTERN` in words (error messages and docs/configuration.md say this).
+NAME_RULE = (
+    "1-128 characters: letters, digits, '.', '_' and '-', the first a letter or digit "
+    "(so no '/', no '.' or '..', nothing hidden)"
+)
+
+
+def name_problem(value: object, what: str) -> str | None:
+    """Why ``value`` is not a name by :data:`NAME_RULE` (``what`` says which name), or None."""
+    if isinstance(value, str) and re.fullmatch(NAME_PATTERN, value):
+        return None
+    fixed = re.sub(r"[^A-Za-z0-9._-]+", "-", str(value)).strip("._-")[:128] or "my-experiment"
+    return f"{value!r} is not a valid {what}: it must be {NAME_RULE}; e.g. {fixed!r}"
 
 
 def registry(name: str) -> Callable[[], Iterable[str]]:

@@ -4,25 +4,57 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from ppoflow.infra.config.names import Section
+from ppoflow.infra.config.names import NAME_PATTERN, NAME_RULE, Section, name_problem
 
-__all__ = ["StorageConfig", "RendezvousConfig", "CheckpointConfig", "ResourcesConfig", "DETERMINISTIC_ENV"]
+__all__ = [
+    "StorageConfig",
+    "RendezvousConfig",
+    "CheckpointConfig",
+    "ResourcesConfig",
+    "DETERMINISTIC_ENV",
+    "ROOT_ENTRIES",
+]
 
 # the environment of a group with ``resources.deterministic`` (read by cuBLAS and Inductor when a rank starts)
 DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "TORCHINDUCTOR_DETERMINISTIC": "1"}
 
 
+#: What ppoflow keeps at a storage root beside its experiments (the demo's directory holds
+#: ``config.yaml``, ``models/`` and ``data/``): names no experiment may take (in any case).
+ROOT_ENTRIES = ("config.yaml", "data", "models")
+
+
 class StorageConfig(Section):
     root: str = Field("runs", description="fsspec URL or path: file://, s3://, memory://")
-    experiment: str = "default"
+    experiment: str = Field(
+        "default",
+        description=f"the experiment's name: its directory (or S3 key prefix) under root; {NAME_RULE}, "
+        f"and none of {', '.join(ROOT_ENTRIES)}",
+        json_schema_extra={"pattern": f"^{NAME_PATTERN}$"},
+    )
     storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
     shared_filesystem: bool = Field(
         False,
         description="a local `root` is a filesystem mounted at the same path on every node (NFS, "
         "Lustre): lets a multi-node run (resources.launch: rendezvous) use it instead of S3",
     )
+
+    @field_validator("experiment")
+    @classmethod
+    def _experiment_name(cls, value: str) -> str:
+        """A name, not a path: it cannot leave the root nor take a name the root's own files have."""
+        problem = name_problem(value, "experiment name (one directory under storage.root)")
+        if problem is not None:
+            raise ValueError(problem)
+        if value.lower() in ROOT_ENTRIES:
+            raise ValueError(
+                f"{value!r} is a name ppoflow keeps beside the experiments at a storage root "
+                f"({', '.join(ROOT_ENTRIES)}: the demo's config, models and data); name the experiment "
+                f"otherwise, e.g. {value.replace('.', '-') + '-run'!r}"
+            )
+        return value
 
     @property
     def experiment_url(self) -> str:
@@ -121,6 +153,12 @@ class ResourcesConfig(Section):
     )
     device: Literal["cpu", "cuda"] = "cpu"
     threads_per_rank: int | None = Field(None, description="CPU threads per rank; None = cores / ranks")
+    connect_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="how long a worker group's start waits for every rank to connect (rendezvous: "
+        "at least rendezvous.join_timeout_s); a group whose ranks do not all connect fails the run",
+    )
     deterministic: bool = Field(
         False,
         description="deterministic kernels in the actor's and critic's updates (GPU: FlashAttention's "

@@ -234,3 +234,14 @@ def rm(url: str, recursive: bool = False, storage_options: dict | None = None) -
     """Remove the file (or with ``recursive=True`` the directory tree) at ``url``."""
     fs, path = url_to_fs(url, storage_options)
     fs.rm(path, recursive=recursive)
+
+
+def join_inside(base_url: str, *parts: str) -> str:
+    """:func:`join`, refusing parts that could resolve outside ``base_url``: a ``.`` or ``..``
+    component (``join`` already reads a leading ``/`` of a part as relative to the base). Raises
+    ``ValueError`` naming the part; stores that do not resolve ``..`` (S3 keys) are held to it too."""
+    for part in parts:
+        text = os.fspath(part)
+        if any(component in (".", "..") for component in text.replace("\\", "/").split("/")):
+            raise ValueError(f"{text!r} would leave {base_url}: a '.' or '..' path component")
+    return join(base_url, *parts)

@@ -37,7 +37,8 @@ VAL_TAG = "val"
 
 
 def eval_tag(files: Sequence[str], val_files: Sequence[str]) -> str:
-    """``val`` for the config's validation files, else ``files-<hash of the file list>``."""
+    """``val`` for the config's validation files, else ``files-<hash of the file list>``: a name
+    by ``ppoflow.infra.config.names.NAME_PATTERN`` whatever the files are called (never a path)."""
     if list(files) == list(val_files):
         return VAL_TAG
     digest = hashlib.sha256(json.dumps(list(files)).encode()).hexdigest()[:10]

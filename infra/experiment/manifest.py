@@ -32,12 +32,13 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, overload
+from typing import Any
 
 from ppoflow.infra.config import ConfigError, ExperimentConfig, dump_config
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.prompts import DataCursor
 from ppoflow.infra.experiment.metrics import TREND_KEYS
+from ppoflow.infra.experiment.paths import LAYOUT, ExperimentPaths, OutsideExperiment
 
 __all__ = [
     "FORMAT",
@@ -45,6 +46,8 @@ __all__ = [
     "Manifest",
     "IdentityMismatch",
     "ManifestConflict",
+    "OutsideExperiment",
+    "LAYOUT",
     "read_manifest",
     "check_identity",
     "record_config",
@@ -69,68 +72,6 @@ class IdentityMismatch(ConfigError):
 class ManifestConflict(RuntimeError):
     """The manifest on storage is not the one this commit builds on (another writer, or a
     manifest from a newer ppoflow)."""
-
-
-class ExperimentPaths:
-    """URLs of everything in one experiment (``experiment_url`` = storage root + experiment)."""
-
-    def __init__(self, experiment_url: str):
-        self.root = experiment_url.rstrip("/")
-
-    @classmethod
-    def of(cls, cfg: ExperimentConfig) -> ExperimentPaths:
-        return cls(cfg.storage.experiment_url)
-
-    @overload
-    def ref(self, url: str) -> str: ...
-    @overload
-    def ref(self, url: None) -> None: ...
-    @overload
-    def ref(self, url: str | None) -> str | None: ...
-    def ref(self, url: str | None) -> str | None:
-        """``url`` relative to the experiment root, as stored in manifests and receipts (so an
-        experiment directory can be copied or moved, e.g. from local disk to S3)."""
-        if url is None:
-            return None
-        prefix = self.root + "/"
-        return url[len(prefix) :] if url.startswith(prefix) else url
-
-    @overload
-    def url(self, ref: str) -> str: ...
-    @overload
-    def url(self, ref: None) -> None: ...
-    @overload
-    def url(self, ref: str | None) -> str | None: ...
-    def url(self, ref: str | None) -> str | None:
-        """The URL of a stored reference (see :meth:`ref`)."""
-        if ref is None or "://" in ref or ref.startswith("/"):
-            return ref
-        return storage.join(self.root, ref)
-
-    @property
-    def manifest(self) -> str:
-        return storage.join(self.root, "manifest.json")
-
-    @property
-    def lock(self) -> str:
-        return storage.join(self.root, "lock.json")
-
-    def config(self, config_hash: str) -> str:
-        return storage.join(self.root, "configs", f"{config_hash}.yaml")
-
-    def iteration(self, n: int) -> str:
-        return storage.join(self.root, "iterations", f"{n:06d}")
-
-    def file(self, n: int, name: str) -> str:
-        """``iterations/{n:06d}/<name>`` (e.g. ``rollout.arrow``, ``metrics.json``)."""
-        return storage.join(self.iteration(n), name)
-
-    def receipt(self, n: int, task: str) -> str:
-        return storage.join(self.iteration(n), "tasks", f"{task}.json")
-
-    def checkpoint(self, role: str, n: int) -> str:
-        """``checkpoints/<role>/{n:06d}`` (role: actor or critic)."""
-        return storage.join(self.root, "checkpoints", role, f"{n:06d}")
 
 
 @dataclass

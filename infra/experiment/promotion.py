@@ -10,7 +10,9 @@
 A record: ``{seq, action (promote | rollback), iteration, metric, value, metrics, rule, previous
 (the record promoted before, or None), flow_run_id, at, model}``. A rollback makes the record
 before the current one current again (its own record has that one's iteration and model, and its
-``previous``), so rolling back twice goes two promotions back.
+``previous``), so rolling back twice goes two promotions back. A record's ``model`` is always
+``promotions/models/<6 digits>`` (:data:`MODEL_REF`): one read back from storage that names
+anything else is refused before anything is written.
 
 The rule (:func:`decide`): ``always``; or ``gain``: the evaluation's ``metric`` must be more than
 the promoted policy's by at least ``min_gain`` (any gain when ``min_gain`` is 0), and at least
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +52,8 @@ __all__ = [
     "promoted_url",
     "promotion_line",
     "check_promotable",
+    "model_ref",
+    "MODEL_REF",
 ]
 
 RULES = ("gain", "always")
@@ -151,8 +156,30 @@ def promotion_log(paths: ExperimentPaths) -> list[dict[str, Any]]:
     ]
 
 
+#: The only targets ``<experiment>/promoted`` may point at: an iteration's directory under
+#: ``promotions/models/`` (a record read back from storage that names anything else is refused).
+MODEL_REF = re.compile(r"promotions/models/[0-9]{6}")
+
+
+def model_ref(iteration: int) -> str:
+    """``promotions/models/<iteration:06d>``: where iteration ``iteration``'s promoted policy lives."""
+    if not 0 <= int(iteration) <= 999_999:
+        raise PromotionError(f"iteration {iteration}: promotions are kept for iterations 0-999999")
+    return f"promotions/models/{int(iteration):06d}"
+
+
+def _check_model_ref(target_ref: Any) -> None:
+    """Refuse a record whose model is not one of :data:`MODEL_REF`'s (before anything is written)."""
+    if not isinstance(target_ref, str) or MODEL_REF.fullmatch(target_ref) is None:
+        raise PromotionError(
+            f"a promotion record names the model {target_ref!r}, not a directory promotions/models/"
+            "NNNNNN of this experiment: the record was not written by ppoflow; restore promotions/log/"
+        )
+
+
 def _swap_link(root: str, target_ref: str) -> None:
     """Point ``<root>/promoted`` at ``target_ref`` (relative) in one rename."""
+    _check_model_ref(target_ref)
     link = os.path.join(root, "promoted")
     if os.path.exists(link) and not os.path.islink(link):
         raise PromotionError(f"{link} exists and is not a link ppoflow made; move it away")
@@ -163,6 +190,7 @@ def _swap_link(root: str, target_ref: str) -> None:
 
 def _commit(paths: ExperimentPaths, record: dict[str, Any]) -> dict[str, Any]:
     root = _local_root(paths)
+    _check_model_ref(record.get("model"))
     log = promotion_log(paths)
     record = {"seq": (log[-1]["seq"] + 1) if log else 1, **record, "at": now_iso()}
     storage.write_json_atomic(
@@ -188,7 +216,7 @@ def publish_promotion(
     one was written before), then the record, the link, ``promoted.json``, and the MLflow model
     version when tracking (a tracking failure is ``warn``-ed, not raised). Returns the record."""
     root = _local_root(paths)
-    ref = f"promotions/models/{iteration:06d}"
+    ref = model_ref(iteration)
     if not os.path.isfile(os.path.join(root, ref, "config.json")):
         export(os.path.join(root, ref))  # export_hf: written in a sibling, renamed in whole
     current = current_promotion(paths)

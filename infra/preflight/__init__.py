@@ -2,7 +2,8 @@
 
     report = preflight(cfg, load_tokenizer)     # PreflightError listing each problem, else a report
 
-``checks`` runs the checks of storage, models and checkpoints; ``data`` those of the data files and
+``checks`` runs the checks of storage, models and checkpoints; ``resources`` those of what this
+machine can hold of the run's ranks; ``data`` those of the data files (training and held-out) and
 the reward function (a sample, not a pass); ``report`` is what they report.
 """
 

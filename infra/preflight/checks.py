@@ -11,18 +11,24 @@ they cost about a second. Each problem names the file or field, what was found, 
 
 What is checked, and what it costs (independent of the dataset's size):
 
-- storage: the experiment directory is writable (one small file written, read back, removed);
+- resources: what this machine can hold of the run's ranks (GPUs, memory, cores;
+  ``preflight.resources``);
+- storage: the experiment directory is writable (one small file written, read back, removed), and
+  is an experiment's or new: a directory at ``<root>/<experiment>`` that holds other files and no
+  ``manifest.json`` is someone else's (one listing);
 - models: ``model.path`` and the critic's and reward model's paths are model directories (a
   ``config.json`` and weight files) or hub ids transformers can resolve; the tokenizer loads; with
   a hub id, one connection to the hub first (``ppoflow.infra.hub``): where it cannot be reached the
   problem is said at once, not after a minute of ``huggingface_hub``'s retries;
-- data: each of ``data.train_files`` is a readable parquet whose schema has ``data.prompt_key``,
-  ``data_source`` and, with rule rewards, ``reward_model.ground_truth`` (the footer only); the
-  first :data:`~ppoflow.infra.preflight.data.SAMPLE_ROWS` rows of each file hold prompts of the right shape, a data source
-  with a registered reward, a ground truth, and prompts that fit ``rollout.prompt_length`` under
-  ``data.truncation`` (those rows are read and tokenized);
+- data: each of ``data.train_files`` and ``data.val_files`` is a readable parquet whose schema has
+  ``data.prompt_key``, ``data_source`` and, with rule rewards, ``reward_model.ground_truth`` (the
+  footer only); the first :data:`~ppoflow.infra.preflight.data.SAMPLE_ROWS` rows of each file hold
+  prompts of the right shape, a data source with a registered reward, a ground truth, and prompts
+  that fit ``rollout.prompt_length`` under ``data.truncation`` (those rows are read and tokenized);
+  each problem names the list, the file and the row;
 - reward: ``reward.custom_function`` imports, and the reward function returns a finite score on
-  :data:`~ppoflow.infra.preflight.data.REWARD_ROWS` sample rows (for an empty response and for the ground truth as response);
+  :data:`~ppoflow.infra.preflight.data.REWARD_ROWS` sample rows of each list (for an empty
+  response and for the ground truth as response);
 - multi-turn: ``rollout.multi_turn``'s environment and tools load (``preflight.multiturn``);
 - checkpoints: the checkpoints the manifest points at are complete and every file's size and
   content hash match the marker (:func:`checkpoint_problem`; each file read once: this one grows
@@ -45,11 +51,12 @@ from typing import Any
 from ppoflow.infra.checkpoint.sharded import CheckpointError, verify_checkpoint
 from ppoflow.infra.config import ExperimentConfig, ModelConfig
 from ppoflow.infra.data import storage
-from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.experiment.manifest import LAYOUT, ExperimentPaths, read_manifest
 from ppoflow.infra.hub import cached_on_this_machine, hub_unreachable, is_hub_id
 from ppoflow.infra.preflight.data import check_data, check_reward
 from ppoflow.infra.preflight.multiturn import check_multi_turn
 from ppoflow.infra.preflight.report import Checks, PreflightError, PreflightReport
+from ppoflow.infra.preflight.resources import check_resources
 
 __all__ = ["preflight", "checkpoint_problem", "rollback_hint"]
 
@@ -81,8 +88,33 @@ def checkpoint_problem(url: str) -> str | None:
     return None
 
 
+def _foreign(url: str) -> list[str]:
+    """The entries of ``url`` no experiment holds, when it has no manifest (else none)."""
+    try:
+        names = storage.listdir(url)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    if "manifest.json" in names:
+        return []
+    return [name for name in names if name not in LAYOUT and not name.startswith(".")]
+
+
 def _check_storage(cfg: ExperimentConfig, c: Checks) -> None:
-    url = cfg.storage.experiment_url
+    url = ExperimentPaths.of(cfg).root
+    where = f"storage.experiment={cfg.storage.experiment}"
+    try:
+        foreign = _foreign(url)
+    except Exception:  # noqa: BLE001 - an unreadable store is the write probe's to report
+        foreign = []
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        c.problem(
+            where,
+            f"{url} holds files that are not an experiment's ({shown}) and no manifest.json: it is "
+            "something else kept at the storage root",
+            "name the experiment otherwise (storage.experiment), or move those files away",
+        )
+        return
     probe = storage.join(url, f".preflight{storage.TEMP_MARKER}{uuid.uuid4().hex[:12]}")
     data = b"ppoflow preflight\n"
     try:
@@ -198,6 +230,7 @@ def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> Prefl
     """
     t0 = time.perf_counter()
     c = Checks()
+    check_resources(cfg, c)
     _check_storage(cfg, c)
     uses_hub = is_hub_id(cfg.model.tokenizer) or any(is_hub_id(m.path) for _, m in _model_paths(cfg))
     unreachable = hub_unreachable() if uses_hub else None
@@ -226,5 +259,5 @@ def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> Prefl
     _check_checkpoints(cfg, c)
     c.report.seconds = time.perf_counter() - t0
     if c.problems:
-        raise PreflightError(c.problems)
+        raise PreflightError(c.problems, c.report.seconds)
     return c.report

@@ -1,8 +1,13 @@
 """The data and reward checks of the preflight (:mod:`ppoflow.infra.preflight`): a sample, not a pass.
 
-Each data file costs its parquet footer plus its first :data:`SAMPLE_ROWS` rows (read and, for
-the prompt lengths, tokenized); the reward function is called on :data:`REWARD_ROWS` of those
-rows, twice each (an empty response, and the row's ground truth as the response).
+Each data file, of ``data.train_files`` and of ``data.val_files`` alike, costs its parquet footer
+plus its first :data:`SAMPLE_ROWS` rows (read and, for the prompt lengths, tokenized); the reward
+function is called on :data:`REWARD_ROWS` rows of each list, twice each (an empty response, and
+the row's ground truth as the response). A problem names the list, the file and the row.
+
+The held-out files are read as the evaluation reads them: each entry is a file (no globs), and
+every row is kept, so ``data.filter_overlong_prompts`` does not apply to them: with
+``data.truncation=error`` a prompt longer than ``rollout.prompt_length`` is a problem there.
 """
 
 from __future__ import annotations
@@ -51,24 +56,27 @@ def _sample(url: str, cfg: ExperimentConfig) -> tuple[pa.Schema, int, list[dict[
         raise DataError(f"not a readable parquet file ({exc})") from None
 
 
-def _check_schema(url: str, schema: pa.Schema, count: int, cfg: ExperimentConfig, c: Checks) -> bool:
+def _check_schema(
+    where: str, field: str, schema: pa.Schema, count: int, cfg: ExperimentConfig, c: Checks
+) -> bool:
+    """The file's columns and row count (``where``: ``<field>: <url>``)."""
     key, rule = cfg.data.prompt_key, cfg.reward.rule
     need = [key, "data_source"] + (["reward_model"] if rule else [])
     missing = [name for name in need if name not in schema.names]
     fmt = _FORMAT.format(key=key)
     if missing:
         c.problem(
-            url, f"missing column(s) {missing}; the file has {schema.names}", f"write the rows in {fmt}"
+            where, f"missing column(s) {missing}; the file has {schema.names}", f"write the rows in {fmt}"
         )
         return False
     if count == 0:
-        c.problem(url, "the file holds no rows", "remove it from data.train_files or fill it")
+        c.problem(where, "the file holds no rows", f"remove it from {field} or fill it")
         return False
     if rule:
         kind = schema.field("reward_model").type
         if not (pa.types.is_struct(kind) and kind.get_field_index("ground_truth") >= 0):
             c.problem(
-                f"{url} column 'reward_model'",
+                f"{where} column 'reward_model'",
                 f"its type is {kind}, with no 'ground_truth' field (rule rewards read it)",
                 f"write the rows in {fmt}, or set reward.rule=false when no rule scores them",
             )
@@ -77,10 +85,11 @@ def _check_schema(url: str, schema: pa.Schema, count: int, cfg: ExperimentConfig
 
 
 def _row_problems(
-    row: dict[str, Any], tokenizer: Any, cfg: ExperimentConfig
+    row: dict[str, Any], tokenizer: Any, cfg: ExperimentConfig, filtered: bool
 ) -> tuple[list[RowProblem], int | None]:
     """What is wrong with one sample row, as ``(kind, what, want)`` in report order, and its
-    prompt's length in tokens (None without a tokenizer, or when the prompt cannot be tokenized)."""
+    prompt's length in tokens (None without a tokenizer, or when the prompt cannot be tokenized).
+    ``filtered``: overlong prompts of this file are dropped (``data.filter_overlong_prompts``)."""
     from ppoflow.infra.rewards import get_reward_fn
 
     rule, data, key = cfg.reward.rule, cfg.data, cfg.data.prompt_key
@@ -106,21 +115,33 @@ def _row_problems(
     except DataError as exc:
         problems.append(("prompt", str(exc), "chat messages or a string"))
         return problems, None
-    if n > cfg.rollout.prompt_length and data.truncation == "error" and not data.filter_overlong_prompts:
+    if n > cfg.rollout.prompt_length and data.truncation == "error" and not filtered:
         problems.append(("length", f"the prompt has {n} tokens", ""))
     return problems, n
 
 
 def _report_kind(
-    where: str, kind: str, what: str, want: str, longest: int, cfg: ExperimentConfig, c: Checks
+    where: str,
+    kind: str,
+    what: str,
+    want: str,
+    longest: int,
+    cfg: ExperimentConfig,
+    c: Checks,
+    filtered: bool,
 ) -> None:
-    """Report one kind of row problem, found first at ``where``."""
+    """Report one kind of row problem, found first at ``where``; ``filtered``: the file is one
+    that ``data.filter_overlong_prompts`` could filter (a training file)."""
     if kind == "length":
+        drop = (
+            ", or set data.filter_overlong_prompts=true to drop such prompts"
+            if filtered
+            else " (every held-out prompt is evaluated: data.filter_overlong_prompts does not drop them)"
+        )
         c.problem(
             where,
             f"{what}, more than rollout.prompt_length={cfg.rollout.prompt_length} (data.truncation=error)",
-            f"raise rollout.prompt_length to at least {longest}, set data.truncation=left or right, "
-            "or set data.filter_overlong_prompts=true to drop such prompts",
+            f"raise rollout.prompt_length to at least {longest}, set data.truncation=left or right{drop}",
         )
     elif kind == "reward":
         c.problem(where, what, "")
@@ -131,67 +152,87 @@ def _report_kind(
 
 
 def _check_rows(
-    url: str, rows: list[dict[str, Any]], tokenizer: Any, cfg: ExperimentConfig, c: Checks
-) -> None:
-    """Per-row checks on the sample; each kind of problem is reported once (its first row, a count)."""
+    where: str, filterable: bool, rows: list[dict[str, Any]], tokenizer: Any, cfg: ExperimentConfig, c: Checks
+) -> list[dict[str, Any]]:
+    """Per-row checks on the sample; each kind of problem is reported once (its first row, a count).
+    ``filterable``: a training file (``data.filter_overlong_prompts`` applies to it). Returns the
+    rows without a problem."""
     data, limit = cfg.data, cfg.rollout.prompt_length
+    filtered = filterable and data.filter_overlong_prompts
     bad: dict[str, list[tuple[int, str, str]]] = {}
     lengths: list[int] = []
+    good: list[dict[str, Any]] = []
     for i, row in enumerate(rows):
-        problems, n = _row_problems(row, tokenizer, cfg)
+        problems, n = _row_problems(row, tokenizer, cfg, filtered)
         for kind, what, want in problems:
             bad.setdefault(kind, []).append((i, what, want))
+        if not problems:
+            good.append(row)
         if n is not None:
             lengths.append(n)
     longest, overlong = max(lengths, default=0), sum(n > limit for n in lengths)
     for kind, found in bad.items():
         i, what, want = found[0]
         more = f" (and {len(found) - 1} more of the first {len(rows)})" if len(found) > 1 else ""
-        _report_kind(f"{url} row {i}{more}", kind, what, want, longest, cfg, c)
+        _report_kind(f"{where} row {i}{more}", kind, what, want, longest, cfg, c, filterable)
     if overlong and not bad.get("length"):
         action = (
             "they will be dropped (data.filter_overlong_prompts)"
-            if data.filter_overlong_prompts
+            if filtered
             else f"data.truncation={data.truncation} cuts them"
         )
         c.report.notes.append(
-            f"{url}: {overlong} of the first {len(rows)} prompts are longer than rollout.prompt_length="
+            f"{where}: {overlong} of the first {len(rows)} prompts are longer than rollout.prompt_length="
             f"{limit} tokens (longest {longest}); {action}"
         )
+    return good
+
+
+def _data_files(field: str, cfg: ExperimentConfig, c: Checks) -> list[str]:
+    """The files of ``data.train_files`` (its globs and directories expanded, as training reads
+    them) or of ``data.val_files`` (each entry a file, as the evaluation reads them)."""
+    from ppoflow.infra.data.stream import expand_train_files
+
+    if field == "data.val_files":
+        return list(dict.fromkeys(cfg.data.val_files))
+    try:
+        return expand_train_files(cfg.data.train_files, cfg.storage.storage_options or None)
+    except DataError as exc:
+        c.problem(field, str(exc), "fix the entry")
+        return []
 
 
 def check_data(cfg: ExperimentConfig, tokenizer: Any, c: Checks) -> list[dict[str, Any]]:
-    """Check every data file's schema and sample; returns the sample rows that passed the schema."""
-    from ppoflow.infra.data.stream import expand_train_files
-
+    """Check the schema and sample of every file of ``data.train_files`` and ``data.val_files``;
+    returns rows for :func:`check_reward`: up to :data:`REWARD_ROWS` of each list's sample rows
+    that passed every check."""
     samples: list[dict[str, Any]] = []
-    try:
-        files = expand_train_files(cfg.data.train_files, cfg.storage.storage_options or None)
-    except DataError as exc:
-        c.problem("data.train_files", str(exc), "fix the entry")
-        return samples
-    for url in files:
-        try:
-            schema, count, rows = _sample(url, cfg)
-        except DataError as exc:
-            c.problem(
-                f"data.train_files: {url}",
-                str(exc),
-                "check the path (a relative path resolves against the working directory) or URL",
-            )
-            continue
-        if not _check_schema(url, schema, count, cfg, c):
-            continue
-        before = len(c.problems)
-        _check_rows(url, rows, tokenizer, cfg, c)
-        if len(c.problems) == before:
-            c.ok(f"data: {url} ({count} rows; schema and the first {len(rows)} rows checked)")
-        samples += rows
+    for field in ("data.train_files", "data.val_files"):
+        passed: list[dict[str, Any]] = []
+        for url in _data_files(field, cfg, c):
+            where = f"{field}: {url}"
+            try:
+                schema, count, rows = _sample(url, cfg)
+            except DataError as exc:
+                c.problem(
+                    where,
+                    str(exc),
+                    "check the path (a relative path resolves against the working directory) or URL",
+                )
+                continue
+            if not _check_schema(where, field, schema, count, cfg, c):
+                continue
+            before = len(c.problems)
+            passed += _check_rows(where, field == "data.train_files", rows, tokenizer, cfg, c)
+            if len(c.problems) == before:
+                c.ok(f"data: {where} ({count} rows; schema and the first {len(rows)} rows checked)")
+        samples += passed[:REWARD_ROWS]
     return samples
 
 
 def check_reward(cfg: ExperimentConfig, rows: list[dict[str, Any]], c: Checks) -> None:
-    """``reward.custom_function`` imports, and the reward gives finite scores on a few sample rows."""
+    """``reward.custom_function`` imports, and the reward gives finite scores on the sample rows
+    (:func:`check_data`'s: a few of each data list)."""
     from ppoflow.infra.rewards import load_custom_function, score_batch
 
     custom = cfg.reward.custom_function
@@ -207,7 +248,7 @@ def check_reward(cfg: ExperimentConfig, rows: list[dict[str, Any]], c: Checks) -
             return
     if not (cfg.reward.rule or custom):
         return
-    usable = [r for r in rows[:REWARD_ROWS] if isinstance(r.get("data_source"), str)]
+    usable = [r for r in rows if isinstance(r.get("data_source"), str)]
     if not usable:
         return
     sources = [r["data_source"] for r in usable] * 2

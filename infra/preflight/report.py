@@ -22,11 +22,14 @@ class Problem:
 class PreflightError(ValueError):
     """The experiment cannot run as configured; ``problems`` lists every problem found."""
 
-    def __init__(self, problems: list[Problem]):
+    def __init__(self, problems: list[Problem], seconds: float | None = None):
         self.problems = list(problems)
+        self.seconds = seconds
         lines = [f"  {i}. {p}" for i, p in enumerate(self.problems, 1)]
+        took = f" (the checks took {seconds:.1f} s)" if seconds is not None else ""
         super().__init__(
-            f"preflight found {len(self.problems)} problem(s); nothing was started:\n" + "\n".join(lines)
+            f"preflight found {len(self.problems)} problem(s); nothing was started{took}:\n"
+            + "\n".join(lines)
         )
 
 

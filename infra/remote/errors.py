@@ -7,7 +7,7 @@ raised in a rank is as permanent as one raised in the flow process).
 
 from __future__ import annotations
 
-__all__ = ["RankFailure", "WorkerGroupDead", "qualified_name", "error_types"]
+__all__ = ["RankFailure", "GroupCannotStart", "WorkerGroupDead", "qualified_name", "error_types"]
 
 
 class RankFailure(RuntimeError):
@@ -45,6 +45,28 @@ def qualified_name(cls: type) -> str:
 def error_types(exc: BaseException) -> list[str]:
     """The qualified names of ``exc``'s class and its bases (what a rank reports with an error)."""
     return [qualified_name(c) for c in type(exc).__mro__]
+
+
+class GroupCannotStart(RankFailure):
+    """A worker group whose start failed in a way a retry cannot change: its ranks exited with an
+    error before they all connected (an import, a bad environment variable, a device the rank
+    cannot open), or a rank's worker class or a module it needs did not import. The message holds
+    the cause and the last lines of the ranks' output; the group was killed.
+
+    Its own qualified name is among ``error_types`` (after the rank exception's, if one raised), so
+    code that classifies a :class:`RankFailure` by the names it carries (the tasks' retry rule)
+    sees this class as it sees a rank's exception."""
+
+    def __init__(
+        self,
+        message: str,
+        rank: int | None = None,
+        method: str | None = None,
+        error_types: tuple[str, ...] = (),
+    ):
+        names = tuple(error_types)
+        own = qualified_name(GroupCannotStart)
+        super().__init__(message, rank, method, names if own in names else (*names, own))
 
 
 class WorkerGroupDead(RuntimeError):

@@ -14,14 +14,16 @@ A state that is a checkpoint this run wrote in the background and lost before it
 (its group died, or its write failed) is recomputed from its lineage when a group needs it
 (:meth:`RunGroups.materialize`): load the previous checkpoint, rerun the update, save.
 
-With ``resources.launch: rendezvous`` the groups' ranks run on ``rendezvous.nnodes`` nodes: the
-run opens its :class:`~ppoflow.infra.remote.driver.hub.ClusterHub` (the control endpoint the
-nodes' ``ppoflow agent`` processes dial, and the c10d rendezvous store) with the first group,
-gives every group (and every rebuild) its own rendezvous id ``<run>-<role>-<start>`` and a scratch
-space under ``<experiment>/scratch/``, and closes the hub after the groups at the end of the run.
+A group that cannot start (:class:`~ppoflow.infra.remote.errors.GroupCannotStart`: its ranks
+exited with an error before they all connected, or its worker class does not import) is not
+started again in this run: the task that needs it fails at once with that cause, and is not
+retried. A start in the background (:meth:`RunGroups.prestart`) that fails so is the run's one
+attempt; the groups still starting when the run ends are killed, not waited for.
 
-The flow process never imports a worker class: a group is started from the class's import path
-(:data:`WORKERS`), and its methods come from the table its ranks send.
+How a group is made (its worker class, environment, connect timeout, and where its ranks run,
+one host or several nodes) is :mod:`ppoflow.tasks.run.making`'s. The flow process never imports
+a worker class: a group is started from the class's import path (:data:`WORKERS`), and its
+methods come from the table its ranks send.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,29 +40,15 @@ from typing import Any
 from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.marker import CheckpointError, IncompleteCheckpointError, is_complete
 from ppoflow.infra.config import ExperimentConfig
-from ppoflow.infra.config.system import DETERMINISTIC_ENV
-from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
-from ppoflow.infra.remote.cluster_key import load_cluster_key
 from ppoflow.infra.remote.driver.group import WorkerGroup
 from ppoflow.infra.remote.driver.handle import WorkerHandle
-from ppoflow.infra.remote.driver.hub import ClusterHub
-from ppoflow.infra.remote.driver.launchers import Launcher
-from ppoflow.infra.remote.driver.rendezvous import RendezvousLauncher
-from ppoflow.infra.remote.errors import RankFailure, WorkerGroupDead
+from ppoflow.infra.remote.errors import GroupCannotStart, RankFailure, WorkerGroupDead
 from ppoflow.tasks.checkpoints import Writes
 from ppoflow.tasks.replay import committed_chain, replay_chain, state_iteration, update_blocks, verify_batch
+from ppoflow.tasks.run.making import ROLE_NAMES, WORKERS, GroupMaker
 
 __all__ = ["RunGroups", "RunClosed", "WORKERS", "ROLE_NAMES"]
-
-#: The worker class of each group (imported in the ranks only), by the name tasks use for it.
-WORKERS: dict[str, str] = {
-    "actor": "ppoflow.workers.actor_rollout_ref_worker:ActorRolloutRefWorker",
-    "critic": "ppoflow.workers.critic_worker:CriticWorker",
-    "reward_model": "ppoflow.workers.reward_model_worker:RewardModelWorker",
-}
-#: The ``role`` each group's worker is built with.
-ROLE_NAMES = {"actor": "actor_rollout_ref", "critic": "critic", "reward_model": "reward_model"}
 
 _LOG = logging.getLogger("ppoflow.flow")
 
@@ -79,6 +66,8 @@ class _Slot:
     lock: threading.Lock = field(default_factory=threading.Lock)
     held: threading.RLock = field(default_factory=threading.RLock)  # by the task using the group
     starts: int = 0
+    starting: bool = False  # group.start() and init_model in progress
+    cannot_start: GroupCannotStart | None = None  # why this run does not start the group again
 
 
 class RunGroups:
@@ -101,8 +90,7 @@ class RunGroups:
         self._emit, self.log = emit, log
         self.role_names = {**ROLE_NAMES, **(roles or {})}
         self._slots = {role: _Slot() for role in WORKERS}
-        self._hub: ClusterHub | None = None
-        self._hub_lock = threading.Lock()
+        self.maker = GroupMaker(key, cfg, paths, emit, log)
         self._replays: dict[str, list[dict[str, float]]] = {}
         self.closed = False
 
@@ -255,13 +243,16 @@ class RunGroups:
     def prestart(self, roles: list[str]) -> None:
         """Start the groups of ``roles`` in background threads (their starts overlap each other
         and the first tasks); a task that needs one waits for it. A failed start is only logged
-        here: the task that needs the group starts it again and reports the error."""
+        here (its first lines): the task that needs the group reports it, at once for a group
+        that cannot start (:class:`GroupCannotStart`), else after starting the group again."""
 
         def start(role: str) -> None:
             try:
                 self.group(role, None)
-            except Exception as exc:  # noqa: BLE001 - the task retries and raises
-                self.log.warning(f"starting the {role} group in the background failed: {exc}")
+            except Exception as exc:  # noqa: BLE001 - the task raises it (or starts again)
+                if not self.closed:  # else the run ended (and killed the start): nothing to say
+                    head = str(exc).partition("\n--- ")[0]
+                    self.log.warning(f"starting the {role} group in the background failed: {head}")
 
         for role in roles:
             slot = self._slots[role]
@@ -271,25 +262,16 @@ class RunGroups:
                 ).start()
 
     def _start(self, role: str, slot: _Slot, progress: Callable[[str], None] | None) -> None:
+        if slot.cannot_start is not None:  # the same start fails the same way: say why again
+            raise slot.cannot_start
         if slot.group is not None:
             slot.group.shutdown()
-        cfg = self.cfg
         slot.starts += 1
-        launcher = self._launcher(role, slot.starts)
-        group = WorkerGroup(
-            WORKERS[role],
-            nprocs=cfg.resources.nprocs,
-            config={"config": cfg.model_dump(mode="json"), "role": self.role_names[role]},
-            device=cfg.resources.device,
-            log=lambda line: self._emit(role, line),
-            env=self._rank_env(),
-            launcher=launcher,
-            start_timeout_s=max(120.0, cfg.resources.rendezvous.join_timeout_s) if launcher else 120.0,
-        )
-        slot.group, slot.state = group, None
+        group = self.maker.group(role, self.role_names[role], slot.starts)
+        slot.group, slot.state, slot.starting = group, None, True
         (progress or self.log.info)(
             f"starting the {role} worker group ({group.launcher.describe()}, "
-            f"{cfg.resources.device}, start #{slot.starts})"
+            f"{self.cfg.resources.device}, start #{slot.starts})"
         )
         try:
             group.start()
@@ -297,53 +279,19 @@ class RunGroups:
             engine = infos[0].get("rollout") if infos and isinstance(infos[0], dict) else None
             if engine:  # how the engine settled (CUDA graphs, KV budget, sleep level) in the run's log
                 self.log.info(f"{role} group: rollout engine {json.dumps(engine, sort_keys=True)}")
+        except GroupCannotStart as exc:
+            faults.note_rank_failure(exc.method)
+            slot.group = None
+            slot.cannot_start = GroupCannotStart(
+                f"the {role} worker group cannot start: {exc}", exc.rank, exc.method, exc.error_types
+            )
+            raise slot.cannot_start from None
         except RankFailure as exc:
             faults.note_rank_failure(exc.method)
             slot.group = None
             raise
-
-    def _launcher(self, role: str, start: int) -> Launcher | None:
-        """None (a local group) or the rendezvous launcher of ``role``'s ``start``-th group."""
-        res = self.cfg.resources
-        if res.launch == "local":
-            return None
-        gid = f"{self.key.replace('-', '')[:8]}-{role.replace('_', '')}-{start}"
-        return RendezvousLauncher(
-            self.cluster_hub(),
-            res.rendezvous.nproc_per_node,
-            gid,
-            storage.join(self.paths.root, "scratch", gid),
-            join_timeout_s=res.rendezvous.join_timeout_s,
-        )
-
-    def cluster_hub(self) -> ClusterHub:
-        """The run's control endpoint for node agents (opened on first use)."""
-        with self._hub_lock:
-            if self._hub is None:
-                nodes = self.cfg.resources.rendezvous
-                self._hub = ClusterHub(
-                    load_cluster_key(who="a flow run with resources.launch: rendezvous"),
-                    nnodes=nodes.nnodes,
-                    advertise_host=nodes.driver_host or socket.getfqdn(),
-                    bind_host=nodes.bind_host,
-                    control_port=nodes.control_port,
-                    rdzv_port=nodes.rdzv_port,
-                    log=lambda line: self._emit("", line),
-                )
-                self.log.info(
-                    f"waiting for {nodes.nnodes} node agents: run `ppoflow agent --driver "
-                    f"{self._hub.control_address} --node-rank N` on each node (c10d rendezvous store "
-                    f"at {self._hub.rdzv_endpoint})"
-                )
-            return self._hub
-
-    def _rank_env(self) -> dict[str, str]:
-        env = faults.rank_fault_env()
-        if self.cfg.resources.threads_per_rank:
-            env["PPOFLOW_RANK_THREADS"] = str(self.cfg.resources.threads_per_rank)
-        if self.cfg.resources.deterministic:
-            env.update(DETERMINISTIC_ENV)
-        return env
+        finally:
+            slot.starting = False
 
     # ------------------------------------------------------------------ calls
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -386,6 +334,10 @@ class RunGroups:
                         _LOG.warning("shutting down the %s group failed: %s", role, exc)
                     slot.group = None
 
+        for role, slot in self._slots.items():
+            group = slot.group
+            if slot.starting and group is not None:  # a start in the background: end it now
+                group.kill(f"the run ended while the {role} group started")
         threads = [
             threading.Thread(target=stop, args=item, name=f"ppoflow-stop-{item[0]}")
             for item in self._slots.items()
@@ -394,10 +346,7 @@ class RunGroups:
             t.start()
         for t in threads:
             t.join()
-        with self._hub_lock:
-            hub, self._hub = self._hub, None
-        if hub is not None:  # after the groups: the agents kill anything left, wait for the next run
-            try:
-                hub.close()
-            except Exception as exc:  # noqa: BLE001 - the run's outcome does not depend on it
-                _LOG.warning("closing the cluster hub failed: %s", exc)
+        try:  # after the groups: the agents kill anything left, wait for the next run
+            self.maker.close()
+        except Exception as exc:  # noqa: BLE001 - the run's outcome does not depend on it
+            _LOG.warning("closing the cluster hub failed: %s", exc)

@@ -125,3 +125,45 @@ def test_a_yaml_syntax_error_names_the_file_the_line_and_the_column(tmp_path):
         assert message.startswith(f"{source}:3:2: not valid YAML")
         assert "     3 |  data: {train_files: [x]}\n       |  ^" in message
         assert "<unicode string>" not in message
+
+
+@pytest.mark.parametrize(
+    "name, suggested",
+    [
+        ("../escape", "escape"),
+        ("a/b", "a-b"),
+        ("..", "my-experiment"),
+        (".", "my-experiment"),
+        (".hidden", "hidden"),
+        ("", "my-experiment"),
+        ("C:\\runs", "C-runs"),
+        ("x" * 129, "x" * 128),
+        ("two words", "two-words"),
+    ],
+)
+def test_an_experiment_name_that_is_not_one_plain_component_is_refused_with_the_rule(name, suggested):
+    with pytest.raises(ConfigError) as err:
+        parse_config(_with(storage={"root": "runs", "experiment": name}))
+    text = str(err.value)
+    assert "storage.experiment:" in text and f"{name!r} is not a valid experiment name" in text
+    assert "letters, digits, '.', '_' and '-', the first a letter or digit" in text  # the rule
+    assert f"e.g. {suggested!r}" in text  # and a name that passes it
+    parse_config(_with(storage={"root": "runs", "experiment": suggested}))
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "models", "Data", "MODELS"])
+def test_an_experiment_may_not_take_a_name_of_the_roots_own_files(name):
+    with pytest.raises(ConfigError, match=rf"storage.experiment: .*{name!r} is a name ppoflow keeps"):
+        parse_config(_with(storage={"root": "runs", "experiment": name}))
+
+
+def test_plain_names_pass_and_the_form_knows_the_rule():
+    import re
+
+    from ppoflow.infra.config.names import NAME_PATTERN
+
+    for name in ("exp", "qwen2.5-grpo_1", "a..b", "0", "x" * 128, "data2", "models-v2"):
+        assert parse_config(_with(storage={"experiment": name})).storage.experiment_url == f"runs/{name}"
+    schema = ExperimentConfig.model_json_schema()["$defs"]["StorageConfig"]["properties"]["experiment"]
+    assert schema["pattern"] == f"^{NAME_PATTERN}$"  # the Prefect UI's form checks it too
+    assert re.fullmatch(schema["pattern"], "exp") and not re.fullmatch(schema["pattern"], "../exp")

@@ -40,6 +40,11 @@ def rows(contents: list[str], source: str = "openai/gsm8k", truth: str | None = 
     ]
 
 
+def data_notes(report) -> list[str]:
+    """The report's notes but the machine's (``resources:``, e.g. more ranks than cores here)."""
+    return [n for n in report.notes if not n.startswith("resources:")]
+
+
 def write(path, records: list[dict]) -> str:
     pq.write_table(pa.Table.from_pylist(records), str(path))
     return str(path)
@@ -67,7 +72,7 @@ def test_a_good_experiment_passes_and_the_cost_does_not_grow_with_the_data(tmp_p
         assert any(line.startswith("data:") and "first" in line for line in report.passed)
         assert any(line.startswith("reward: finite") for line in report.passed)
         assert "checkpoints: a new experiment (no manifest yet)" in report.passed
-        assert not report.notes
+        assert not data_notes(report)
     print(f"\npreflight: {timings['small']:.2f} s on 8 rows, {timings['big']:.2f} s on 300k rows")
     assert timings["big"] < max(3.0, 3 * timings["small"]), timings  # a sample, not a pass
     assert not [n for n in os.listdir(tmp_path / "runs" / "exp")]  # the write probe left nothing
@@ -237,7 +242,9 @@ def test_prompt_lengths_follow_data_truncation(tmp_path, model_dir):
     with pytest.raises(PreflightError) as err:
         preflight(cfg, lambda: tok)
     (problem,) = err.value.problems
-    assert problem.where == f"{data} row {over[0]} (and {len(over) - 1} more of the first 4)"
+    assert (
+        problem.where == f"data.train_files: {data} row {over[0]} (and {len(over) - 1} more of the first 4)"
+    )
     assert f"the prompt has {lengths[over[0]]} tokens, more than rollout.prompt_length=16" in problem.found
     assert f"raise rollout.prompt_length to at least {max(lengths)}" in problem.fix
 
@@ -248,7 +255,7 @@ def test_prompt_lengths_follow_data_truncation(tmp_path, model_dir):
             [data],
             **{"data.truncation": policy, "data.filter_overlong_prompts": filtered},
         )
-        (note,) = preflight(cfg, lambda: tok).notes
+        (note,) = data_notes(preflight(cfg, lambda: tok))
         assert f"{len(over)} of the first 4 prompts are longer than rollout.prompt_length=16" in note
 
     ds = PromptDataset([data])
@@ -345,3 +352,83 @@ def test_a_hub_id_where_the_hub_cannot_be_reached_is_named_at_once(tmp_path):
     assert "); it is in this machine's Hugging Face cache. Fix: set HF_HUB_OFFLINE=1" in cached
     for text in said.values():  # one problem for the model (the tokenizer is the same id), no retry noise
         assert "tokenizer" not in text and "Retrying" not in text and "couldn't connect" not in text
+
+
+def test_held_out_files_are_read_as_training_files_are_naming_the_list_file_and_row(tmp_path, model_dir):
+    train = write(tmp_path / "train.parquet", rows(["1+2="] * 8))
+    no_truth = [{**r, "reward_model": {"style": "rule"}} for r in rows(["1+2="] * 3)]  # no ground_truth field
+    val_schema = write(tmp_path / "val_schema.parquet", no_truth)
+    val_rows = write(tmp_path / "val_rows.parquet", rows(["1+1="]) + rows(["2+2="] * 2, truth=None))
+    contents = ["1+2=", "x" * 30]  # 6 and 32 tokens
+    val_long = write(tmp_path / "val_long.parquet", rows(contents))
+    missing = str(tmp_path / "val_missing.parquet")
+    cfg = make_config(
+        tmp_path,
+        model_dir,
+        [train],
+        **{
+            "data.val_files": [val_schema, val_rows, val_long, missing],
+            "data.truncation": "error",
+            "data.filter_overlong_prompts": True,  # drops training prompts, never held-out ones
+        },
+    )
+    t0 = time.perf_counter()
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg, lambda: tokenizer_of(model_dir))
+    took = time.perf_counter() - t0
+    problems = {p.where: p for p in err.value.problems}
+    assert sorted(problems) == sorted(
+        [
+            f"data.val_files: {val_schema} column 'reward_model'",
+            f"data.val_files: {val_rows} row 1 (and 1 more of the first 3)",
+            f"data.val_files: {val_long} row 1",
+            f"data.val_files: {missing}",
+        ]
+    ), str(err.value)
+    assert "no 'ground_truth' field" in problems[f"data.val_files: {val_schema} column 'reward_model'"].found
+    truth = problems[f"data.val_files: {val_rows} row 1 (and 1 more of the first 3)"]
+    assert truth.found == "reward_model.ground_truth is missing"
+    long = problems[f"data.val_files: {val_long} row 1"]
+    assert long.found == (
+        f"the prompt has {prompt_tokens(contents[1])} tokens, more than rollout.prompt_length=16 "
+        "(data.truncation=error)"
+    )
+    assert "every held-out prompt is evaluated" in long.fix
+    assert "does not exist" in problems[f"data.val_files: {missing}"].found
+    print(f"\npreflight of 1 training and 4 held-out files: {took:.2f} s")
+    assert took < 10
+
+    # the same prompts as training data are dropped (a note), and good held-out files pass
+    ok = make_config(
+        tmp_path,
+        model_dir,
+        [val_long],
+        **{
+            "data.val_files": [train],
+            "data.truncation": "error",
+            "data.filter_overlong_prompts": True,
+        },
+    )
+    report = preflight(ok, lambda: tokenizer_of(model_dir))
+    assert f"data: data.val_files: {train} (8 rows; schema and the first 8 rows checked)" in report.passed
+    assert any("they will be dropped" in n for n in data_notes(report))
+
+
+def test_an_experiment_name_taken_by_other_files_at_the_root_is_refused(tmp_path, model_dir):
+    data = write(tmp_path / "d.parquet", rows(["1+2="] * 8))
+    cfg = make_config(tmp_path, model_dir, [data])
+    exp = tmp_path / "runs" / "exp"
+    exp.mkdir(parents=True)
+    (exp / "notes.txt").write_text("the operator's own files")
+    (exp / "lock.json").write_text("{}")  # the run's lock is taken before the preflight
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg, lambda: tokenizer_of(model_dir))
+    (problem,) = err.value.problems
+    assert problem.where == "storage.experiment=exp"
+    assert problem.found.startswith(f"{exp} holds files that are not an experiment's (notes.txt)")
+    assert "name the experiment otherwise" in problem.fix
+    assert sorted(os.listdir(exp)) == ["lock.json", "notes.txt"]  # nothing written there
+    (exp / "manifest.json").write_text("{}")  # an experiment (with notes of its own) is one
+    from ppoflow.infra.preflight.checks import _foreign
+
+    assert _foreign(str(exp)) == []

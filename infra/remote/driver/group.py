@@ -18,8 +18,11 @@ commands from the driver process (a Prefect task, a test, a script).
   temp dir, or a storage URL every node reads when ranks span hosts;
   :mod:`~ppoflow.infra.remote.driver.dp_split`).
 - Failures: a rank that raises or dies gets the group killed and ``RankFailure`` raised within
-  about a second; later calls raise ``WorkerGroupDead``. Ranks exit by themselves when the driver
-  (or their node's agent) dies; a finalizer kills a group that was never shut down.
+  about a second; later calls raise ``WorkerGroupDead``. A start that fails (ranks that do not all
+  connect within ``start_timeout_s``, or end first) raises ``GroupCannotStart`` when a new start
+  would fail the same way (:mod:`~ppoflow.infra.remote.driver.group_start`). Ranks exit by
+  themselves when the driver (or their node's agent) dies; a finalizer kills a group that was
+  never shut down.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from typing import Any, NoReturn
 from ppoflow.infra.data import storage
 from ppoflow.infra.remote.dispatch import Dispatch
 from ppoflow.infra.remote.driver.dp_split import merge_results, remove_chunks, split_proto
+from ppoflow.infra.remote.driver.group_start import accept_ranks, classify
 from ppoflow.infra.remote.driver.launchers import Launcher, LocalLauncher
 from ppoflow.infra.remote.driver.replies import ReplyCollector
-from ppoflow.infra.remote.errors import RankFailure, WorkerGroupDead
+from ppoflow.infra.remote.errors import GroupCannotStart, RankFailure, WorkerGroupDead
 from ppoflow.infra.remote.protocol import (
     Call,
     Hello,
@@ -53,7 +57,7 @@ from ppoflow.infra.remote.protocol import (
     send,
 )
 
-__all__ = ["WorkerGroup", "RankFailure", "WorkerGroupDead", "Dispatch"]
+__all__ = ["WorkerGroup", "RankFailure", "GroupCannotStart", "WorkerGroupDead", "Dispatch"]
 
 _LOG = logging.getLogger("ppoflow.ranks")
 
@@ -174,43 +178,24 @@ class WorkerGroup:
         """The body of ``start``: any exception leaves the caller to kill the group."""
         t0 = time.monotonic()
         self.launcher.start(self.worker, self.device, self.env, self.log)
-        self._accept_all(time.monotonic() + self.start_timeout_s)
-        placement = self.launcher.placement(self.hellos)
-        if placement:
-            self.log(f"[ppoflow] {placement}")
-        for conn in self._res.conns:
-            send(conn, self._init)
-        ready = self._collect("__init__", None)
+        try:
+            self.hellos = accept_ranks(
+                self.launcher, self.nprocs, self.start_timeout_s, self._fail, self._res.conns
+            )
+            self.pids = [self.hellos[r].pid for r in range(self.nprocs)]
+            placement = self.launcher.placement(self.hellos)
+            if placement:
+                self.log(f"[ppoflow] {placement}")
+            for conn in self._res.conns:
+                send(conn, self._init)
+            ready = self._collect("__init__", None)
+        except RankFailure as exc:  # the group is dead already (``_fail``)
+            raise classify(exc, self.output_tail()) from None
         first = ready[0]
         assert isinstance(first, Ready)
         self.methods = {k: Dispatch(v) for k, v in first.methods.items()}
         self._update_layout(ready)
         self.start_s = time.monotonic() - t0
-
-    def _accept_all(self, deadline: float) -> None:
-        """Take the N rank links and their hellos from the launcher, watching it."""
-        by_rank: dict[int, Connection] = {}
-        while len(by_rank) < self.nprocs:
-            now, cause = time.monotonic(), self.launcher.failure()
-            if now > deadline:
-                cause = (
-                    f"only {len(by_rank)}/{self.nprocs} ranks connected within {self.start_timeout_s:.0f} s"
-                )
-            elif cause is not None:
-                cause += " before all ranks connected"
-            if cause is not None:
-                self._fail(cause + self.launcher.missing(self.hellos), None, "__start__", with_tail=True)
-            try:
-                got = self.launcher.poll_hello(min(0.2, deadline - now))
-            except EOFError as err:
-                self._fail(str(err), None, "__start__", with_tail=True, settle=True)
-            if got is not None:
-                conn, hello = got
-                self._res.conns.append(conn)
-                by_rank[hello.rank] = conn
-                self.hellos[hello.rank] = hello
-        self._res.conns = [by_rank[r] for r in range(self.nprocs)]
-        self.pids = [self.hellos[r].pid for r in range(self.nprocs)]
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Ask the ranks to exit cleanly (worker.shutdown(), free, barrier, destroy the process

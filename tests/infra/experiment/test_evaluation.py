@@ -78,3 +78,12 @@ def test_the_line_shows_the_held_out_score_only_where_it_ran():
         "e", [{"iteration": 0, "val/score": 0.1}, {"iteration": 1}, {"iteration": 2, "val/score": 0.4}]
     )
     assert "val: 0.1 (iteration 0) → 0.4 (iteration 2)" in md
+
+
+def test_evaluation_labels_are_names_whatever_the_files_are_called():
+    import re
+
+    from ppoflow.infra.config.names import NAME_PATTERN
+
+    for files in (["../../x.parquet"], ["s3://b/a b/c.parquet", "/etc/passwd"], ["v.parquet"]):
+        assert re.fullmatch(NAME_PATTERN, eval_tag(files, ["v.parquet"]))

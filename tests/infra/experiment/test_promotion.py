@@ -102,3 +102,21 @@ def test_a_remote_experiment_a_bad_rule_or_gain_are_refused_before_anything_runs
         check_promotable(local, "best", 0.0)
     with pytest.raises(PromotionError, match="min_gain=-1.0 must be >= 0"):
         check_promotable(local, "gain", -1.0)
+
+
+def test_a_record_naming_a_model_outside_promotions_is_refused_before_anything_is_written(tmp_path):
+    import json
+
+    paths = ExperimentPaths(str(tmp_path / "exp"))
+    os.makedirs(paths.root)
+    publish_promotion(paths, 2, lambda out: save_tiny_model(out, seed=2), metric=None, metrics={}, rule={})
+    publish_promotion(paths, 3, lambda out: save_tiny_model(out, seed=3), metric=None, metrics={}, rule={})
+    first = os.path.join(paths.root, "promotions", "log", "000001.json")
+    record = json.load(open(first))
+    record["model"] = "../../elsewhere"  # a record ppoflow did not write
+    json.dump(record, open(first, "w"))
+    before = sorted(os.listdir(os.path.join(paths.root, "promotions", "log")))
+    with pytest.raises(PromotionError, match=r"names the model '\.\./\.\./elsewhere'"):
+        rollback_promotion(paths)
+    assert sorted(os.listdir(os.path.join(paths.root, "promotions", "log"))) == before
+    assert os.readlink(promoted_url(paths)) == "promotions/models/000003"

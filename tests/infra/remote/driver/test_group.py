@@ -20,8 +20,14 @@ import pytest
 import torch
 
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.remote.driver.group import RankFailure, WorkerGroup, WorkerGroupDead
+from ppoflow.infra.remote.driver.group import (
+    GroupCannotStart,
+    RankFailure,
+    WorkerGroup,
+    WorkerGroupDead,
+)
 from ppoflow.infra.remote.procs import pid_alive
+from ppoflow.tasks.step import is_permanent
 from tests.support.paths import ROOT
 from tests.support.toy_workers import double_plus
 
@@ -317,11 +323,73 @@ def test_rank_killed_between_calls():
 def test_rank_crash_before_connecting_fails_start():
     g = WorkerGroup(TOY, nprocs=1, config={}, env={"PPOFLOW_RANK_THREADS": "bogus"}, log=Lines())
     t0 = time.monotonic()
-    with pytest.raises(RankFailure, match="before all ranks connected") as info:
+    with pytest.raises(GroupCannotStart, match="before all ranks connected") as info:
         g.start()
-    print(f"\n[timing] rank crash at start -> RankFailure in {time.monotonic() - t0:.2f} s")
-    assert "invalid literal for int()" in str(info.value)  # the rank's traceback, from the tail
+    print(f"\n[timing] rank crash at start -> GroupCannotStart in {time.monotonic() - t0:.2f} s")
+    head = str(info.value).partition("\n--- ")[0]  # what a failure screen shows
+    assert "rank 0 exited with status 1 while starting: ValueError: invalid literal for int()" in head
+    assert "invalid literal for int()" in str(info.value).partition("\n--- ")[2]  # the rank's output
+    assert is_permanent(info.value)  # the tasks do not retry it
     assert not g.alive and g.scratch is None
+    assert_all_gone([g.launcher_pid])
+
+
+def test_ranks_that_die_at_start_from_a_bad_environment_cannot_start():
+    """A real misconfiguration: gloo told to use a network interface that does not exist. Every
+    rank raises in ``init_process_group``; the start fails once torchrun reports it, long before
+    the connect timeout, and says why in its first lines."""
+    lines = Lines()
+    g = WorkerGroup(
+        TOY, nprocs=2, config={}, env={"GLOO_SOCKET_IFNAME": "nosuchif0"}, log=lines, start_timeout_s=120
+    )
+    t0 = time.monotonic()
+    with pytest.raises(GroupCannotStart) as info:
+        g.start()
+    took = time.monotonic() - t0
+    print(f"\n[timing] bad GLOO_SOCKET_IFNAME -> GroupCannotStart in {took:.2f} s")
+    head, _, tail = str(info.value).partition("\n--- last output lines of the ranks/torchrun ---\n")
+    assert head.startswith("torchrun exited (status 1) before all ranks connected (0/2 had)")
+    assert "while starting: RuntimeError: " in head and "Unable to find address for: nosuchif0" in head
+    assert "fails the same way" in head
+    assert tail == g.output_tail() and "Unable to find address for: nosuchif0" in tail
+    report = tail.splitlines()[tail.splitlines().index("Root Cause (first observed failure):") :]
+    first = next(line for line in report if line.strip().startswith("rank "))  # "rank : 1 (local_rank: 1)"
+    assert f"\nrank {first.split(':')[1].split()[0]} exited with status 1 while starting: " in head
+    assert tail.splitlines()[-1] == lines.lines[-1]  # the last lines the ranks and torchrun printed
+    assert took < 120 and is_permanent(info.value)
+    _check_dead(g)
+
+
+@pytest.mark.parametrize(
+    "worker, error",
+    [
+        ("no_such_package.workers:Worker", "ModuleNotFoundError: No module named 'no_such_package'"),
+        (
+            "tests.support.toy_workers:NoSuchWorker",
+            "AttributeError: module 'tests.support.toy_workers' has no attribute 'NoSuchWorker'",
+        ),
+    ],
+)
+def test_a_worker_class_that_does_not_import_cannot_start(worker, error):
+    g = WorkerGroup(worker, nprocs=1, config={}, grace_s=1.0, log=Lines())
+    with pytest.raises(GroupCannotStart) as info:
+        g.start()
+    head = str(info.value).partition("\n--- ")[0]
+    assert head.startswith(f"rank 0 raised in '__init__': {error}")
+    assert "does not import: a new start fails the same way" in head
+    assert info.value.method == "__init__" and is_permanent(info.value)
+    _check_dead(g)
+
+
+def test_ranks_that_do_not_connect_in_time_fail_the_start_and_may_be_retried():
+    """Half a second is less than a rank's imports take: no rank connects in time. A connect
+    timeout can be a busy machine: the tasks may retry it (it is no GroupCannotStart)."""
+    g = WorkerGroup(TOY, nprocs=1, config={}, log=Lines(), start_timeout_s=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure, match=r"only 0/1 ranks connected within 0.5 s") as info:
+        g.start()
+    assert time.monotonic() - t0 < 5
+    assert not isinstance(info.value, GroupCannotStart) and not is_permanent(info.value)
     assert_all_gone([g.launcher_pid])
 
 
