@@ -1,11 +1,6 @@
-<<<<<<< HEAD
-"""The config's shared pieces: the section base (unknown keys are errors), dtypes, and string fields
-whose allowed values are a registry's names (the algorithms', the rollout engines')."""
-=======
 """The config's shared pieces: the section base (unknown keys are errors), dtypes, string fields
-whose allowed values are the algorithm registries' names, and the rule for names that become a
-path or key component (:data:`NAME_RULE`)."""
->>>>>>> failing
+whose allowed values are a registry's names (the algorithms', the rollout engines'), and the rule
+for names that become a path or key component (:data:`NAME_RULE`)."""
 
 from __future__ import annotations
 
