@@ -39,8 +39,6 @@ PACKAGES = tuple(
 #: ``import: <file> -> <file>`` (a sideways import).
 IN_FLIGHT: dict[str, str] = {
     # sizes
-    "lines: infra/remote/driver/group.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
-    "lines: tasks/run/groups.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
     "function: flows/commands.py:cmd_status": "CLI split (flows/)",
     "function: flows/ppo.py:ppo": "experiment session object (flows/ppo.py)",
     "function: flows/retrain.py:retrain": "CLI split (flows/)",
@@ -90,6 +88,7 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "infra/remote/rank/entry.py": "tests/infra/remote/driver/test_group.py (every rank runs it: calls, faults, a dead driver)",
     "tasks/score.py": "tests/scenarios/test_flow.py (its three reads of every rollout, on their groups)",
     "tasks/update.py": "tests/scenarios/test_flow_snapshots.py (updates that snapshot, defer or record for replay)",
+    "tasks/run/making.py": "tests/scenarios/test_flow.py (every group of a run is made there) and tests/scenarios/test_failing_early.py",
     "tasks/checkpoints.py": "tests/scenarios/test_flow_checkpoints.py (the flow's checkpoint writes and their lineage)",
     "tasks/preflight.py": "tests/scenarios/test_flow.py (every flow run starts with it); the checks: tests/infra/test_preflight.py",
     "tasks/replay.py": "tests/scenarios/test_flow_snapshots.py (states rebuilt from snapshots by replay)",

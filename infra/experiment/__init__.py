@@ -1,6 +1,7 @@
 """Experiment state on storage, and what a person sees of it.
 
-manifest.py     ``manifest.json`` (what is committed) and the experiment's layout
+manifest.py     ``manifest.json`` (what is committed)
+paths.py        the experiment's layout: every URL joined inside its root
 lock.py         one run at a time per experiment (``lock.json``)
 metrics.py      per-iteration metrics: batch statistics, rank reduction, the headline lines
 evaluation.py   held-out evaluation results and where they are kept

@@ -6,6 +6,7 @@
 
 context.py      the run's context and its registry by run key
 groups.py       starting, rebuilding and loading the worker groups
+making.py       the worker class of each role, and how a group is made (launcher, hub)
 inputs.py       what the run reads once: the policy's tokenizer and the prompt dataset
 materialize.py  a committed iteration's state written out as a checkpoint
 """
