@@ -108,7 +108,8 @@ _HOW_TO_REGISTER = (
 
 def register_reward(*data_sources: str, override: bool = False) -> Callable[[Any], Any]:
     """Decorator: use the function (or :class:`BatchScorer`) for rows whose ``data_source`` is one
-    of ``data_sources``.
+    of ``data_sources``. A source ending in ``/*`` names a family: ``"reasoning_gym/*"`` scores
+    every ``reasoning_gym/<task>`` that has no reward of its own (the longest family wins).
 
     Registering a source twice raises unless ``override=True`` (two modules silently fighting
     over one dataset is a bug).
@@ -140,9 +141,23 @@ def known_sources() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def _family(data_source: str) -> Reward | None:
+    """The reward of the longest registered family (``prefix/*``) that ``data_source`` is in."""
+    head = data_source
+    while "/" in head:
+        head = head.rpartition("/")[0]
+        reward = _REGISTRY.get(head + "/*")
+        if reward is not None:
+            return reward
+    return None
+
+
 def get_reward_fn(data_source: str) -> Reward:
-    """The reward registered for ``data_source``; ``KeyError`` listing the known ones if none."""
+    """The reward registered for ``data_source`` (or for its family, ``prefix/*``); ``KeyError``
+    listing the known ones if none."""
     reward = _REGISTRY.get(data_source)
+    if reward is None:
+        reward = _family(data_source)
     if reward is None:
         raise KeyError(
             f"no reward function for data_source {data_source!r}; known: "

@@ -1,0 +1,7 @@
+"""Datasets the field's libraries generate, written as ppoflow's training files (veRL-format
+parquet) by ``ppoflow data ...`` (:mod:`~ppoflow.infra.datasets.commands`).
+
+- :mod:`~ppoflow.infra.datasets.reasoning_gym`: reasoning-gym tasks, or a weighted mix, as
+  train/held-out files with no question in both, scored by
+  :mod:`ppoflow.infra.rewards.reasoning_gym`.
+"""
