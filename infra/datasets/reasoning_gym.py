@@ -239,7 +239,7 @@ def write_task_mix(mix: TaskMix, out_url: str, storage_options: dict | None = No
     fsspec URL); returns their URLs and the rows per task and split."""
     rows = build_rows(mix)
     tables = {s: pa.Table.from_pylist(rows[s]) for s in SPLITS}
-    written: dict[str, Any] = {"counts": {}}
+    written: dict[str, Any] = {"counts": {t.name: {s: 0 for s in SPLITS} for t in mix.tasks}}
     for split in SPLITS:  # held-out first: a train file is never there without its held-out file
         buf = io.BytesIO()
         pq.write_table(tables[split], buf)
@@ -247,6 +247,5 @@ def write_task_mix(mix: TaskMix, out_url: str, storage_options: dict | None = No
         storage.write_bytes_atomic(url, buf.getvalue(), storage_options)
         written[split] = url
         for row in rows[split]:
-            key = row["extra_info"]["task"]
-            written["counts"].setdefault(key, {s: 0 for s in SPLITS})[split] += 1
+            written["counts"][row["extra_info"]["task"]][split] += 1
     return written
