@@ -39,6 +39,7 @@ is a worker (``ppoflow.workers.reward_model_worker``) that places its score as
 """
 
 from ppoflow.infra.rewards.loader import MOVED_MODULES, load_object
+from ppoflow.infra.rewards.reasoning_gym import reasoning_gym_score
 from ppoflow.infra.rewards.registry import (
     BatchScorer,
     Reward,
@@ -51,7 +52,6 @@ from ppoflow.infra.rewards.registry import (
     load_custom_function,
     register_reward,
 )
-from ppoflow.infra.rewards.reasoning_gym import reasoning_gym_score
 from ppoflow.infra.rewards.rules import extract_gsm8k_answer, gsm8k_score, math_score, math_verify_score
 from ppoflow.infra.rewards.scoring import score_answer, score_batch, score_batch_with_info, score_requests
 

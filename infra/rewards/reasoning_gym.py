@@ -20,7 +20,7 @@ import functools
 import json
 from typing import Any
 
-from ppoflow.infra.rewards.registry import register_reward
+from ppoflow.infra.rewards.registry import jsonable, register_reward
 
 __all__ = [
     "DATA_SOURCE_PREFIX",
@@ -60,23 +60,9 @@ def task_of(data_source: str) -> str:
     return data_source[len(DATA_SOURCE_PREFIX) :]
 
 
-def _jsonable(value: Any) -> Any:
-    """What ``json.dumps`` cannot write, as it reads back: tuples and sets as lists, other
-    objects (numpy numbers, enums) by ``item()``/``value`` or as text."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    if hasattr(value, "item") and callable(value.item):
-        return value.item()
-    return str(value)
-
-
 def encode_entry(entry: dict[str, Any]) -> str:
     """The entry as the JSON text a row carries."""
-    return json.dumps(_jsonable(entry), sort_keys=True)
+    return json.dumps(jsonable(entry), sort_keys=True)
 
 
 def decode_entry(extra_info: Any, data_source: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ __all__ = [
     "known_sources",
     "load_custom_function",
     "reward_name",
+    "jsonable",
 ]
 
 RewardFn = Callable[[str, str, Any, Any], "float | dict[str, Any]"]
@@ -75,6 +76,32 @@ class ScoreRequest:
             row.get("extra_info"),
             row.get("raw_prompt"),
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """The request as a JSON object (what a reward service receives)."""
+        return {
+            "data_source": self.data_source,
+            "prompt": jsonable(self.prompt),
+            "response": self.response,
+            "ground_truth": jsonable(self.ground_truth),
+            "extra_info": jsonable(self.extra_info),
+        }
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON can carry it: mappings with string keys, sequences (tuples, sets, numpy
+    arrays) as lists, numpy numbers by ``item()``, other objects as text."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays and numbers
+        return jsonable(value.tolist())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return str(value)
 
 
 class BatchScorer(ABC):
