@@ -106,7 +106,7 @@ async def auth(request: Request) -> Any:
 
 
 @app.get("/calls")
-async def calls() -> Any:
+async def calls_route() -> Any:
     return {"calls": dict(CALLS), "sizes": SIZES}
 
 
