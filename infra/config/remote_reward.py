@@ -25,7 +25,9 @@ class RemoteRewardConfig(Section):
     concurrency: int = Field(4, ge=1, description="requests in flight at once")
     timeout_s: float = Field(60.0, gt=0, description="seconds to wait for one response (read and connect)")
     retries: int = Field(
-        3, ge=0, description="retries of a request after a transient failure (connection, timeout, 5xx, 429, bad JSON)"
+        3,
+        ge=0,
+        description="retries of a request after a transient failure (connection, timeout, 5xx, 429, bad JSON)",
     )
     backoff_s: float = Field(1.0, ge=0, description="the first retry's delay; doubles each retry")
     backoff_max_s: float = Field(30.0, ge=0, description="the longest delay between retries")
@@ -34,10 +36,15 @@ class RemoteRewardConfig(Section):
         description="environment variable holding a bearer token (unset or empty: none from there)",
     )
     token_secret: str | None = Field(
-        None, description="name of a Prefect Secret block holding the bearer token (used when token_env gives none)"
+        None,
+        description="name of a Prefect Secret block holding the bearer token (used when token_env gives none)",
     )
-    ca_bundle: str | None = Field(None, description="a CA bundle file to verify the service's TLS certificate")
-    client_cert: str | None = Field(None, description="a PEM file (certificate and key) for TLS client authentication")
+    ca_bundle: str | None = Field(
+        None, description="a CA bundle file to verify the service's TLS certificate"
+    )
+    client_cert: str | None = Field(
+        None, description="a PEM file (certificate and key) for TLS client authentication"
+    )
     verify_tls: bool = Field(True, description="false: do not verify the service's certificate (tests only)")
 
     @field_validator("endpoint")

@@ -50,7 +50,9 @@ def _level(text: str) -> tuple[str, int]:
 
 def _configure_reasoning_gym(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="directory or fsspec URL for train.parquet and test.parquet")
-    p.add_argument("--spec", help="a YAML task mix (tasks, train, test, seed, system_prompt); flags override it")
+    p.add_argument(
+        "--spec", help="a YAML task mix (tasks, train, test, seed, system_prompt); flags override it"
+    )
     p.add_argument(
         "--task",
         action="append",
@@ -64,7 +66,9 @@ def _configure_reasoning_gym(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", type=int, help="rows of train.parquet")
     p.add_argument("--test", type=int, help="rows of test.parquet (the held-out file)")
     p.add_argument("--seed", type=int)
-    p.add_argument("--system-prompt", help="a reasoning_gym SYSTEM_PROMPTS name or the text; 'none': no system message")
+    p.add_argument(
+        "--system-prompt", help="a reasoning_gym SYSTEM_PROMPTS name or the text; 'none': no system message"
+    )
     p.set_defaults(run=run_reasoning_gym)
 
 
@@ -86,7 +90,9 @@ def _mix_fields(args: argparse.Namespace) -> dict[str, Any]:
     for flag, items in (("--config", args.config), ("--level", args.level)):
         for item in items:
             if item[0] not in tasks:
-                raise ValueError(f"{flag} names task {item[0]!r}, which is not in the mix ({', '.join(tasks)})")
+                raise ValueError(
+                    f"{flag} names task {item[0]!r}, which is not in the mix ({', '.join(tasks)})"
+                )
     for task, key, value in args.config:
         tasks[task].setdefault("config", {})[key] = value
     for task, level in args.level:

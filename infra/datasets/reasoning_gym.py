@@ -71,7 +71,9 @@ class TaskSpec(BaseModel):
     name: str
     weight: float = Field(1.0, gt=0)
     config: dict[str, Any] = Field(default_factory=dict, description="the task's config fields")
-    level: int | None = Field(None, ge=0, description="the task's curriculum level (its config under `config`)")
+    level: int | None = Field(
+        None, ge=0, description="the task's curriculum level (its config under `config`)"
+    )
 
     @field_validator("config")
     @classmethod
@@ -217,7 +219,10 @@ def build_rows(mix: TaskMix) -> dict[str, list[dict[str, Any]]]:
                         "data_source": data_source_of(spec.name),
                         "prompt": [*system, {"role": "user", "content": entry["question"]}],
                         "ability": "reasoning",
-                        "reward_model": {"style": "rule", "ground_truth": "" if answer is None else str(answer)},
+                        "reward_model": {
+                            "style": "rule",
+                            "ground_truth": "" if answer is None else str(answer),
+                        },
                         "extra_info": {
                             "split": split,
                             "index": 0,

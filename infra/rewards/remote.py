@@ -169,7 +169,11 @@ class RemoteScorer(BatchScorer):
         if resp.status_code in _TRANSIENT_STATUS:
             raise _Retry(f"HTTP {resp.status_code}")
         if resp.status_code != 200:
-            hint = " (check the bearer token: reward.remote.token_env / token_secret)" if resp.status_code in (401, 403) else ""
+            hint = (
+                " (check the bearer token: reward.remote.token_env / token_secret)"
+                if resp.status_code in (401, 403)
+                else ""
+            )
             raise RewardError(
                 f"{self.name} refused {rows}: HTTP {resp.status_code} {resp.text[:200]!r}{hint}"
             )

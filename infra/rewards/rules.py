@@ -141,7 +141,9 @@ def gsm8k_score(
     return score if math_equal(_parse(f"\\boxed{{{truth}}}"), boxed) else format_score
 
 
-def math_verify_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+def math_verify_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+) -> float:
     """1.0 when the response's answer (its last ``\\boxed{}``, else its last expression) equals
     ``ground_truth`` by math-verify, else 0.0."""
     if ground_truth is None or not str(ground_truth).strip():

@@ -44,7 +44,10 @@ def test_split_counts_follow_the_weights():
 def test_files_hold_the_libraries_entries_with_no_overlap(written):
     out, info = written
     train, test = _rows(out, "train"), _rows(out, "test")
-    assert info["counts"] == {"basic_arithmetic": {"test": 6, "train": 16}, "leg_counting": {"test": 3, "train": 8}}
+    assert info["counts"] == {
+        "basic_arithmetic": {"test": 6, "train": 16},
+        "leg_counting": {"test": 3, "train": 8},
+    }
     assert (len(train), len(test)) == (24, 9)
     key = lambda r: (r["data_source"], r["prompt"][-1]["content"])  # noqa: E731
     assert not {key(r) for r in train} & {key(r) for r in test}
@@ -54,7 +57,9 @@ def test_files_hold_the_libraries_entries_with_no_overlap(written):
         task = row["extra_info"]["task"]
         entry = json.loads(row["extra_info"]["reasoning_gym_entry"])
         # the library's own entry for this task's seed and index: the row carries it unchanged
-        ref = rg.create_dataset(task, seed=_task_seed(MIX.seed, task), size=400)[entry["metadata"]["source_index"]]
+        ref = rg.create_dataset(task, seed=_task_seed(MIX.seed, task), size=400)[
+            entry["metadata"]["source_index"]
+        ]
         assert row["prompt"][-1]["content"] == ref["question"]
         assert row["reward_model"]["ground_truth"] == ref["answer"]
         assert row["prompt"][0]["role"] == "system" and "<answer>" in row["prompt"][0]["content"]
