@@ -110,7 +110,8 @@ class OpenEnvEnvironment(Environment):
         self.client: Any = None
 
     def _reset_args(self, row: dict[str, Any]) -> dict[str, Any]:
-        extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+        info = row.get("extra_info")
+        extra: dict[str, Any] = info if isinstance(info, dict) else {}
         args = dict(self.reset_kwargs)
         for name, key in self.reset_from_row.items():
             if key not in extra:

@@ -72,7 +72,7 @@ def _token(cfg: RemoteRewardConfig) -> str | None:
     from prefect.blocks.system import Secret
 
     try:
-        secret = Secret.load(cfg.token_secret)
+        secret: Any = Secret.load(cfg.token_secret)  # typed sync-or-async; called sync here
     except ValueError as exc:
         raise RewardError(
             f"reward.remote.token_secret={cfg.token_secret!r}: no such Prefect Secret block ({exc}); "

@@ -90,7 +90,7 @@ def _parse(text: str, *, boxed_only: bool = False) -> list[Any]:
         configs = [LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)]
     else:
         configs.append(ExprExtractionConfig())
-    return list(parse(text[-MAX_ANSWER_CHARS:], configs, parsing_timeout=_timeout()))  # type: ignore[arg-type]
+    return list(parse(text[-MAX_ANSWER_CHARS:], configs, parsing_timeout=_timeout()))
 
 
 def _gold(answer: str) -> list[Any]:
