@@ -1,4 +1,4 @@
-"""``python -m ppoflow.infra.datasets reasoning-gym ...``: ``ppoflow data ...`` without the CLI."""
+"""``python -m ppoflow.infra.datasets reasoning-gym ...``: the data commands on their own."""
 
 from ppoflow.infra.datasets.commands import main
 

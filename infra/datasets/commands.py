@@ -1,4 +1,5 @@
-"""The ``ppoflow data`` commands: argument parsing and running, for the CLI to mount.
+"""The data commands (``python -m ppoflow.infra.datasets SOURCE ...``): argument parsing and
+running, for the CLI to mount as ``ppoflow data SOURCE ...``.
 
     data = sub.add_parser("data", help="write training files from a task library")
     add_data_commands(data.add_subparsers(dest="data_command", metavar="SOURCE", required=True))
@@ -106,7 +107,7 @@ def run_reasoning_gym(args: argparse.Namespace) -> int:
     try:
         mix = TaskMix.model_validate(_mix_fields(args))
     except ValidationError as exc:
-        print(f"ppoflow data reasoning-gym: {exc}", file=sys.stderr)
+        print(f"reasoning-gym: {exc}", file=sys.stderr)
         return 2
     written = write_task_mix(mix, args.out)
     for task, counts in written["counts"].items():
@@ -116,7 +117,7 @@ def run_reasoning_gym(args: argparse.Namespace) -> int:
 
 
 def add_data_commands(sub: Any) -> None:
-    """The data commands, on the sub-parsers of ``ppoflow data``."""
+    """The data commands, on the sub-parsers of a ``data`` command (``ppoflow data``)."""
     p = sub.add_parser(
         "reasoning-gym",
         help="reasoning-gym tasks (or a weighted mix) as train/held-out parquet",
@@ -135,5 +136,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except (ValueError, ImportError, FileNotFoundError) as exc:
-        print(f"ppoflow data {args.data_command}: {exc}", file=sys.stderr)
+        print(f"{args.data_command}: {exc}", file=sys.stderr)
         return 2
