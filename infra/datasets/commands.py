@@ -70,6 +70,11 @@ def _configure_reasoning_gym(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--system-prompt", help="a reasoning_gym SYSTEM_PROMPTS name or the text; 'none': no system message"
     )
+    p.add_argument(
+        "--answer-format",
+        choices=["tags", "tags_or_last_number"],
+        help="where the reward finds the answer: <answer> tags (default), or those else the last number",
+    )
     p.set_defaults(run=run_reasoning_gym)
 
 
@@ -85,6 +90,8 @@ def _mix_fields(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("train", "test", "seed"):
         if getattr(args, key) is not None:
             fields[key] = getattr(args, key)
+    if args.answer_format is not None:
+        fields["answer_format"] = args.answer_format
     if args.system_prompt is not None:
         fields["system_prompt"] = None if args.system_prompt == "none" else args.system_prompt
     tasks = {t["name"]: t for t in fields.get("tasks", [])}

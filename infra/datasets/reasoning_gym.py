@@ -24,7 +24,7 @@ A row (``ppoflow.infra.data.prompts``' format)::
     ability       reasoning
     reward_model  {"style": "rule", "ground_truth": <the entry's answer>}
     extra_info    {"split", "index", "task", reasoning_gym_entry: <entry JSON>,
-                   reasoning_gym_config: <config JSON>}
+                   reasoning_gym_config: <config JSON>, answer_format: "tags" | "tags_or_last_number"}
 
 and :mod:`ppoflow.infra.rewards.reasoning_gym` scores it with the task's own scorer from
 ``extra_info`` alone. Before anything is written every entry is checked to score its own answer
@@ -40,7 +40,7 @@ import io
 import json
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,6 +50,7 @@ from ppoflow.infra.data import storage
 from ppoflow.infra.rewards.reasoning_gym import (
     CONFIG_KEY,
     ENTRY_KEY,
+    FORMAT_KEY,
     data_source_of,
     decode_entry,
     encode_entry,
@@ -95,6 +96,11 @@ class TaskMix(BaseModel):
     system_prompt: str | None = Field(
         "default",
         description="a name of reasoning_gym.utils.SYSTEM_PROMPTS, or the text itself; None: none",
+    )
+    answer_format: Literal["tags", "tags_or_last_number"] = Field(
+        "tags",
+        description="where the reward finds a response's answer: its last <answer>...</answer>, or "
+        "those tags else its last number (numeric tasks, models too small to follow the tags)",
     )
 
     @field_validator("tasks")
@@ -229,6 +235,7 @@ def build_rows(mix: TaskMix) -> dict[str, list[dict[str, Any]]]:
                             "task": spec.name,
                             ENTRY_KEY: encoded,
                             CONFIG_KEY: json.dumps(config, sort_keys=True),
+                            FORMAT_KEY: mix.answer_format,
                         },
                     }
                 )

@@ -5,7 +5,9 @@ The row carries what the scorer needs, so nothing is generated again: ``extra_in
 task's entry (``{"question", "answer", "metadata"}``) as JSON under ``reasoning_gym_entry`` and the
 task's config under ``reasoning_gym_config``. The response's answer is the text of its last
 ``<answer>...</answer>`` (``reasoning_gym.utils.extract_answer``, the library's convention: the
-system prompt written with the data asks for it); the score is
+system prompt written with the data asks for it), or, for rows written with
+``answer_format: tags_or_last_number`` (``extra_info["answer_format"]``: numeric tasks and models
+too small to follow the tag format), the last number of a response without tags; the score is
 ``dataset.score_answer(answer, entry)`` of a dataset built once per (task, config), a float in
 [0, 1] (1 for the right answer; some tasks give partial credit). No answer tags: the scorer gets
 ``None`` and scores it (0 for every task).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 from ppoflow.infra.rewards.registry import jsonable, register_reward
@@ -32,11 +35,18 @@ __all__ = [
     "decode_entry",
     "reasoning_gym_score",
     "import_reasoning_gym",
+    "ANSWER_FORMATS",
+    "answer_of",
 ]
 
 DATA_SOURCE_PREFIX = "reasoning_gym/"
 ENTRY_KEY = "reasoning_gym_entry"
 CONFIG_KEY = "reasoning_gym_config"
+FORMAT_KEY = "answer_format"
+#: How a response's answer is found: ``tags`` (the last ``<answer>...</answer>``), or
+#: ``tags_or_last_number`` (those tags, else the response's last number).
+ANSWER_FORMATS = ("tags", "tags_or_last_number")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 EXTRA = "pip install 'ppoflow[reasoning-gym]' (reasoning-gym==0.1.25)"
 
 
@@ -96,6 +106,19 @@ def _dataset(task: str, config_json: str) -> Any:
         raise
 
 
+def answer_of(text: str, answer_format: str = "tags") -> str | None:
+    """The answer in a response (see :data:`ANSWER_FORMATS`); None when it has none."""
+    from reasoning_gym.utils import extract_answer
+
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format {answer_format!r}: one of {', '.join(ANSWER_FORMATS)}")
+    answer = extract_answer(text)
+    if answer is None and answer_format == "tags_or_last_number":
+        numbers = _NUMBER.findall(text.replace(",", ""))
+        answer = numbers[-1] if numbers else None
+    return answer
+
+
 def reasoning_gym_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
 ) -> float:
@@ -103,9 +126,7 @@ def reasoning_gym_score(
     entry = decode_entry(extra_info, data_source)
     config = extra_info.get(CONFIG_KEY) or ""
     dataset = _dataset(task_of(data_source), config if isinstance(config, str) else json.dumps(config))
-    from reasoning_gym.utils import extract_answer  # imported by _dataset already
-
-    return float(dataset.score_answer(extract_answer(solution_str), entry))
+    return float(dataset.score_answer(answer_of(solution_str, extra_info.get(FORMAT_KEY) or "tags"), entry))
 
 
 register_reward(DATA_SOURCE_PREFIX + "*")(reasoning_gym_score)

@@ -166,3 +166,21 @@ def test_a_scorer_that_needs_what_json_loses_is_refused(tmp_path):
     with pytest.raises(ValueError, match="cannot be scored from the row; leave it out"):
         write_task_mix(TaskMix(tasks=[TaskSpec(name="ppoflow_test_pairs")], train=2, test=1), str(tmp_path))
     assert not list(tmp_path.iterdir())
+
+
+def test_the_answer_format_travels_in_the_row(tmp_path):
+    mix = TaskMix(
+        tasks=[TaskSpec(name="basic_arithmetic")], train=3, test=1, answer_format="tags_or_last_number"
+    )
+    write_task_mix(mix, str(tmp_path))
+    rows = _rows(tmp_path, "train")
+    truth = rows[0]["reward_model"]["ground_truth"]
+    args = (["reasoning_gym/basic_arithmetic"] * 3, [None] * 3)
+    texts = [f"The answer is {truth}.", f"<answer>{truth}</answer> not 7", f"<answer>7</answer> {truth}"]
+    extra = [rows[0]["extra_info"]] * 3
+    assert score_batch(args[0], texts, args[1], extra).tolist()[:2] == [1.0, 1.0]
+    assert score_batch(args[0][:1], texts[2:], args[1][:1], extra[:1]).tolist() == [0.0]  # tags win
+    tags_only = {**rows[0]["extra_info"], "answer_format": "tags"}
+    assert score_batch(args[0][:1], texts[:1], args[1][:1], [tags_only]).tolist() == [0.0]
+    with pytest.raises(RewardError, match="answer_format 'words'"):
+        score_batch(args[0][:1], texts[:1], args[1][:1], [{**tags_only, "answer_format": "words"}])
