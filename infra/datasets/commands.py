@@ -1,10 +1,10 @@
 """The data commands (``python -m ppoflow.infra.datasets SOURCE ...``): argument parsing and
 running, for the CLI to mount as ``ppoflow data SOURCE ...``.
 
-    data = sub.add_parser("data", help="write training files from a task library")
+    data = sub.add_parser("data", help="write training files from a task library (reasoning-gym)")
     add_data_commands(data.add_subparsers(dest="data_command", metavar="SOURCE", required=True))
     ...
-    args.run(args)   # each data command sets ``run``: (args) -> exit status
+    return run_data_command(args)    # the exit status; bad input: one line on stderr, status 2
 
 ``python -m ppoflow.infra.datasets reasoning-gym ...`` runs the same commands on their own.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-__all__ = ["add_data_commands", "parse_task", "main"]
+__all__ = ["add_data_commands", "run_data_command", "parse_task", "main"]
 
 
 def parse_task(text: str) -> dict[str, Any]:
@@ -136,12 +136,17 @@ def add_data_commands(sub: Any) -> None:
     _configure_reasoning_gym(p)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ppoflow.infra.datasets")
-    add_data_commands(parser.add_subparsers(dest="data_command", metavar="SOURCE", required=True))
-    args = parser.parse_args(argv)
+def run_data_command(args: argparse.Namespace) -> int:
+    """Run the data command ``args`` holds; what is wrong with its input is one line on stderr
+    (naming the problem and the fix) and exit status 2."""
     try:
         return int(args.run(args))
     except (ValueError, ImportError, FileNotFoundError) as exc:
         print(f"{args.data_command}: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ppoflow.infra.datasets")
+    add_data_commands(parser.add_subparsers(dest="data_command", metavar="SOURCE", required=True))
+    return run_data_command(parser.parse_args(argv))
