@@ -2,6 +2,7 @@
 
 data/        the data plane: DataProto, its Arrow codec, fsspec storage, prompt datasets and the
              growing stream of training files, content hashes of stored files
+datasets/    training files written from task libraries (reasoning-gym), the data commands
 remote/      the remote-call layer: the wire protocol, dispatch modes, metric merge rules; driver/
              (worker groups, DP split and merge, launchers, the multi-node hub, device slots),
              rank/ (the rank's entry point, the Worker base class, seeding), agent/ (a node's agent)
@@ -10,10 +11,10 @@ experiment/  experiment state on storage: manifest, lock, metrics, plots, evalua
 checkpoint/  sharded DCP checkpoints of the trained models (marker, hashes, background writer),
              export to Hugging Face (full and LoRA), GGUF import
 config/      the experiment config: one pydantic tree, by section
-envs/        environments and tools of multi-turn rollouts
+envs/        multi-turn environments: the tools environment, OpenEnv servers, tools and the sandbox
 preflight/   checks of an experiment before any worker group starts
-rewards/     rewards by data source, custom rewards and batch scorers, scoring rollouts, the loader of
-             user objects by import path
+rewards/     rewards by data source (GSM8K/MATH by math-verify, reasoning-gym), custom rewards and
+             batch scorers, reward services over HTTP, scoring rollouts, the loader of user objects
 faults.py    fault drills (PPOFLOW_FAULT): a task that fails, a rank or a node that dies, on purpose
 rollout_engines.py  the registry of rollout engines: name, classes by import path, capabilities
 hub.py       hub ids among model paths, and whether the Hugging Face hub can be reached

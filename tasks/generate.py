@@ -33,6 +33,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.data.prompts import DataCursor, DataError
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
+from ppoflow.infra.rewards.remote import run_reward
 from ppoflow.infra.rewards.rollouts import outcome_scores
 from ppoflow.tasks.receipts import GenerateReceipt
 from ppoflow.tasks.step import Step, ppo_task
@@ -181,4 +182,4 @@ def _metrics(tally: _Rounds, dynamic: bool, cursor: DataCursor) -> dict[str, flo
 def _scores(step: Step[GenerateReceipt], batch: DataProto) -> list[float]:
     """The rule / custom-function score of each response of a round, or the environment's of
     each episode (what dynamic sampling compares within a group: the outcome, before any shaping)."""
-    return outcome_scores(batch, step.ctx.inputs.tokenizer, step.cfg.reward.custom_function)
+    return outcome_scores(batch, step.ctx.inputs.tokenizer, run_reward(step.cfg.reward))

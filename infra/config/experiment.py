@@ -89,9 +89,11 @@ class ExperimentConfig(Section):
                 f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                 f"critic.ppo_mini_batch_size={self.critic.ppo_mini_batch_size}"
             )
-        if not (self.reward.rule or self.reward.reward_model.enable or self.reward.custom_function):
+        reward = self.reward
+        if not (reward.rule or reward.reward_model.enable or reward.custom_function or reward.remote):
             raise ValueError(
-                "no reward source: enable reward.rule, reward.custom_function or reward.reward_model"
+                "no reward source: enable reward.rule, reward.custom_function, reward.remote or "
+                "reward.reward_model"
             )
         if self.reward.reward_model.enable and self.reward.reward_model.model is None:
             raise ValueError("reward.reward_model.enable=true needs reward.reward_model.model.path")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ppoflow.infra.config.names import Dtype, KLPenaltyKind, LossAggMode, PolicyLossName, Section
+from ppoflow.infra.config.remote_reward import RemoteRewardConfig
 
 __all__ = [
     "ModelConfig",
@@ -248,5 +249,16 @@ class RewardConfig(Section):
         None,
         description="'package.module:function' (score(data_source, solution_str, ground_truth, extra_info) -> float)",
     )
+    remote: RemoteRewardConfig | None = Field(
+        None, description="a reward service over HTTP that scores every row (instead of custom_function)"
+    )
     rm_weight: float = 1.0
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
+
+    @model_validator(mode="after")
+    def _one_reward_for_every_row(self) -> RewardConfig:
+        if self.remote is not None and self.custom_function:
+            raise ValueError(
+                "reward.remote and reward.custom_function both score every row; keep one of them"
+            )
+        return self

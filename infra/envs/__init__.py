@@ -5,7 +5,9 @@
 - :mod:`~ppoflow.infra.envs.tools`: ``Tool``, ``register_tool``, ``build_tool``, the tool-call
   parser, the built-in ``python`` tool;
 - :mod:`~ppoflow.infra.envs.sandbox`: the subprocess sandbox the ``python`` tool runs in;
-- :mod:`~ppoflow.infra.envs.tool_env`: ``tools``, the built-in tool-use environment.
+- :mod:`~ppoflow.infra.envs.tool_env`: ``tools``, the built-in tool-use environment;
+- :mod:`~ppoflow.infra.envs.openenv`: ``openenv``, an OpenEnv environment server (reset/step in
+  a session over HTTP), with the ``openenv`` extra.
 """
 
 from ppoflow.infra.envs.base import (
@@ -17,6 +19,7 @@ from ppoflow.infra.envs.base import (
     known_envs,
     register_env,
 )
+from ppoflow.infra.envs.openenv import OpenEnvEnvironment
 from ppoflow.infra.envs.tool_env import ToolEnv
 from ppoflow.infra.envs.tools import (
     FunctionTool,
@@ -39,6 +42,7 @@ __all__ = [
     "known_envs",
     "register_env",
     "ToolEnv",
+    "OpenEnvEnvironment",
     "FunctionTool",
     "PythonTool",
     "Tool",

@@ -97,7 +97,7 @@ def _row_problems(
     source = row.get("data_source")
     if not isinstance(source, str) or not source:
         problems.append(("data_source", f"data_source is {source!r}", "a non-empty string"))
-    elif rule and not cfg.reward.custom_function:
+    elif rule and not (cfg.reward.custom_function or cfg.reward.remote):
         try:
             get_reward_fn(source)
         except KeyError as exc:

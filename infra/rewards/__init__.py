@@ -18,7 +18,14 @@ scores every row.
   ``load_custom_function``;
 - :mod:`~ppoflow.infra.rewards.scoring`: ``score_requests``, ``score_batch``,
   ``score_batch_with_info``, ``score_answer`` (one row: how environments score an answer);
-- :mod:`~ppoflow.infra.rewards.rules`: the rules built in (GSM8K), registered on import;
+- :mod:`~ppoflow.infra.rewards.rules`: the rules built in (GSM8K, MATH; answers compared by
+  math-verify), registered on import;
+- :mod:`~ppoflow.infra.rewards.reasoning_gym`: ``reasoning_gym/<task>`` rows, scored by the
+  task's own scorer from the entry the row carries (registered on import; reasoning-gym itself is
+  imported when a row is scored);
+- :mod:`~ppoflow.infra.rewards.remote`: ``RemoteScorer``, a reward service over HTTP
+  (``reward.remote``); :func:`~ppoflow.infra.rewards.remote.run_reward` is the reward a run's
+  config names;
 - :mod:`~ppoflow.infra.rewards.rollouts`: a rollout batch decoded and scored (responses, or
   multi-turn episodes by their environment's rewards), and a score placed on the last response
   token; imported on its own (torch, DataProto);
@@ -32,6 +39,7 @@ is a worker (``ppoflow.workers.reward_model_worker``) that places its score as
 """
 
 from ppoflow.infra.rewards.loader import MOVED_MODULES, load_object
+from ppoflow.infra.rewards.reasoning_gym import reasoning_gym_score
 from ppoflow.infra.rewards.registry import (
     BatchScorer,
     Reward,
@@ -44,7 +52,7 @@ from ppoflow.infra.rewards.registry import (
     load_custom_function,
     register_reward,
 )
-from ppoflow.infra.rewards.rules import extract_gsm8k_answer, gsm8k_score
+from ppoflow.infra.rewards.rules import extract_gsm8k_answer, gsm8k_score, math_score, math_verify_score
 from ppoflow.infra.rewards.scoring import score_answer, score_batch, score_batch_with_info, score_requests
 
 __all__ = [
@@ -60,6 +68,9 @@ __all__ = [
     "score_answer",
     "gsm8k_score",
     "extract_gsm8k_answer",
+    "math_score",
+    "math_verify_score",
+    "reasoning_gym_score",
     "RewardFn",
     "Reward",
     "BatchScorer",

@@ -37,6 +37,7 @@ __all__ = [
     "known_sources",
     "load_custom_function",
     "reward_name",
+    "jsonable",
 ]
 
 RewardFn = Callable[[str, str, Any, Any], "float | dict[str, Any]"]
@@ -76,6 +77,32 @@ class ScoreRequest:
             row.get("raw_prompt"),
         )
 
+    def to_json(self) -> dict[str, Any]:
+        """The request as a JSON object (what a reward service receives)."""
+        return {
+            "data_source": self.data_source,
+            "prompt": jsonable(self.prompt),
+            "response": self.response,
+            "ground_truth": jsonable(self.ground_truth),
+            "extra_info": jsonable(self.extra_info),
+        }
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON can carry it: mappings with string keys, sequences (tuples, sets, numpy
+    arrays) as lists, numpy numbers by ``item()``, other objects as text."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays and numbers
+        return jsonable(value.tolist())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return str(value)
+
 
 class BatchScorer(ABC):
     """A reward that scores many rows in one call.
@@ -108,7 +135,8 @@ _HOW_TO_REGISTER = (
 
 def register_reward(*data_sources: str, override: bool = False) -> Callable[[Any], Any]:
     """Decorator: use the function (or :class:`BatchScorer`) for rows whose ``data_source`` is one
-    of ``data_sources``.
+    of ``data_sources``. A source ending in ``/*`` names a family: ``"reasoning_gym/*"`` scores
+    every ``reasoning_gym/<task>`` that has no reward of its own (the longest family wins).
 
     Registering a source twice raises unless ``override=True`` (two modules silently fighting
     over one dataset is a bug).
@@ -140,9 +168,23 @@ def known_sources() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def _family(data_source: str) -> Reward | None:
+    """The reward of the longest registered family (``prefix/*``) that ``data_source`` is in."""
+    head = data_source
+    while "/" in head:
+        head = head.rpartition("/")[0]
+        reward = _REGISTRY.get(head + "/*")
+        if reward is not None:
+            return reward
+    return None
+
+
 def get_reward_fn(data_source: str) -> Reward:
-    """The reward registered for ``data_source``; ``KeyError`` listing the known ones if none."""
+    """The reward registered for ``data_source`` (or for its family, ``prefix/*``); ``KeyError``
+    listing the known ones if none."""
     reward = _REGISTRY.get(data_source)
+    if reward is None:
+        reward = _family(data_source)
     if reward is None:
         raise KeyError(
             f"no reward function for data_source {data_source!r}; known: "

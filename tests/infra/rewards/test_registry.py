@@ -89,3 +89,14 @@ def test_score_request_from_a_dataset_row_and_reward_names():
     assert reward_name(length_score) == f"{__name__}:length_score"
     assert reward_name(ECHO) == f"{__name__}:Echo"
     assert reward_name(length_score, "pkg.mod:fn") == "pkg.mod:fn"
+
+
+def test_a_family_scores_its_members_and_an_exact_source_wins(clean_registry):
+    register_reward("fam/*")(length_score)
+    register_reward("fam/sub/*")(ECHO)
+    register_reward("fam/exact")(Echo())
+    assert get_reward_fn("fam/a") is length_score
+    assert get_reward_fn("fam/sub/b") is ECHO  # the longest family
+    assert isinstance(get_reward_fn("fam/exact"), Echo) and get_reward_fn("fam/exact") is not ECHO
+    with pytest.raises(KeyError, match=r"data_source ..famx"):
+        get_reward_fn("famx")
