@@ -38,6 +38,8 @@ PACKAGES = tuple(
 #: function over MAX_FUNCTION_LINES without a reason), ``test: <file>`` (no mirrored test module),
 #: ``import: <file> -> <file>`` (a sideways import).
 IN_FLIGHT: dict[str, str] = {
+    "test: infra/datasets/__main__.py": "CLI split: the data command joins the ppoflow CLI",
+    "test: infra/datasets/commands.py": "CLI split: the data command joins the ppoflow CLI",
     # sizes
     "function: flows/commands.py:cmd_status": "CLI split (flows/)",
     "function: flows/ppo.py:ppo": "experiment session object (flows/ppo.py)",
@@ -81,6 +83,8 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "infra/checkpoint/staging.py": "tests/infra/checkpoint/test_writer.py (every background write stages through it)",
     "infra/checkpoint/lora_export.py": "tests/scenarios/test_flow_lora.py (a LoRA run's checkpoints exported as a PEFT adapter)",
     "infra/checkpoint/gguf_import.py": "tests/scenarios/test_real_model.py (a real GGUF model imported and compared)",
+    "infra/envs/openenv.py": "tests/workers/rollout/test_openenv_rollout.py (OpenEnv's own server, a multi-turn rollout)",
+    "infra/rewards/reasoning_gym.py": "tests/infra/datasets/test_reasoning_gym.py (files written and scored by each task's own scorer)",
     "infra/remote/driver/launchers.py": "tests/infra/remote/driver/test_group.py (LocalLauncher starts every group there)",
     "infra/remote/driver/replies.py": "tests/infra/remote/driver/test_group.py (every call's replies, ranks that raise or die)",
     "infra/remote/driver/rendezvous.py": "tests/infra/remote/test_multinode.py (groups over node agents)",
