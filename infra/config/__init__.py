@@ -12,6 +12,7 @@ The sections live by subject: ``models`` (policy, reference, critic, reward), ``
 whole tree and the checks that span sections), ``loading`` (YAML in and out, errors).
 """
 
+from ppoflow.infra.config.correction import RolloutCorrectionConfig
 from ppoflow.infra.config.evaluation import EvaluationConfig
 from ppoflow.infra.config.experiment import ExperimentConfig
 from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, KLControlConfig, RolloutConfig
@@ -54,6 +55,7 @@ __all__ = [
     "MultiTurnConfig",
     "KLControlConfig",
     "AlgorithmConfig",
+    "RolloutCorrectionConfig",
     "DataConfig",
     "StorageConfig",
     "RendezvousConfig",

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from ppoflow.infra.config.correction import check_rollout_correction
 from ppoflow.infra.config.evaluation import EvaluationConfig
 from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, RolloutConfig
 from ppoflow.infra.config.models import ActorConfig, CriticConfig, ModelConfig, RefConfig, RewardConfig
@@ -115,6 +116,12 @@ class ExperimentConfig(Section):
                 f"reward.overlong_buffer.length={buffer.length} exceeds rollout.response_length="
                 f"{limit}: the buffer is the last part of the response length; make it at most {limit}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_rollout_correction(self) -> ExperimentConfig:
+        """``algorithm.rollout_correction`` against the rollout and the policy loss."""
+        check_rollout_correction(self)
         return self
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from ppoflow.infra.config.correction import RolloutCorrectionConfig
 from ppoflow.infra.config.multiturn import MultiTurnConfig
 from ppoflow.infra.config.names import AdvEstimatorName, Dtype, KLControllerKind, KLPenaltyKind, Section
 
@@ -148,6 +149,10 @@ class AlgorithmConfig(Section):
         "none",
         description="one_step: the rollout of iteration n uses the weights after update n-2, so it "
         "overlaps update n-1 (one step off-policy); none: strictly on-policy",
+    )
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="the behaviour policy and the sampler/trainer correction (TIS, MIS, bypass)",
     )
 
 
