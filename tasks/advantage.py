@@ -18,6 +18,9 @@ DAPO's settings: ``reward.overlong_buffer`` adds the soft overlong penalty
 ``rollout.response_length`` after step 3, so they get no loss. Metrics: ``response/truncated_share``,
 ``response/overlong_penalty_mean``, ``response/filtered_overlong``.
 
+The sampler/trainer mismatch (``mismatch/*``) and ``algorithm.rollout_correction``'s columns and
+metrics (``correction/*``): ``ppoflow.tasks.mismatch``.
+
 Writes ``advantages.arrow``: the whole training batch (rollout + ref log-probs + values + rm
 scores + the four new columns), the one input of both updates.
 """
@@ -39,6 +42,7 @@ from ppoflow.algos import (
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.metrics import compute_data_metrics
+from ppoflow.tasks.mismatch import measure_and_correct
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, Receipt
 from ppoflow.tasks.step import Step, ppo_task
 
@@ -50,6 +54,7 @@ __all__ = [
     "decode_responses",
     "response_scores",
     "shorten",
+    "overlong_rows",
 ]
 
 
@@ -126,6 +131,15 @@ def last_response_token(mask: torch.Tensor) -> torch.Tensor:
     )
 
 
+def overlong_rows(batch: DataProto, max_length: int) -> torch.Tensor:
+    """(B,) bool: the rows cut at the length budget (``filter_overlong_responses``): a response
+    that used all ``max_length`` tokens, or a multi-turn episode whose policy and environment
+    tokens did (or that the budget ended before its next turn, ``budget_ended``)."""
+    width = batch.batch["responses"].shape[1]
+    episode = batch.batch["attention_mask"][:, -width:]  # single-turn: the response mask itself
+    return truncated_rows(episode, max_length, batch.batch.get("budget_ended"))
+
+
 def _overlong_penalty(cfg: ExperimentConfig, mask: torch.Tensor) -> torch.Tensor:
     """DAPO's soft length penalty of each response (``reward.overlong_buffer``)."""
     return overlong_penalty(
@@ -194,8 +208,9 @@ def advantage(
     )
     metrics.update(compute_data_metrics(batch.batch))
     metrics.update(_overlong_metrics(cfg, mask))
+    metrics.update(measure_and_correct(cfg, batch))  # sampler vs trainer (tasks/mismatch.py)
     if cfg.algorithm.filter_overlong_responses:
-        truncated = truncated_rows(mask, cfg.rollout.response_length)
+        truncated = overlong_rows(batch, cfg.rollout.response_length)
         batch.batch["response_mask"] = mask * (~truncated).unsqueeze(-1).to(mask.dtype)
         metrics["response/filtered_overlong"] = float(truncated.sum())
     out = step.file("advantages.arrow")
