@@ -20,14 +20,11 @@ for ``behaviour: sampler``.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from ppoflow.infra.config.names import Section
-
-if TYPE_CHECKING:
-    from ppoflow.infra.config.experiment import ExperimentConfig
 
 __all__ = ["RolloutCorrectionConfig", "check_rollout_correction", "truncates_sampling"]
 
@@ -89,8 +86,17 @@ def truncates_sampling(top_p: float, top_k: int) -> bool:
     return top_p < 1.0 or top_k > 0
 
 
-def check_rollout_correction(cfg: ExperimentConfig) -> None:
-    """The checks ``algorithm.rollout_correction`` needs across sections (ValueError naming the fix).
+def check_rollout_correction(
+    rc: RolloutCorrectionConfig,
+    *,
+    engine: str,
+    calculate_log_probs: bool,
+    top_p: float,
+    top_k: int,
+    policy_loss: str,
+) -> None:
+    """The checks ``algorithm.rollout_correction`` (``rc``) needs across sections, given the
+    ``rollout`` section's settings and ``actor.policy_loss`` (ValueError naming the fix):
 
     - a correction or the bypass reads the engine's log-probs: vLLM must return them;
     - with ``top_p`` < 1 or ``top_k`` > 0 the engine's log-prob of a token is under its truncated,
@@ -102,7 +108,6 @@ def check_rollout_correction(cfg: ExperimentConfig) -> None:
       then measure);
     - TIS weights reach the policy loss through its ``rollout_is_weights`` keyword.
     """
-    rc, rollout = cfg.algorithm.rollout_correction, cfg.rollout
     if not rc.needs_sampler_log_probs:
         return
     what = (
@@ -112,13 +117,13 @@ def check_rollout_correction(cfg: ExperimentConfig) -> None:
         + ", ".join(f"{k}={getattr(rc, k)}" for k in ("tis", "mis") if getattr(rc, k) != "none")
         + ")"
     )
-    if rollout.engine == "vllm" and not rollout.calculate_log_probs:
+    if engine == "vllm" and not calculate_log_probs:
         raise ValueError(
             f"{what} reads the engine's log-probs of the sampled tokens: set rollout.calculate_log_probs=true"
         )
-    if truncates_sampling(rollout.top_p, rollout.top_k):
+    if truncates_sampling(top_p, top_k):
         raise ValueError(
-            f"{what} with rollout.top_p={rollout.top_p}, rollout.top_k={rollout.top_k}: the engine's "
+            f"{what} with rollout.top_p={top_p}, rollout.top_k={top_k}: the engine's "
             "log-probs are then of its truncated, renormalised distribution and the trainer's of the "
             "full one, so their ratio is biased by the truncation and no weight can correct for the "
             "tokens the sampler never draws. Sample from the full distribution (rollout.top_p=1.0, "
@@ -128,7 +133,7 @@ def check_rollout_correction(cfg: ExperimentConfig) -> None:
     if rc.tis != "none":
         from ppoflow.algos import get_policy_loss
 
-        loss = cfg.actor.policy_loss
+        loss = policy_loss
         if "rollout_is_weights" not in inspect.signature(get_policy_loss(loss)).parameters:
             raise ValueError(
                 f"algorithm.rollout_correction.tis={rc.tis} weighs each token's policy loss, but "

@@ -121,7 +121,15 @@ class ExperimentConfig(Section):
     @model_validator(mode="after")
     def _check_rollout_correction(self) -> ExperimentConfig:
         """``algorithm.rollout_correction`` against the rollout and the policy loss."""
-        check_rollout_correction(self)
+        r = self.rollout
+        check_rollout_correction(
+            self.algorithm.rollout_correction,
+            engine=r.engine,
+            calculate_log_probs=r.calculate_log_probs,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            policy_loss=self.actor.policy_loss,
+        )
         return self
 
     @model_validator(mode="after")
