@@ -68,11 +68,12 @@ class RolloutConfig(Section):
         "dtensor (each TP rank receives only its slices of the linear layers)",
     )
     calculate_log_probs: bool = Field(
-        False,
+        True,
         description="vLLM: also return the engine's log-prob of each sampled token (the "
-        "rollout_log_probs column, a check of engine/trainer agreement: benchmarks/gpu_check.py). PPO "
-        "never needs it (the actor recomputes old_log_probs), and it slows vLLM's sampling "
-        "(docs/benchmarks.md). The HF engine always returns it",
+        "rollout_log_probs column): the advantage task then measures the sampler/trainer mismatch "
+        "every iteration (mismatch/*), and algorithm.rollout_correction can correct for it or use "
+        "them as the behaviour policy. Costs part of vLLM's sampling rate (docs/algorithms.md, "
+        "'Sampler vs trainer'); false turns both off. The HF engine always returns them",
     )
     seed: int = 0
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
