@@ -27,7 +27,7 @@ COLUMNS = (
     ("kl_k1", "mismatch/kl_k1", "{:.2e}"),
     ("kl_k3", "mismatch/kl_k3", "{:.2e}"),
     ("mean|d|", "mismatch/abs_log_ratio_mean", "{:.2e}"),
-    ("max|d|", "mismatch/abs_log_ratio_max", "{:.3f}"),
+    ("max|d|", "mismatch/abs_log_ratio_max", "{:.2e}"),
     ("tok_out", "mismatch/token_ratio_outside", "{:.4f}"),
     ("seq_out", "mismatch/seq_ratio_outside", "{:.4f}"),
     ("ppl_ratio", "mismatch/ppl_ratio", "{:.5f}"),
@@ -80,7 +80,7 @@ def side_by_side(names: list[str], runs: list[dict]) -> list[str]:
         lines.append(f"{label:<42}" + "".join(f"{_cell(run, key, fmt):>{width}}" for run in runs))
     for run_key in ("val_first", "val_last"):
         if any(run_key in run for run in runs):
-            label = "held-out score, " + ("first" if run_key == "val_first" else "last")
+            label = "held-out score, " + ("first" if run_key == "val_first" else "last") + " evaluated"
             lines.append(
                 f"{label:<42}" + "".join(f"{_cell(run, run_key, '{:.4f}'):>{width}}" for run in runs)
             )
