@@ -1,15 +1,14 @@
 """ppoflow.algos: the PPO math as pure torch functions (no I/O, no torch.distributed).
 
-Modules:
-    masked      masked_sum / masked_mean / masked_var / masked_whiten
-    logits      entropy_from_logits, logprobs_from_logits
-    losses      agg_loss, compute_policy_loss, compute_value_loss, compute_entropy_loss
-    advantages  GAE, GRPO, RLOO, REINFORCE++ (+ baseline), the ADV_ESTIMATORS registry
-    policy_losses  vanilla / GSPO / GSPO-token / CISPO, the POLICY_LOSSES registry
-    shaping     DAPO's overlong penalty, truncated rows, informative groups (dynamic sampling)
-    kl          kl_penalty, Fixed/AdaptiveKLController, apply_kl_penalty
-    mismatch    how far the rollout engine's policy is from the trainer's (k1/k3 KL, token_mult_prob_error, ...)
-    correction  truncated importance sampling (TIS) and rejection (MIS) between the two
+masked.py         masked_sum / masked_mean / masked_var / masked_whiten
+logits.py         entropy_from_logits, logprobs_from_logits
+losses.py         agg_loss, compute_policy_loss, compute_value_loss, compute_entropy_loss
+advantages.py     GAE, GRPO, RLOO, REINFORCE++ (+ baseline), the ADV_ESTIMATORS registry
+policy_losses.py  vanilla / GSPO / GSPO-token / CISPO, the POLICY_LOSSES registry
+shaping.py        DAPO's overlong penalty, truncated rows, informative groups (dynamic sampling)
+kl.py             kl_penalty, Fixed/AdaptiveKLController, apply_kl_penalty
+mismatch.py       how far the rollout engine's policy is from the trainer's (k1/k3 KL, token_mult_prob_error, ...)
+correction.py     truncated importance sampling (TIS) and rejection (MIS) between the two
 """
 
 from ppoflow.algos.advantages import (

@@ -54,8 +54,27 @@ MISMATCH_BOUNDS = (0.5, 2.0)
 LOG_RATIO_CLAMP = 20.0
 
 
-def _rows_with_tokens(mask: torch.Tensor) -> torch.Tensor:
-    return (mask != 0).any(dim=-1)
+def _mean_over(values: torch.Tensor, rows: torch.Tensor, empty: float) -> float:
+    """Mean of (B,) ``values`` over the ``rows`` flagged (``empty`` when none is)."""
+    return float(values[rows].mean()) if bool(rows.any()) else empty
+
+
+def _sequence_metrics(
+    pi: torch.Tensor, mu: torch.Tensor, mask: torch.Tensor, low: float, high: float
+) -> dict[str, float]:
+    """The per-sequence measures (module docstring) over the rows with a response token."""
+    has = (mask != 0).any(dim=-1)
+    lengths = mask.sum(-1).clamp(min=1.0)
+    mean_pi, mean_mu = (pi * mask).sum(-1) / lengths, (mu * mask).sum(-1) / lengths
+    cap = LOG_RATIO_CLAMP
+    seq_ratio = torch.exp(((pi - mu) * mask).sum(-1).clamp(-cap, cap))
+    return {
+        "sequences": float(has.sum()),
+        "ppl_ratio": _mean_over(torch.exp((mean_mu - mean_pi).clamp(-cap, cap)), has, 1.0),
+        "trainer_ppl": _mean_over(torch.exp((-mean_pi).clamp(max=10 * cap)), has, 1.0),
+        "sampler_ppl": _mean_over(torch.exp((-mean_mu).clamp(max=10 * cap)), has, 1.0),
+        "seq_ratio_outside": _mean_over(((seq_ratio < low) | (seq_ratio > high)).double(), has, 0.0),
+    }
 
 
 def mismatch_metrics(
@@ -87,39 +106,23 @@ def mismatch_metrics(
             f"shapes differ: trainer {tuple(trainer_log_probs.shape)}, sampler "
             f"{tuple(sampler_log_probs.shape)}, mask {tuple(response_mask.shape)}"
         )
-    mask = (response_mask != 0).to(torch.float64)
-    valid = mask != 0
+    valid = response_mask != 0
+    mask = valid.to(torch.float64)
     pi = torch.where(valid, trainer_log_probs.detach().to(torch.float64), 0.0)
     mu = torch.where(valid, sampler_log_probs.detach().to(torch.float64), 0.0)
     d = pi - mu
     dc = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(dc)
-    tokens = mask.sum()
-    has = _rows_with_tokens(mask)
-    lengths = mask.sum(-1).clamp(min=1.0)
-    seq_mean_d = (d * mask).sum(-1) / lengths  # (B,) mean_t d of each row (0 for an empty row)
-    seq_sum_d = (d * mask).sum(-1)
-
-    def over_rows(values: torch.Tensor) -> float:
-        return float(masked_mean(values, has.to(torch.float64))) if bool(has.any()) else 1.0
-
-    if tokens == 0:
-        outside_tokens = 0.0
+    if not bool(valid.any()):  # nothing measured: the values of two identical policies
+        tokens = {"kl_k1": 0.0, "kl_k3": 0.0, "token_mult_prob_error": 1.0, "abs_log_ratio_mean": 0.0}
+        tokens.update(abs_log_ratio_max=0.0, token_ratio_outside=0.0)
     else:
-        outside_tokens = float(masked_mean(((ratio < low) | (ratio > high)).to(torch.float64), mask))
-    seq_ratio = torch.exp(seq_sum_d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    seq_outside = (seq_ratio < low) | (seq_ratio > high)
-    return {
-        "tokens": float(tokens),
-        "sequences": float(has.sum()),
-        "kl_k1": float(masked_mean(-d, mask)),
-        "kl_k3": float(masked_mean(ratio - 1.0 - dc, mask)),
-        "token_mult_prob_error": float(masked_mean(torch.exp(dc.abs()), mask)) if tokens else 1.0,
-        "abs_log_ratio_mean": float(masked_mean(d.abs(), mask)),
-        "abs_log_ratio_max": float(torch.where(valid, d.abs(), 0.0).max()) if tokens else 0.0,
-        "ppl_ratio": over_rows(torch.exp((-seq_mean_d).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))),
-        "trainer_ppl": over_rows(torch.exp((-(pi * mask).sum(-1) / lengths).clamp(max=LOG_RATIO_CLAMP * 10))),
-        "sampler_ppl": over_rows(torch.exp((-(mu * mask).sum(-1) / lengths).clamp(max=LOG_RATIO_CLAMP * 10))),
-        "token_ratio_outside": outside_tokens,
-        "seq_ratio_outside": float(seq_outside[has].to(torch.float64).mean()) if bool(has.any()) else 0.0,
-    }
+        tokens = {
+            "kl_k1": float(masked_mean(-d, mask)),
+            "kl_k3": float(masked_mean(ratio - 1.0 - dc, mask)),
+            "token_mult_prob_error": float(masked_mean(torch.exp(dc.abs()), mask)),
+            "abs_log_ratio_mean": float(masked_mean(d.abs(), mask)),
+            "abs_log_ratio_max": float(d.abs()[valid].max()),
+            "token_ratio_outside": float(masked_mean(((ratio < low) | (ratio > high)).double(), mask)),
+        }
+    return {"tokens": float(mask.sum()), **tokens, **_sequence_metrics(pi, mu, mask, low, high)}

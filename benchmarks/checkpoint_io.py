@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from ppoflow.infra.checkpoint.integrity import hash_bytes
 from ppoflow.infra.checkpoint.marker import checkpoint_bytes, verify_checkpoint
 from ppoflow.infra.checkpoint.sharded import load_checkpoint, save_checkpoint
 from ppoflow.infra.checkpoint.writer import CheckpointWriter
+from ppoflow.infra.data.hashing import hash_bytes
 
 
 def build(params_m: float, device: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -1,12 +1,9 @@
 """The order of a run's tasks: one iteration's graph, pipelined commits, and one-step overlap.
 
-Each iteration n is this graph of tasks::
-
-    generate ──► ref_log_prob ─┐
-       │    ├──► values ───────┼──► advantage ──► update_actor ──┐
-       │    └──► rm_score ─────┘                  update_critic ─┴──► [evaluate] ──► commit
-
-(``evaluate`` every ``evaluation.every`` iterations and at the end of a run, with ``data.val_files``.)
+Each iteration n runs the steps of :data:`ppoflow.tasks.graph.STEPS` that its config turns on (the
+table says what each reads, where it runs and when; docs/internals.md shows the picture): the
+``rollout`` and ``score`` phases (the *data side*: generate, the reads of the rollout, advantage),
+then the ``update`` phase, then ``evaluate`` every ``evaluation.every`` iterations, then ``commit``.
 
 ``commit n`` is *submitted*, not awaited: it waits in the background for checkpoint n (written by
 the groups after the update tasks returned) while iteration n+1 already runs on the live weights.
@@ -42,28 +39,15 @@ from prefect.futures import PrefectFuture, wait
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.prompts import DataCursor
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest
-from ppoflow.tasks import (
-    advantage,
-    commit,
-    evaluate,
-    generate,
-    ref_log_prob,
-    rm_score,
-    update_actor,
-    update_critic,
-    values,
-)
+from ppoflow.tasks import TASKS, commit, evaluate
+from ppoflow.tasks import graph as iteration_graph
 from ppoflow.tasks.evaluate import due
-from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, IterationReceipts, R, Receipt
+from ppoflow.tasks.graph import StepSpec, needs_reference
+from ppoflow.tasks.receipts import IterationReceipts, R
 from ppoflow.tasks.run import RunContext
 from ppoflow.tasks.step import cause_text
 
 __all__ = ["Start", "run_iterations", "needs_reference", "pending_roles"]
-
-
-def needs_reference(cfg: Any) -> bool:
-    """True when a KL term needs the reference policy's log-probs."""
-    return cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
 
 
 def _results(futures: list[PrefectFuture[R]]) -> list[R]:
@@ -73,20 +57,9 @@ def _results(futures: list[PrefectFuture[R]]) -> list[R]:
 
 
 def pending_roles(ctx: RunContext, n: int) -> list[str]:
-    """The worker groups that unfinished tasks of iteration ``n`` will need."""
-    cfg = ctx.cfg
-
-    def missing(task: str) -> bool:
-        return not storage.exists(ctx.paths.receipt(n, task))
-
-    roles = []
-    if missing("generate") or missing("update_actor") or (needs_reference(cfg) and missing("ref_log_prob")):
-        roles.append("actor")
-    if cfg.critic.enable and (missing("values") or missing("update_critic")):
-        roles.append("critic")
-    if cfg.reward.reward_model.enable and missing("rm_score"):
-        roles.append("reward_model")
-    return roles
+    """The worker groups that unfinished steps of iteration ``n`` will need (a step is finished
+    when its receipt is on storage)."""
+    return iteration_graph.pending_roles(ctx.cfg, lambda step: not storage.exists(ctx.paths.receipt(n, step)))
 
 
 @dataclass(frozen=True)
@@ -139,36 +112,44 @@ class Start:
         return {"actor": self.rollout_actor, "critic": self.rollout_critic}
 
 
+def _submit(
+    ctx: RunContext,
+    spec: StepSpec,
+    n: int,
+    start: Start,
+    upstream: dict[str, PrefectFuture[Any]],
+    **options: Any,
+) -> PrefectFuture[Any]:
+    """Submit ``spec``'s task for iteration ``n``: ``task(run, n, *reads, [gathers], *state, **options)``
+    (:mod:`ppoflow.tasks.graph`)."""
+    args: list[Any] = [upstream[name] for name in spec.reads]
+    if spec.gathers:
+        args.append([upstream[name] for name in spec.gathers if name in upstream])
+    args += [getattr(start, name) for name in spec.state]
+    return TASKS[spec.name].submit(ctx.key, n, *args, **options)
+
+
 @dataclass
 class _Data:
-    """The data side of one iteration, submitted: its futures, and which groups they use."""
+    """The data side of one iteration, submitted: the futures of its steps by name."""
 
-    generate: PrefectFuture[GenerateReceipt]
-    reads: list[PrefectFuture[Receipt]]
-    advantage: PrefectFuture[AdvantageReceipt]
-    actor_users: list[PrefectFuture[Any]]
-    critic_users: list[PrefectFuture[Any]]
+    futures: dict[str, PrefectFuture[Any]]
 
-    def receipts(self) -> tuple[GenerateReceipt, list[Receipt], AdvantageReceipt]:
-        gen = self.generate.result()
-        return gen, _results(self.reads), self.advantage.result()
+    def users(self, role: str) -> list[PrefectFuture[Any]]:
+        """The submitted steps that run on ``role``'s group (an update of that group waits for them)."""
+        return [f for name, f in self.futures.items() if iteration_graph.STEP[name].role == role]
+
+    def receipts(self) -> dict[str, Any]:
+        """The receipts of the data side's steps by name (waiting for them; the first failure raises)."""
+        return dict(zip(self.futures, _results(list(self.futures.values()))))
 
 
 def _submit_data(ctx: RunContext, n: int, start: Start) -> _Data:
-    """Submit generate -> (ref_log_prob, values, rm_score) -> advantage of iteration ``n``."""
-    cfg, run = ctx.cfg, ctx.key
-    gen = generate.submit(run, n, start.rollout_actor, start.cursor)
-    reads, actor_users, critic_users = [], [gen], []
-    if needs_reference(cfg):
-        reads.append(ref_log_prob.submit(run, n, gen))
-        actor_users.append(reads[-1])
-    if cfg.critic.enable:
-        reads.append(values.submit(run, n, gen, start.rollout_critic))
-        critic_users.append(reads[-1])
-    if cfg.reward.reward_model.enable:
-        reads.append(rm_score.submit(run, n, gen))
-    adv = advantage.submit(run, n, gen, reads, start.kl_coef)
-    return _Data(gen, reads, adv, actor_users, critic_users)
+    """Submit the ``rollout`` and ``score`` steps of iteration ``n`` that the config turns on."""
+    futures: dict[str, PrefectFuture[Any]] = {}
+    for spec in iteration_graph.steps(ctx.cfg, ("rollout", "score")):
+        futures[spec.name] = _submit(ctx, spec, n, start, futures)
+    return _Data(futures)
 
 
 def _updates(
@@ -178,22 +159,20 @@ def _updates(
     the groups generate first, then train) and wait for them; the iteration's receipts. ``last``:
     the end of a run, whose snapshot (``checkpoint.snapshot_at_end``: whatever ``snapshot_every``
     says) its commit waits for."""
-    gen, scored, adv = data.receipts()
+    done = data.receipts()
     snap = last and ctx.cfg.checkpoint.snapshot_at_end
-    waits = upcoming.actor_users if upcoming else None
-    updates = [update_actor.submit(ctx.key, n, adv, start.actor, snapshot=snap, final=last, wait_for=waits)]
-    if ctx.cfg.critic.enable:
-        waits = upcoming.critic_users if upcoming else None
-        updates.append(
-            update_critic.submit(ctx.key, n, adv, start.critic, snapshot=snap, final=last, wait_for=waits)
-        )
-    return IterationReceipts(generate=gen, scored=scored, advantage=adv, updates=_results(updates))
+    updates = []
+    for spec in iteration_graph.steps(ctx.cfg, ("update",)):
+        waits = upcoming.users(spec.role or "") if upcoming else None
+        updates.append(_submit(ctx, spec, n, start, data.futures, snapshot=snap, final=last, wait_for=waits))
+    return IterationReceipts.of([*done.values(), *_results(updates)])
 
 
 def _next_data_side(ctx: RunContext, n: int, start: Start, data: _Data) -> Start:
     """Where iteration ``n + 1``'s data side starts with one-step overlap: rollout and values from
     the weights iteration ``n`` trains from (live in the groups), the updates from checkpoint n."""
-    gen, _, adv = data.receipts()
+    done = data.receipts()
+    gen, adv = done["generate"], done["advantage"]
     critic = ctx.paths.checkpoint("critic", n) if ctx.cfg.critic.enable else start.critic
     return Start(
         iteration=n,

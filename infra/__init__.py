@@ -1,11 +1,21 @@
-"""ppoflow.infra: what the layers above share, none of it Prefect- or rank-specific.
+"""ppoflow.infra: what the layers above share; it imports neither Prefect nor the layers above.
 
-data/        the data plane: DataProto, its Arrow codec, fsspec storage, prompt datasets
-runtime/     the rank runtime: worker groups on torch's launcher, control channel, dispatch, fault drills
-experiment/  experiment state on storage: manifest, lock, metrics, plots, TensorBoard, MLflow
-checkpoint/  sharded DCP checkpoints of the trained models, and export to Hugging Face
-config.py    the experiment config (one pydantic tree)
+data/        the data plane: DataProto, its Arrow codec, fsspec storage, prompt datasets and the
+             growing stream of training files, content hashes of stored files
+remote/      the remote-call layer: the wire protocol, dispatch modes, metric merge rules; driver/
+             (worker groups, DP split and merge, launchers, the multi-node hub, device slots),
+             rank/ (the rank's entry point, the Worker base class, seeding), agent/ (a node's agent)
+experiment/  experiment state on storage: manifest, lock, metrics, plots, evaluation, retention,
+             rollback, promotions, TensorBoard and MLflow tracking
+checkpoint/  sharded DCP checkpoints of the trained models (marker, hashes, background writer),
+             export to Hugging Face (full and LoRA), GGUF import
+config/      the experiment config: one pydantic tree, by section
+envs/        environments and tools of multi-turn rollouts
+preflight/   checks of an experiment before any worker group starts
+rewards/     rewards by data source, custom rewards and batch scorers, scoring rollouts, the loader of
+             user objects by import path
+faults.py    fault drills (PPOFLOW_FAULT): a task that fails, a rank or a node that dies, on purpose
+rollout_engines.py  the registry of rollout engines: name, classes by import path, capabilities
 hub.py       hub ids among model paths, and whether the Hugging Face hub can be reached
 host_cpu.py  the CPU a stretch of work got: the thread's own, the host's busy and stolen shares
-rewards.py   rule rewards by data source, and custom reward functions by import path
 """

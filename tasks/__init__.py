@@ -1,29 +1,47 @@
 """ppoflow.tasks: one Prefect task per step of a PPO iteration (inputs and outputs are URLs).
 
+The iteration's steps, what each reads, where it runs and when, are one table:
+:data:`ppoflow.tasks.graph.STEPS` (its picture is in docs/internals.md). Around them:
+
     preflight        checks data, models, reward, storage and checkpoints before anything starts
     init_experiment  iteration 0 of a new experiment (base-weight checkpoints, manifest 0)
-    generate         prompts -> rollout.arrow (responses, rollout and old log-probs)
-    ref_log_prob     rollout -> ref_log_prob.arrow
-    values           rollout -> values.arrow
-    rm_score         rollout -> rm_scores.arrow
-    advantage        -> advantages.arrow (scores, KL penalty, advantages, returns; CPU)
-    update_actor     -> checkpoints/actor/n
-    update_critic    -> checkpoints/critic/n
-    evaluate         -> iterations/n/eval/val/ (held-out generations, val/* metrics)
-    commit           -> metrics.json, manifest n
 
-``ppoflow.tasks.run`` holds the flow-run-scoped state (worker groups, inputs) the tasks look up by run key.
+and :data:`TASKS`, every step's Prefect task by the step's name. ``ppoflow.tasks.run`` holds the
+flow-run-scoped state (worker groups, inputs) the tasks look up by run key.
 """
+
+from typing import Any
 
 from ppoflow.tasks.advantage import advantage
 from ppoflow.tasks.commit import commit, init_experiment
 from ppoflow.tasks.evaluate import evaluate
 from ppoflow.tasks.generate import generate
+from ppoflow.tasks.graph import STEPS
 from ppoflow.tasks.preflight import preflight
 from ppoflow.tasks.score import ref_log_prob, rm_score, values
 from ppoflow.tasks.update import update_actor, update_critic
 
+#: The Prefect task of every step of :data:`ppoflow.tasks.graph.STEPS`, by the step's name.
+TASKS: dict[str, Any] = {
+    t.name: t
+    for t in (
+        generate,
+        ref_log_prob,
+        values,
+        rm_score,
+        advantage,
+        update_actor,
+        update_critic,
+        evaluate,
+        commit,
+    )
+}
+_unlisted = {s.name for s in STEPS} ^ set(TASKS)
+if _unlisted:  # a step without a task, or a task without a row: both are mistakes
+    raise ImportError(f"ppoflow.tasks: steps and tasks disagree on {sorted(_unlisted)}")
+
 __all__ = [
+    "TASKS",
     "advantage",
     "commit",
     "evaluate",

@@ -1,9 +1,10 @@
 """``advantage``: rewards and advantages on the CPU of the flow process.
 
 1. ``token_level_scores`` (B, R): ``reward.rm_weight * rm_scores`` (reward model) plus the rule /
-   custom score of the decoded response placed on its last response token; for multi-turn
-   episodes (an ``env_scores`` column) the environment's rewards instead of the rule / custom
-   score (the built-in ``tools`` environment applies that function to the final answer itself).
+   custom score of the decoded response placed on its last response token
+   (:mod:`ppoflow.infra.rewards.rollouts`); for multi-turn episodes (an ``env_scores`` column) the
+   environment's rewards instead of the rule / custom score (the built-in ``tools`` environment
+   applies that function to the final answer itself).
 2. ``token_level_rewards``: with ``algorithm.use_kl_in_reward`` the scores minus
    ``beta * KL(old || ref)`` per token (``ppoflow.algos.apply_kl_penalty``); the KL controller's
    coefficient comes from the manifest of iteration n-1 and its updated value goes into the
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from ppoflow.algos import (
@@ -42,20 +42,19 @@ from ppoflow.algos import (
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.metrics import compute_data_metrics
+from ppoflow.infra.rewards.rollouts import (
+    decode_prompts,
+    is_multi_turn,
+    on_last_token,
+    outcome_texts,
+    rule_scores,
+)
+from ppoflow.tasks.graph import output_of
 from ppoflow.tasks.mismatch import measure_and_correct
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, Receipt
-from ppoflow.tasks.step import Step, ppo_task
+from ppoflow.tasks.step import Step, ppo_task, shorten
 
-__all__ = [
-    "advantage",
-    "last_response_token",
-    "rule_scores",
-    "kl_controller",
-    "decode_responses",
-    "response_scores",
-    "shorten",
-    "overlong_rows",
-]
+__all__ = ["advantage", "kl_controller", "overlong_rows"]
 
 
 def kl_controller(cfg: ExperimentConfig, kl_coef: float | None):
@@ -68,67 +67,18 @@ def kl_controller(cfg: ExperimentConfig, kl_coef: float | None):
     return get_kl_controller("fixed", kl_coef=kc.kl_coef)
 
 
-def decode_responses(batch: DataProto, tokenizer: Any) -> list[str]:
-    """The text of each response of a rollout (its unmasked tokens, special tokens dropped)."""
-    responses, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
-    return [tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(responses, mask)]
-
-
-def decode_episodes(batch: DataProto, tokenizer: Any) -> list[str]:
-    """The text of each multi-turn episode after its prompt: the policy's and the environment's
-    tokens (the attention mask's response part), special tokens kept (they delimit the turns)."""
-    width = batch.batch["responses"].shape[1]
-    mask = batch.batch["attention_mask"][:, -width:].bool()
-    return [tokenizer.decode(row[m].tolist()) for row, m in zip(batch.batch["responses"], mask)]
-
-
-def response_scores(cfg: ExperimentConfig, batch: DataProto, texts: list[str]) -> list[float]:
-    """The rule / custom-function score of each response text of ``batch`` (its rows' data
-    sources, ground truths and extra info)."""
-    from ppoflow.infra.rewards import score_batch
-
-    nt = batch.non_tensor_batch
-    extra = list(nt["extra_info"]) if "extra_info" in nt else [None] * len(texts)
-    scores = score_batch(
-        [str(s) for s in nt["data_source"]],
-        texts,
-        list(nt["ground_truth"]),
-        extra,
-        custom_function=cfg.reward.custom_function,
-    )
-    return [float(s) for s in scores]
-
-
-def rule_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any) -> torch.Tensor:
-    """(B,) rule / custom-function score of each decoded response."""
-    scores = response_scores(cfg, batch, decode_responses(batch, tokenizer))
-    return torch.as_tensor(np.asarray(scores, dtype=np.float32))
-
-
 def _token_level_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any) -> torch.Tensor:
     mask = batch.batch["response_mask"]
     scores = torch.zeros(mask.shape, dtype=torch.float32)
     if "rm_scores" in batch.batch:
         scores += cfg.reward.rm_weight * batch.batch["rm_scores"].float()
-    last = last_response_token(mask)
-    if "env_scores" in batch.batch:  # multi-turn: the environment scored each turn and the episode
+    if is_multi_turn(batch):  # the environment scored each turn and the episode
         scores += batch.batch["env_scores"].float()
     elif cfg.reward.rule or cfg.reward.custom_function:
-        scores[torch.arange(len(last)), last] += rule_scores(cfg, batch, tokenizer)
+        scores += on_last_token(rule_scores(batch, tokenizer, cfg.reward.custom_function), mask)
     if cfg.reward.overlong_buffer.enable:
-        scores[torch.arange(len(last)), last] += _overlong_penalty(cfg, mask)
+        scores += on_last_token(_overlong_penalty(cfg, mask), mask)
     return scores
-
-
-def last_response_token(mask: torch.Tensor) -> torch.Tensor:
-    """(B,) index of each row's last position where ``mask`` is 1 (0 for an empty row): the end
-    of a response, or of a multi-turn episode's last policy turn."""
-    positions = torch.arange(mask.shape[1]).expand_as(mask)
-    return (
-        torch.where(mask != 0, positions, 0).amax(dim=-1)
-        if mask.shape[1]
-        else torch.zeros(len(mask), dtype=torch.long)
-    )
 
 
 def overlong_rows(batch: DataProto, max_length: int) -> torch.Tensor:
@@ -174,7 +124,7 @@ def advantage(
     cfg = step.cfg
     batch = DataProto.load(generated.output("rollout"))
     for receipt in scored:
-        batch = batch.union(DataProto.load(receipt.output(receipt.task)))
+        batch = batch.union(DataProto.load(receipt.output(output_of(receipt.task))))
     mask = batch.batch["response_mask"]
     scores = _token_level_scores(cfg, batch, step.ctx.inputs.tokenizer)
     metrics: dict[str, float] = {}
@@ -227,13 +177,9 @@ def _samples_artifact(step: Step[AdvantageReceipt], batch: DataProto, rows: int)
 
     tok = step.ctx.inputs.tokenizer
     head = batch[: min(rows, len(batch))]
-    episodes = "turn_ids" in head.batch  # multi-turn: the whole episode, environment turns too
-    responses = decode_episodes(head, tok) if episodes else decode_responses(head, tok)
-    width = head.batch["prompts"].shape[1]
-    prompts = [
-        tok.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
-        for ids, m in zip(head.batch["prompts"], head.batch["attention_mask"][:, :width])
-    ]
+    episodes = is_multi_turn(head)  # the whole episode, environment turns too
+    responses = outcome_texts(head, tok)
+    prompts = decode_prompts(head, tok)
     mask = head.batch["response_mask"]
     table = [
         {
@@ -255,8 +201,3 @@ def _samples_artifact(step: Step[AdvantageReceipt], batch: DataProto, rows: int)
         key=f"{step.slug}-rollouts",
         description=f"iteration {step.n}: the first {len(head)} training rollouts",
     )
-
-
-def shorten(text: str, limit: int = 300) -> str:
-    """``text`` cut to ``limit`` characters (an ellipsis marks a cut), for tables people read."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"

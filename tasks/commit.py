@@ -34,22 +34,13 @@ from ppoflow.infra.experiment.manifest import (
 from ppoflow.infra.experiment.metrics import throughput_metrics
 from ppoflow.infra.experiment.retention import apply_retention
 from ppoflow.infra.faults import maybe_fail
+from ppoflow.tasks.graph import critical_path, trained_roles
 from ppoflow.tasks.receipts import IterationReceipts, Receipt
 from ppoflow.tasks.replay import replay_entry
 from ppoflow.tasks.run import get_run
 from ppoflow.tasks.step import TASK_OPTIONS, task_logs
 
 __all__ = ["init_experiment", "commit", "iteration_metrics"]
-
-#: Tasks on the iteration's critical path; parallel ones are grouped (the slowest counts).
-CRITICAL_PATH = (
-    ("generate",),
-    ("ref_log_prob", "values", "rm_score"),
-    ("advantage",),
-    ("update_actor", "update_critic"),
-    ("evaluate",),
-    ("commit",),
-)
 
 
 @task(name="init", task_run_name="init", **TASK_OPTIONS)
@@ -61,7 +52,7 @@ def init_experiment(run: str) -> Manifest:
     if existing is not None:
         return existing
     maybe_fail("init", "before")
-    roles = ["actor"] + (["critic"] if cfg.critic.enable else [])
+    roles = trained_roles(cfg)
     checkpoints: dict[str, str | None] = {"actor": None, "critic": None}
     with task_logs(ctx, *roles) as logger:
         logger.info(
@@ -93,7 +84,7 @@ def iteration_metrics(receipts: list[Receipt], wall_s: float, nprocs: int) -> di
         metrics.update(receipt.metrics)
         metrics[f"timing_s/{receipt.task}"] = float(receipt.timing_s)
     critical = sum(
-        max((metrics.get(f"timing_s/{t}", 0.0) for t in stage), default=0.0) for stage in CRITICAL_PATH
+        max((metrics.get(f"timing_s/{t}", 0.0) for t in stage), default=0.0) for stage in critical_path()
     )
     metrics["timing_s/iteration"] = wall_s
     metrics["timing_s/critical_path"] = critical
@@ -106,7 +97,7 @@ def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, f
     """Wait for (or recover, concurrently per role) the iteration's checkpoints; their write metrics."""
     metrics: dict[str, float] = {}
     t0 = time.perf_counter()
-    updates = {role: receipts.update_of(role) for role in ("actor", "critic")}
+    updates = {role: receipts.update_of(role) for role in trained_roles(ctx.cfg)}
     wanted = {r: u.checkpoints[r] for r, u in updates.items() if u is not None and r not in u.replay}
     with ThreadPoolExecutor(max_workers=len(wanted) or 1, thread_name_prefix="ppoflow-commit") as pool:
         jobs = [pool.submit(ctx.groups.materialize, role, url, logger.info) for role, url in wanted.items()]
@@ -122,11 +113,11 @@ def _settle_checkpoints(ctx, receipts: IterationReceipts, logger) -> dict[str, f
     return metrics
 
 
-def _updated(paths, receipts: IterationReceipts) -> dict[str, dict | None]:
+def _updated(cfg, paths, receipts: IterationReceipts) -> dict[str, dict | None]:
     """The roles iteration n updated: None where the state was written, else the update's record
     for the manifest's replay chain (the batch hashed now, once)."""
     out: dict[str, dict | None] = {}
-    for role in ("actor", "critic"):
+    for role in trained_roles(cfg):
         update = receipts.update_of(role)
         if update is not None:
             out[role] = replay_entry(paths, update, role) if role in update.replay else None
@@ -173,34 +164,46 @@ def commit(
             [*receipts.all(), *extra, commit_time], wall_s=time.time() - started, nprocs=cfg.resources.nprocs
         )
         metrics.update(written)
-        metrics["iteration"] = n
-        metrics["time/started_unix_s"] = started
-        metrics["time/committed_unix_s"] = time.time()
+        metrics.update({"iteration": n, "time/started_unix_s": started, "time/committed_unix_s": time.time()})
         storage.write_json_atomic(paths.file(n, "metrics.json"), metrics)
-        actor_checkpoint = receipts.checkpoint("actor")
-        assert actor_checkpoint is not None  # update_actor runs in every iteration
-        manifest = next_manifest(
-            previous,
-            cfg,
-            paths,
-            actor_checkpoint=actor_checkpoint,
-            critic_checkpoint=receipts.checkpoint("critic") or paths.url(previous.critic_checkpoint),
-            data_cursor=receipts.generate.next_cursor,
-            kl_coef=receipts.advantage.kl_coef,
-            metrics=metrics,
-            rollout_checkpoints=rollout_checkpoints,
-            before=_evaluation_of_zero(paths) if n == 1 else None,
-            updated=_updated(paths, receipts),
-            data_files=ctx.inputs.data_files,
-        ).settled(lambda ref: is_complete(paths.url(ref) or ""))
+        manifest = _manifest(ctx, n, previous, receipts, metrics, rollout_checkpoints)
         ctx.lock.check()
         publish(paths, manifest)
         maybe_fail("commit", "after", n)
-        try:
-            removed = apply_retention(paths, cfg.checkpoint, manifest)
-        except Exception as exc:  # noqa: BLE001 - the commit stands; the next one retries the cleanup
-            logger.warning(f"retention after commit {n} failed (the next commit tries again): {exc}")
-        else:
-            if removed:
-                logger.info(f"retention: removed {', '.join(paths.ref(u) for u in removed)}")
+        _retain(ctx, n, manifest, logger)
     return manifest
+
+
+def _manifest(
+    ctx, n: int, previous: Manifest, receipts: IterationReceipts, metrics: dict, rollout: dict | None
+) -> Manifest:
+    """Manifest ``n``: ``previous`` advanced by the iteration's receipts (checkpoints, cursor, KL
+    coefficient, metrics), its replay chain settled on what is complete."""
+    cfg, paths = ctx.cfg, ctx.paths
+    actor_checkpoint = receipts.checkpoint("actor")
+    assert actor_checkpoint is not None  # update_actor runs in every iteration
+    return next_manifest(
+        previous,
+        cfg,
+        paths,
+        actor_checkpoint=actor_checkpoint,
+        critic_checkpoint=receipts.checkpoint("critic") or paths.url(previous.critic_checkpoint),
+        data_cursor=receipts.generate.next_cursor,
+        kl_coef=receipts.advantage.kl_coef,
+        metrics=metrics,
+        rollout_checkpoints=rollout,
+        before=_evaluation_of_zero(paths) if n == 1 else None,
+        updated=_updated(cfg, paths, receipts),
+        data_files=ctx.inputs.data_files,
+    ).settled(lambda ref: is_complete(paths.url(ref) or ""))
+
+
+def _retain(ctx, n: int, manifest: Manifest, logger) -> None:
+    """Apply the retention policy after commit ``n`` (a failure is logged: the next commit retries)."""
+    try:
+        removed = apply_retention(ctx.paths, ctx.cfg.checkpoint, manifest)
+    except Exception as exc:  # noqa: BLE001 - the commit stands; the next one retries the cleanup
+        logger.warning(f"retention after commit {n} failed (the next commit tries again): {exc}")
+    else:
+        if removed:
+            logger.info(f"retention: removed {', '.join(ctx.paths.ref(u) for u in removed)}")

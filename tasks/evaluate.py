@@ -27,10 +27,10 @@ from ppoflow.infra.data.prompts import PromptDataset, Row
 from ppoflow.infra.experiment.evaluation import EVAL_DIR, VAL_TAG, evaluation_metrics
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
 from ppoflow.infra.remote.driver.handle import WorkerHandle
-from ppoflow.tasks.advantage import decode_episodes, decode_responses, response_scores, shorten
+from ppoflow.infra.rewards.rollouts import outcome_scores, outcome_texts
 from ppoflow.tasks.receipts import Receipt
 from ppoflow.tasks.run import get_run
-from ppoflow.tasks.step import TASK_OPTIONS, Step, artifact_slug, ppo_task, task_logs
+from ppoflow.tasks.step import TASK_OPTIONS, Step, artifact_slug, ppo_task, shorten, task_logs
 
 __all__ = [
     "evaluate",
@@ -91,12 +91,8 @@ def score_responses(
     """The responses of ``out`` (a rollout of :func:`evaluation_prompts`) decoded and scored with
     the reward functions: the generations table and the evaluation's metrics."""
     n = cfg.evaluation.n
-    if "env_scores" in out.batch:  # multi-turn: the environment's score of each whole episode
-        texts = decode_episodes(out, tokenizer)
-        scores = [float(s) for s in out.batch["env_scores"].sum(-1).tolist()]
-    else:
-        texts = decode_responses(out, tokenizer)
-        scores = response_scores(cfg, out, texts)
+    texts = outcome_texts(out, tokenizer)  # multi-turn: whole episodes, scored by their environment
+    scores = outcome_scores(out, tokenizer, cfg.reward.custom_function, texts)
     nt = out.non_tensor_batch
     sources = [str(s) for s in nt["data_source"]]
     lengths = [int(m) for m in out.batch["response_mask"].sum(-1).tolist()]

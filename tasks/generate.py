@@ -23,6 +23,7 @@ groups sampled that scored all alike); the engine's ``rollout/*`` metrics are th
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import cast
 from uuid import UUID
 
@@ -32,6 +33,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.data.prompts import DataCursor, DataError
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
+from ppoflow.infra.rewards.rollouts import outcome_scores
 from ppoflow.tasks.receipts import GenerateReceipt
 from ppoflow.tasks.step import Step, ppo_task
 
@@ -66,95 +68,117 @@ def keep_informative_groups(batch: DataProto, scores: list[float], wanted: int) 
     return batch[rows], total, total - len(informative)
 
 
+@dataclass
+class _Rounds:
+    """What the rounds of one generation tallied (dynamic sampling: groups kept and sampled)."""
+
+    wanted: int
+    kept: list[DataProto] = field(default_factory=list)
+    groups: int = 0
+    generated: int = 0
+    alike: int = 0
+    truncated: int = 0
+    metrics: list[dict] = field(default_factory=list)
+
+    def keep(self, batch: DataProto, scores: list[float]) -> bool:
+        """Keep the informative groups of a round's ``batch``; True once the batch is full."""
+        part, in_round, alike = keep_informative_groups(batch, scores, self.wanted - self.groups)
+        self.generated, self.alike = self.generated + in_round, self.alike + alike
+        self.groups += len(set(part.non_tensor_batch["uid"].tolist()))
+        self.kept.append(part)
+        return self.groups >= self.wanted
+
+    def check_full(self, n: int, max_rounds: int) -> None:
+        if self.groups < self.wanted:
+            raise DataError(
+                f"dynamic sampling: {max_rounds} generation rounds of iteration {n} found "
+                f"{self.groups} of the {self.wanted} prompt groups a batch needs whose responses scored "
+                f"differently (the other {self.alike} scored all alike: no gradient signal). "
+                "Raise algorithm.dynamic_sampling.max_rounds, use prompts the policy sometimes "
+                "solves, or disable dynamic sampling"
+            )
+
+
+def _prompts(
+    step: Step[GenerateReceipt], cursor: DataCursor, r: int, url: str
+) -> tuple[int, DataCursor, int]:
+    """Write round ``r``'s prompt batch from ``cursor`` at ``url``: (rows, next cursor, truncated)."""
+    cfg, ctx = step.cfg, step.ctx
+    rows, next_cursor = ctx.inputs.dataset.take(
+        cursor, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
+    )
+    prompts, stats = ctx.inputs.dataset.tokenize(
+        rows,
+        ctx.inputs.tokenizer,
+        prompt_length=cfg.rollout.prompt_length,
+        apply_chat_template=cfg.data.apply_chat_template,
+        meta_info={"iteration": step.n, "seed": round_seed(cfg.seed, cfg.rollout.seed, step.n, r)},
+        truncation=cfg.data.truncation,
+    )
+    prompts.save(url)
+    return len(rows), next_cursor, int(stats["truncated"])
+
+
 @ppo_task("generate", GenerateReceipt, roles=("actor",))
 def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCursor) -> GenerateReceipt:
     """Roll out iteration ``n`` from data ``cursor`` with the actor of ``actor_checkpoint``.
 
     Outputs ``prompts``, ``rollout``; metrics ``rollout/*``, ``weight_sync_s``, ``data/*``.
     """
-    cfg, ctx, n = step.cfg, step.ctx, step.n
+    cfg, n = step.cfg, step.n
     # a sync task: prefect's async_dispatch runs the sync implementation (typed UUID | Coroutine)
     progress = cast(UUID, create_progress_artifact(0.0, description=f"iteration {n}: generation"))
     dynamic = cfg.algorithm.dynamic_sampling
-    rounds = dynamic.max_rounds if dynamic.enable else 1
-    wanted = cfg.data.train_batch_size
-    seed = iteration_seed(cfg.seed, cfg.rollout.seed, n)
     prompts_url, rollout_url = step.file("prompts.arrow"), step.file("rollout.arrow")
     actor = None
-    kept: list[DataProto] = []
-    groups = generated = alike = truncated = 0
-    next_cursor, round_metrics = cursor, []
-    for r in range(rounds):
+    tally = _Rounds(cfg.data.train_batch_size)
+    next_cursor = cursor
+    for r in range(dynamic.max_rounds if dynamic.enable else 1):
         where = f"round {r}, epoch {next_cursor['epoch']} offset {next_cursor['offset']}"
-        rows, next_cursor = ctx.inputs.dataset.take(
-            next_cursor, wanted, seed=cfg.data.seed, shuffle=cfg.data.shuffle
-        )
-        prompts, stats = ctx.inputs.dataset.tokenize(
-            rows,
-            ctx.inputs.tokenizer,
-            prompt_length=cfg.rollout.prompt_length,
-            apply_chat_template=cfg.data.apply_chat_template,
-            meta_info={"iteration": n, "seed": round_seed(cfg.seed, cfg.rollout.seed, n, r)},
-            truncation=cfg.data.truncation,
-        )
-        truncated += int(stats["truncated"])
         round_prompts = prompts_url if r == 0 else step.file(f"prompts-r{r}.arrow")
         round_rollout = step.file(f"rollout-r{r}.arrow") if dynamic.enable else rollout_url
-        prompts.save(round_prompts)
-        update_progress_artifact(progress, 10.0, description=f"iteration {n}: {len(rows)} prompts ({where})")
-        if actor is None:
-            actor = step.worker("actor", actor_checkpoint)
+        rows, next_cursor, truncated = _prompts(step, next_cursor, r, round_prompts)
+        tally.truncated += truncated
+        update_progress_artifact(progress, 10.0, description=f"iteration {n}: {rows} prompts ({where})")
+        actor = actor or step.worker("actor", actor_checkpoint)
         update_progress_artifact(
-            progress,
-            20.0,
-            description=f"iteration {n}: actor group ready, sampling {len(rows)} x {cfg.rollout.n}",
+            progress, 20.0, description=f"iteration {n}: actor group ready, sampling {rows} x {cfg.rollout.n}"
         )
         actor.generate_sequences(round_prompts, out_url=round_rollout)
         if not dynamic.enable:
-            round_metrics.append(DataProto.load(rollout_url, columns=[]).meta_info.get("metrics") or {})
+            tally.metrics.append(DataProto.load(rollout_url, columns=[]).meta_info.get("metrics") or {})
             break
         batch = DataProto.load(round_rollout)
-        round_metrics.append(batch.meta_info.get("metrics") or {})
-        scores = _scores(step, batch)
-        part, in_round, alike_in_round = keep_informative_groups(batch, scores, wanted - groups)
-        generated, alike = generated + in_round, alike + alike_in_round
-        groups += len(set(part.non_tensor_batch["uid"].tolist()))
-        kept.append(part)
-        if groups >= wanted:
+        tally.metrics.append(batch.meta_info.get("metrics") or {})
+        if tally.keep(batch, _scores(step, batch)):
             break
     if dynamic.enable:
-        if groups < wanted:
-            raise DataError(
-                f"dynamic sampling: {dynamic.max_rounds} generation rounds of iteration {n} found "
-                f"{groups} of the {wanted} prompt groups a batch needs whose responses scored "
-                f"differently (the other {alike} scored all alike: no gradient signal). "
-                "Raise algorithm.dynamic_sampling.max_rounds, use prompts the policy sometimes "
-                "solves, or disable dynamic sampling"
-            )
-        DataProto.concat(kept).save(rollout_url)
+        tally.check_full(n, dynamic.max_rounds)
+        DataProto.concat(tally.kept).save(rollout_url)
     update_progress_artifact(progress, 100.0, description=f"iteration {n}: rollout written")
-    metrics = reduce_rank_metrics(round_metrics[-1:])
-    if "rollout/weight_sync_s" in metrics:  # the name the UI table lists it under
-        metrics["weight_sync_s"] = metrics["rollout/weight_sync_s"]
-    if dynamic.enable:
-        metrics["rollout/generation_rounds"] = float(len(round_metrics))
-        metrics["rollout/filtered_groups_share"] = alike / generated if generated else 0.0
-    metrics["data/truncated_prompts"] = float(truncated)
-    metrics["data/epoch"] = float(cursor["epoch"])
     return step.receipt(
         outputs={"prompts": prompts_url, "rollout": rollout_url},
-        metrics=metrics,
+        metrics=_metrics(tally, dynamic.enable, cursor),
         next_cursor=next_cursor,
-        seed=seed,
-        truncated_prompts=truncated,
+        seed=iteration_seed(cfg.seed, cfg.rollout.seed, n),
+        truncated_prompts=tally.truncated,
     )
 
 
-def _scores(step: Step[GenerateReceipt], batch: DataProto) -> list[float]:
-    """The rule / custom-function score of each response of a round (what dynamic sampling
-    compares within a group: the outcome, before any shaping)."""
-    from ppoflow.tasks.advantage import decode_responses, response_scores
+def _metrics(tally: _Rounds, dynamic: bool, cursor: DataCursor) -> dict[str, float]:
+    """The receipt's metrics: the engine's of the last round, dynamic sampling's, the data's."""
+    metrics = reduce_rank_metrics(tally.metrics[-1:])
+    if "rollout/weight_sync_s" in metrics:  # the name the UI table lists it under
+        metrics["weight_sync_s"] = metrics["rollout/weight_sync_s"]
+    if dynamic:
+        metrics["rollout/generation_rounds"] = float(len(tally.metrics))
+        metrics["rollout/filtered_groups_share"] = tally.alike / tally.generated if tally.generated else 0.0
+    metrics["data/truncated_prompts"] = float(tally.truncated)
+    metrics["data/epoch"] = float(cursor["epoch"])
+    return metrics
 
-    if "env_scores" in batch.batch:  # multi-turn: the environment's rewards of each episode
-        return [float(s) for s in batch.batch["env_scores"].sum(-1).tolist()]
-    return response_scores(step.cfg, batch, decode_responses(batch, step.ctx.inputs.tokenizer))
+
+def _scores(step: Step[GenerateReceipt], batch: DataProto) -> list[float]:
+    """The rule / custom-function score of each response of a round, or the environment's of
+    each episode (what dynamic sampling compares within a group: the outcome, before any shaping)."""
+    return outcome_scores(batch, step.ctx.inputs.tokenizer, step.cfg.reward.custom_function)

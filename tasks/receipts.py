@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
 from ppoflow.infra.checkpoint.sharded import is_complete
 from ppoflow.infra.data import storage
@@ -187,22 +187,38 @@ def write_receipt(paths: ExperimentPaths, receipt: R) -> R:
 
 
 class IterationReceipts(BaseModel):
-    """Everything ``commit`` publishes iteration n from: the receipts of its tasks."""
+    """Everything ``commit`` publishes iteration n from: the receipts of its steps by step name
+    (the rows of :data:`ppoflow.tasks.graph.STEPS` that ran)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    generate: GenerateReceipt
-    scored: list[Receipt] = Field(default_factory=list, description="ref_log_prob / values / rm_score")
-    advantage: AdvantageReceipt
-    updates: list[Receipt] = Field(description="update_actor (and update_critic)")
+    by_step: dict[str, SerializeAsAny[Receipt]]
+
+    @classmethod
+    def of(cls, receipts: list[Receipt]) -> IterationReceipts:
+        """The iteration's receipts from a list (each names its step)."""
+        by_step = {r.task: r for r in receipts}
+        missing = {"generate", "advantage"} - set(by_step)
+        if missing:
+            raise ValueError(f"an iteration's receipts need {sorted(missing)}; got {sorted(by_step)}")
+        return cls(by_step=by_step)
+
+    @property
+    def generate(self) -> GenerateReceipt:
+        return cast(GenerateReceipt, self.by_step["generate"])
+
+    @property
+    def advantage(self) -> AdvantageReceipt:
+        return cast(AdvantageReceipt, self.by_step["advantage"])
 
     def all(self) -> list[Receipt]:
-        return [self.generate, *self.scored, self.advantage, *self.updates]
+        return list(self.by_step.values())
 
     def checkpoint(self, role: str) -> str | None:
         """The state of ``role`` an update of this iteration left (None: no update of it)."""
-        return next((r.checkpoints[role] for r in self.updates if role in r.checkpoints), None)
+        update = self.update_of(role)
+        return None if update is None else update.checkpoints[role]
 
     def update_of(self, role: str) -> Receipt | None:
         """The receipt of the update of ``role`` in this iteration (None: none ran)."""
-        return next((r for r in self.updates if role in r.checkpoints), None)
+        return next((r for r in self.by_step.values() if role in r.checkpoints), None)

@@ -22,10 +22,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ppoflow.infra.checkpoint.integrity import hash_file
 from ppoflow.infra.checkpoint.marker import CheckpointError, is_complete
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
+from ppoflow.infra.data.hashing import hash_file
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest
 from ppoflow.tasks.receipts import Receipt
 

@@ -63,6 +63,7 @@ __all__ = [
     "retryable",
     "Timer",
     "task_logs",
+    "shorten",
 ]
 
 TASK_RETRIES = 2
@@ -71,6 +72,11 @@ TASK_RETRIES = 2
 def artifact_slug(text: str) -> str:
     """``text`` as a Prefect artifact key: lowercase letters, digits and dashes."""
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "experiment"
+
+
+def shorten(text: str, limit: int = 300) -> str:
+    """``text`` cut to ``limit`` characters (an ellipsis marks a cut), for artifact tables people read."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _credential_errors() -> tuple[type[BaseException], ...]:

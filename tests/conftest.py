@@ -1,3 +1,4 @@
+from tests.support.ckpt.checkpoint_run import ckpt_run  # noqa
 from tests.support.mlflow_server import mlflow_server  # noqa
 from tests.support.s3_server import s3_server  # noqa
 

@@ -1,11 +1,19 @@
 """The project as a whole: one installed package, ``ppoflow``, whose layers import downward only
 (flows -> tasks -> algos, infra in the flow's process; workers -> algos, infra in the ranks), with
-no import circles, and whose flow process loads no worker code (the ranks do)."""
+no import circles between modules or packages, and whose flow process loads no worker code (the
+ranks do); the sideways rules between neighbours; the sizes of modules and functions; a test
+module for every library module; and docs that name only files that exist.
+
+``IN_FLIGHT`` (below) is TEMPORARY: the violations that work in progress elsewhere removes.
+"""
 
 from __future__ import annotations
 
 import ast
+import functools
+import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,25 +24,122 @@ import pytest
 import ppoflow
 from tests.support.paths import ROOT
 
-PACKAGES = ("flows", "tasks", "workers", "algos", "infra", "demo")
+#: The installed package's folder: its sub-packages are links to the top-level folders (and any
+#: folder of its own), so a new sub-package (``ppoflow.cli``) is found without naming it here.
+PACKAGE_DIR = os.path.join(ROOT, "ppoflow")
+PACKAGES = tuple(
+    sorted(n for n in os.listdir(PACKAGE_DIR) if os.path.isfile(os.path.join(PACKAGE_DIR, n, "__init__.py")))
+)
+
+#: TEMPORARY: violations of the rules below that work in flight elsewhere removes (the value names
+#: the owner area). The lead empties this after merging that work; an entry that no longer
+#: violates its rule fails ``test_in_flight_entries_are_still_needed`` so that it goes too.
+#: Keys: ``lines: <file>`` (a module over MAX_MODULE_LINES), ``function: <file>:<name>`` (a
+#: function over MAX_FUNCTION_LINES without a reason), ``test: <file>`` (no mirrored test module),
+#: ``import: <file> -> <file>`` (a sideways import).
+IN_FLIGHT: dict[str, str] = {
+    # sizes
+    "lines: infra/remote/driver/group.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
+    "lines: tasks/run/groups.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
+    "function: flows/commands.py:cmd_status": "CLI split (flows/)",
+    "function: flows/ppo.py:ppo": "experiment session object (flows/ppo.py)",
+    "function: flows/retrain.py:retrain": "CLI split (flows/)",
+    "function: workers/rollout/episodes.py:assemble": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    # mirrored test modules
+    "test: flows/commands.py": "CLI split (flows/)",
+    "test: flows/demo.py": "CLI split (flows/)",
+    "test: flows/deployment.py": "CLI split (flows/)",
+    "test: flows/evaluate.py": "CLI split (flows/)",
+    "test: flows/local_api.py": "CLI split (flows/)",
+    "test: flows/ppo.py": "CLI split (flows/)",
+    "test: flows/promotion.py": "CLI split (flows/)",
+    "test: flows/retrain.py": "CLI split (flows/)",
+    "test: infra/data/arrow_codec.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
+    "test: infra/data/arrow_columns.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
+    "test: infra/data/arrow_objects.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
+    "test: infra/data/storage.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
+    "test: infra/envs/base.py": "rewards package and one user-object loader (infra/envs/*)",
+    "test: infra/envs/sandbox.py": "rewards package and one user-object loader (infra/envs/*)",
+    "test: infra/envs/tool_env.py": "rewards package and one user-object loader (infra/envs/*)",
+    "test: infra/envs/tools.py": "rewards package and one user-object loader (infra/envs/*)",
+    "test: tasks/run/groups.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
+    "test: workers/actor_rollout_ref_worker.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    "test: workers/rollout/base.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    "test: workers/rollout/chat_turns.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    "test: workers/rollout/gc_heap.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    "test: workers/rollout/hf_rollout.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    "test: workers/rollout/sharding_manager.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    "test: workers/rollout/tp_slicing.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    "test: workers/rollout/vllm_engine.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    "test: workers/rollout/vllm_ipc.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    "test: workers/rollout/weight_sync.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+}
+
+#: Library modules without a test module at the mirrored path, and where they are tested instead
+#: (modules whose behaviour only a multi-rank or whole-flow test shows).
+TESTED_ELSEWHERE: dict[str, str] = {
+    "demo/experiment.py": "tests/scenarios/test_demo.py (prepare builds the demo's experiment, the demo run uses it)",
+    "infra/checkpoint/_dist.py": "tests/infra/checkpoint/test_sharded.py (its collectives, in one process and on ranks)",
+    "infra/checkpoint/staging.py": "tests/infra/checkpoint/test_writer.py (every background write stages through it)",
+    "infra/checkpoint/lora_export.py": "tests/scenarios/test_flow_lora.py (a LoRA run's checkpoints exported as a PEFT adapter)",
+    "infra/checkpoint/gguf_import.py": "tests/scenarios/test_real_model.py (a real GGUF model imported and compared)",
+    "infra/remote/driver/launchers.py": "tests/infra/remote/driver/test_group.py (LocalLauncher starts every group there)",
+    "infra/remote/driver/replies.py": "tests/infra/remote/driver/test_group.py (every call's replies, ranks that raise or die)",
+    "infra/remote/driver/rendezvous.py": "tests/infra/remote/test_multinode.py (groups over node agents)",
+    "infra/remote/links.py": "tests/infra/remote/driver/test_hub.py (strangers refused) and tests/infra/remote/test_multinode.py",
+    "infra/remote/rank/entry.py": "tests/infra/remote/driver/test_group.py (every rank runs it: calls, faults, a dead driver)",
+    "tasks/score.py": "tests/scenarios/test_flow.py (its three reads of every rollout, on their groups)",
+    "tasks/update.py": "tests/scenarios/test_flow_snapshots.py (updates that snapshot, defer or record for replay)",
+    "tasks/checkpoints.py": "tests/scenarios/test_flow_checkpoints.py (the flow's checkpoint writes and their lineage)",
+    "tasks/preflight.py": "tests/scenarios/test_flow.py (every flow run starts with it); the checks: tests/infra/test_preflight.py",
+    "tasks/replay.py": "tests/scenarios/test_flow_snapshots.py (states rebuilt from snapshots by replay)",
+    "tasks/run/context.py": "tests/tasks/test_step.py (the run's context as the tasks look it up)",
+    "tasks/run/inputs.py": "tests/scenarios/test_flow.py (the tokenizer and prompts every task of a run shares)",
+    "tasks/run/materialize.py": "tests/scenarios/test_flow_snapshots.py (a committed state written out as a checkpoint)",
+    "workers/actor.py": "tests/workers/test_fsdp_workers.py (against a plain single-process PPO update)",
+    "workers/critic.py": "tests/workers/test_fsdp_workers.py (against a plain single-process value update)",
+    "workers/critic_worker.py": "tests/workers/test_fsdp_workers.py (one critic group on two ranks)",
+    "workers/checkpointing.py": "tests/workers/test_fsdp_workers.py (the workers' saves and loads) and the flow scenarios",
+    "workers/compiled.py": "tests/workers/test_packing.py (compiled and eager forwards compared)",
+    "workers/device_memory.py": "tests/workers/rollout/test_engine_settings.py (peaks and the engine's pool)",
+    "workers/hf_models.py": "tests/workers/test_packing.py and tests/workers/test_fsdp_workers.py (the models they build)",
+    "workers/modeling.py": "tests/workers/test_packing.py (packed against padded forwards) and tests/workers/test_lora.py",
+}
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+#: A function over MAX_FUNCTION_LINES says why in its docstring, in a sentence starting so.
+LONG_REASON = "Long because"
 
 
 def _modules() -> dict[str, str]:
+    """``ppoflow.<dotted name>`` -> file, for every module of the library."""
     out = {}
     for pkg in PACKAGES:
-        for folder, _, files in os.walk(os.path.join(ROOT, pkg)):
+        for folder, _, files in os.walk(os.path.join(PACKAGE_DIR, pkg)):
             for name in files:
                 if name.endswith(".py"):
-                    rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3].replace(os.sep, ".")
+                    rel = os.path.relpath(os.path.join(folder, name), PACKAGE_DIR)[:-3].replace(os.sep, ".")
                     out["ppoflow." + rel.removesuffix(".__init__")] = os.path.join(folder, name)
     return out
+
+
+def _repo_path(path: str) -> str:
+    """A library file as the repository holds it (``flows/ppo.py``; links resolved)."""
+    return os.path.relpath(os.path.realpath(path), os.path.realpath(ROOT))
+
+
+@functools.cache
+def _parsed(path: str) -> ast.Module:
+    with open(path) as f:
+        return ast.parse(f.read())
 
 
 def _imports(path: str, modules: dict[str, str] | None = None) -> set[str]:
     """Every ``ppoflow`` module ``path`` imports, at the top or inside a function. ``from pkg
     import mod`` counts as an import of ``pkg.mod`` (``pkg`` is initialised before either)."""
     found = set()
-    for node in ast.walk(ast.parse(open(path).read())):
+    for node in ast.walk(_parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ppoflow"):
             subs = {f"{node.module}.{a.name}" for a in node.names}
             known = {m for m in subs if modules is not None and m in modules}
@@ -44,20 +149,26 @@ def _imports(path: str, modules: dict[str, str] | None = None) -> set[str]:
     return found
 
 
+def _under(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
 def test_lower_layers_never_import_upper_ones():
     rules = {
         "ppoflow.algos": (
+            "ppoflow.cli",
             "ppoflow.flows",
             "ppoflow.tasks",
             "ppoflow.workers",
             "ppoflow.demo",
             "ppoflow.infra",
         ),
-        "ppoflow.infra": ("ppoflow.flows", "ppoflow.tasks", "ppoflow.workers", "ppoflow.demo"),
-        "ppoflow.workers": ("ppoflow.flows", "ppoflow.tasks", "ppoflow.demo"),
-        "ppoflow.tasks": ("ppoflow.flows", "ppoflow.demo", "ppoflow.workers"),
+        "ppoflow.infra": ("ppoflow.cli", "ppoflow.flows", "ppoflow.tasks", "ppoflow.workers", "ppoflow.demo"),
+        "ppoflow.workers": ("ppoflow.cli", "ppoflow.flows", "ppoflow.tasks", "ppoflow.demo"),
+        "ppoflow.tasks": ("ppoflow.cli", "ppoflow.flows", "ppoflow.demo", "ppoflow.workers"),
         "ppoflow.flows": ("ppoflow.workers",),
         "ppoflow.flows.ppo": ("ppoflow.demo",),
+        "ppoflow.cli": ("ppoflow.workers",),
     }
     bad = []
     for module, path in _modules().items():
@@ -86,6 +197,216 @@ def test_no_import_circles():
     for m in graph:
         if m not in state:
             visit(m, [])
+
+
+def test_no_package_circles():
+    """Within each package its modules and sub-packages (each sub-package one node, standing for
+    everything under it) import one another without a circle: two packages never each use the
+    other (``infra.data`` and ``infra.checkpoint``, say), even through a third."""
+    modules = _modules()
+    graph: dict[str, dict[str, tuple[str, str]]] = {}
+    for module, path in modules.items():
+        for imported in _imports(path, modules):
+            if imported not in modules:
+                continue
+            a, b = module.split("."), imported.split(".")
+            k = 0
+            while k < min(len(a), len(b)) - 1 and a[k] == b[k]:
+                k += 1
+            src, dst = ".".join(a[: k + 1]), ".".join(b[: k + 1])
+            if src != dst:  # siblings under their deepest common package
+                graph.setdefault(src, {}).setdefault(dst, (module, imported))
+    circles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph.get(node, {}):
+            if state.get(nxt) == 1:
+                loop = [*stack[stack.index(nxt) :], node, nxt] if nxt in stack else [node, nxt]
+                edges = [" -> ".join(graph[x][y]) for x, y in zip(loop, loop[1:])]
+                circles.append(" -> ".join(loop) + " (" + "; ".join(edges) + ")")
+            elif nxt not in state:
+                visit(nxt, [*stack, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert not circles, "package circles:\n" + "\n".join(circles)
+
+
+#: Neighbours that must not lean on each other: (importers, what they must not import, why).
+SIDEWAYS = (
+    (
+        ("ppoflow.infra.remote",),
+        ("ppoflow.infra.experiment",),
+        "the remote-call layer knows no metric names: workers declare how their metrics merge "
+        "(@register(..., metrics=...), infra/remote/metric_merge.py)",
+    ),
+    (
+        ("ppoflow.infra.data", "ppoflow.infra.remote"),
+        ("ppoflow.infra.checkpoint",),
+        "the data plane and the rank runtime need no checkpoint code (hashes: infra/data/hashing.py; "
+        "seeding: infra/remote/rank/seeding.py)",
+    ),
+    (("ppoflow.flows",), ("ppoflow.cli",), "the flows import no command-line module"),
+    (
+        ("ppoflow.tasks.generate", "ppoflow.tasks.evaluate"),
+        ("ppoflow.tasks.advantage",),
+        "a task takes no scoring helper from another task: scoring lives below the tasks",
+    ),
+)
+
+
+@pytest.mark.parametrize("importers, forbidden, why", SIDEWAYS, ids=[r[1][0] for r in SIDEWAYS])
+def test_sideways_rules(importers, forbidden, why):
+    modules = _modules()
+    bad = []
+    for module, path in modules.items():
+        if _under(module, *importers):
+            for imported in _imports(path, modules):
+                key = f"import: {_repo_path(path)} -> {_repo_path(modules.get(imported, path))}"
+                if _under(imported, *forbidden) and key not in IN_FLIGHT:
+                    bad.append(f"{module} imports {imported}")
+    assert not bad, f"{why}:\n" + "\n".join(bad)
+
+
+def _function_lengths(path: str):
+    """(name, lines from ``def`` to its last line, docstring) of every function and method."""
+    for node in ast.walk(_parsed(path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            assert node.end_lineno is not None
+            yield node.name, node.end_lineno - node.lineno + 1, ast.get_docstring(node) or ""
+
+
+def _size_violations() -> list[str]:
+    out = []
+    for path in sorted(set(_modules().values())):
+        rel = _repo_path(path)
+        with open(path) as f:
+            lines = len(f.read().splitlines())
+        if lines > MAX_MODULE_LINES:
+            out.append(f"lines: {rel}")
+        for name, length, doc in _function_lengths(path):
+            if length > MAX_FUNCTION_LINES and not re.search(rf"(^|[.!?]\s+){LONG_REASON}\b", doc):
+                out.append(f"function: {rel}:{name}")
+    return out
+
+
+def test_modules_and_functions_stay_small():
+    """A module over MAX_MODULE_LINES holds two things; a function over MAX_FUNCTION_LINES says
+    why in its docstring, in a sentence that starts with LONG_REASON ("Long because the steps
+    share ... and read best in order.")."""
+    bad = [v for v in _size_violations() if v not in IN_FLIGHT]
+    assert not bad, (
+        f"modules over {MAX_MODULE_LINES} lines / functions over {MAX_FUNCTION_LINES} lines "
+        f"whose docstring gives no reason ('{LONG_REASON} ...'):\n" + "\n".join(bad)
+    )
+
+
+def _mirrored_test(path: str) -> str:
+    """``tests/<package path>/test_<module>.py`` of a library file (``flows/ppo.py`` ->
+    ``tests/flows/test_ppo.py``)."""
+    rel = os.path.relpath(path, PACKAGE_DIR)
+    folder, name = os.path.split(rel)
+    return os.path.join("tests", folder, "test_" + name)
+
+
+def _package_test(path: str) -> str:
+    """``tests/<parent path>/test_<package>.py`` of a module in a sub-package: one test module
+    may cover a small package whose modules implement one contract (the storage backends)."""
+    rel = os.path.relpath(path, PACKAGE_DIR)
+    package = os.path.dirname(rel)
+    return os.path.join("tests", os.path.dirname(package), "test_" + os.path.basename(package) + ".py")
+
+
+def _untested() -> list[str]:
+    return sorted(
+        _repo_path(path)
+        for path in set(_modules().values())
+        if os.path.basename(path) != "__init__.py"
+        and not os.path.exists(os.path.join(ROOT, _mirrored_test(path)))
+        and not os.path.exists(os.path.join(ROOT, _package_test(path)))
+    )
+
+
+def test_every_library_module_has_a_test_module_at_the_mirrored_path():
+    """``tests/<package path>/test_<module>.py`` for every module (a package's ``__init__`` is
+    tested with its modules; a small package's modules may share ``tests/<parent>/test_<package>.py``),
+    or the module is named in TESTED_ELSEWHERE with the test that covers it."""
+    bad = [m for m in _untested() if m not in TESTED_ELSEWHERE and f"test: {m}" not in IN_FLIGHT]
+    assert not bad, (
+        "no tests/<package path>/test_<module>.py (write it, or name the module in TESTED_ELSEWHERE):\n"
+        + "\n".join(bad)
+    )
+    stale = [m for m in TESTED_ELSEWHERE if m not in _untested()]
+    assert not stale, f"TESTED_ELSEWHERE names modules that have a mirrored test or are gone: {stale}"
+    for module, where in TESTED_ELSEWHERE.items():
+        named = re.findall(r"tests/[\w/]+\.py", where)
+        assert named and all(os.path.exists(os.path.join(ROOT, t)) for t in named), (module, where)
+
+
+def test_in_flight_entries_are_still_needed():
+    """IN_FLIGHT is temporary: an entry whose violation is gone is taken out."""
+    modules = _modules()
+    found = set(_size_violations()) | {f"test: {m}" for m in _untested()}
+    for path in modules.values():
+        for imported in _imports(path, modules):
+            if imported in modules:
+                found.add(f"import: {_repo_path(path)} -> {_repo_path(modules[imported])}")
+    stale = sorted(set(IN_FLIGHT) - found)
+    assert not stale, f"IN_FLIGHT entries that no longer violate anything (remove them): {stale}"
+
+
+_MAP_LINE = re.compile(r"^\s*((?:[A-Za-z_]\w*(?:\.py|/)(?:,\s*)?)+)\s")
+
+
+def test_package_docstrings_map_what_exists():
+    """A package docstring that maps its folder (lines starting ``name/`` or ``name.py``, at the
+    map's indentation) names every module and sub-package there, and nothing that is not."""
+    for module, path in _modules().items():
+        if os.path.basename(path) != "__init__.py":
+            continue
+        doc = ast.get_docstring(_parsed(path)) or ""
+        rows = [
+            (len(line) - len(line.lstrip()), m.group(1))
+            for line in doc.splitlines()
+            if (m := _MAP_LINE.match(line + " "))
+        ]
+        if not rows:
+            continue
+        indent = min(i for i, _ in rows)  # deeper lines continue an entry
+        named = {n.strip() for i, names in rows if i == indent for n in names.split(",") if n.strip()}
+        folder = os.path.dirname(path)
+        there = {
+            n + "/" if os.path.isdir(os.path.join(folder, n)) else n
+            for n in os.listdir(folder)
+            if (n.endswith(".py") and n != "__init__.py")
+            or os.path.isfile(os.path.join(folder, n, "__init__.py"))
+        }
+        assert named == there, (
+            f"{module}'s map: missing {sorted(there - named)}, gone {sorted(named - there)}"
+        )
+
+
+#: Repository files named in the README and docs/ (a path with a folder, ending in a file name).
+_DOC_PATH = re.compile(
+    r"(?<![\w/.~-])((?:\.ci|[A-Za-z_][\w.-]*)(?:/[\w.-]+)*/[\w-]+\.(?:py|md|yaml|yml|toml|sh|txt|log|json|cfg))\b"
+)
+
+
+def test_docs_name_only_files_that_exist():
+    top = set(os.listdir(ROOT)) | {".ci"}
+    bad = []
+    for doc in [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]:
+        with open(doc) as f:
+            for n, line in enumerate(f, 1):
+                for m in _DOC_PATH.finditer(line):
+                    path = m.group(1)
+                    if path.split("/")[0] in top and not os.path.exists(os.path.join(ROOT, path)):
+                        bad.append(f"{os.path.relpath(doc, ROOT)}:{n}: {path}")
+    assert not bad, "paths that do not exist:\n" + "\n".join(bad)
 
 
 @pytest.mark.slow  # builds a wheel (~15 s)
@@ -129,7 +450,10 @@ def test_wheel_puts_only_ppoflow_at_the_top_level(tmp_path):
 def test_no_bare_top_level_modules_import():
     """`import tasks` / `import workers` etc. find nothing of ours outside the checkout's root."""
     code = "import importlib.util as u; print([m for m in ('flows','tasks','workers','infra','algos','demo') if u.find_spec(m)])"
-    out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the checkout's root is not "outside"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "[]"
     out = subprocess.run(
         [sys.executable, "-c", "import ppoflow.flows.ppo, ppoflow.infra.remote.rank.entry; print('ok')"],

@@ -42,9 +42,9 @@ import gc
 import time
 from typing import Any
 
-from ppoflow.infra.checkpoint.state import seed_rngs
 from ppoflow.infra.config import FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.remote.rank.seeding import seed_rngs
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.workers.checkpointing import CheckpointMethods
@@ -54,6 +54,7 @@ from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.lora import adapters_off, with_adapters
 from ppoflow.workers.modeling import PolicyLM
 from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
+from ppoflow.workers.rollout.episodes import EPISODE_METRIC_RULES
 from ppoflow.workers.worker_setup import parse_worker_config
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
@@ -138,11 +139,6 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(
             model.tokenizer, trust_remote_code=model.trust_remote_code
         )
-        extra: dict[str, Any] = {}
-        if self._adapter_sync:
-            from ppoflow.workers.rollout.lora_sync import engine_lora_kwargs
-
-            extra["engine_kwargs"] = engine_lora_kwargs(self.cfg.actor.lora.rank)
         self.rollout = build_rollout(
             self.cfg,
             model_path=model.path,
@@ -151,7 +147,6 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             device=str(self.device),
             rank=self.rank,
             world_size=self.world_size,
-            **extra,
         )
         rcfg = self.cfg.rollout
         # an engine serving adapters keeps its base weights: level 1 (level 2 would discard them)
@@ -173,15 +168,16 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             info.update(
                 {f"engine_{tag}_gib": round(n / GIB, 3) for tag, n in pool.items() if tag != "asleep"}
             )
-        if hasattr(self.sharding_manager, "sleep"):
+        if self.rollout.spec.can("sleep"):
             self.sharding_manager.sleep()
         return info
 
     @property
     def _adapter_sync(self) -> bool:
-        """Whether the vLLM engine serves the policy's LoRA adapter (``actor.lora.sync: adapter``)."""
+        """Whether the engine serves the policy's LoRA adapter (``actor.lora.sync: adapter`` with an
+        engine that has the ``adapter_sync`` capability)."""
         lora = self.cfg.actor.lora
-        return lora.enabled and lora.sync == "adapter" and self.cfg.rollout.engine == "vllm"
+        return lora.enabled and lora.sync == "adapter" and self.rollout.spec.can("adapter_sync")
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
@@ -245,7 +241,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         return obj
 
     # ------------------------------------------------------------------ compute
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, metrics=EPISODE_METRIC_RULES)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample ``rollout.n`` responses per prompt, then recompute ``old_log_probs`` (B*n, R) with
         the FSDP actor: the PPO ratio's denominator comes from the trained model. With
@@ -278,7 +274,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         out.batch["old_log_probs"] = log_probs
         return out
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, metrics=EPISODE_METRIC_RULES)
     def generate_responses(self, prompts: DataProto) -> DataProto:
         """Responses only, no old log-probs (evaluation): the engine's output with the sampling
         settings of ``prompts.meta_info`` (``do_sample=False``: greedy), after the same weight push

@@ -20,8 +20,8 @@ import gc
 import time
 from typing import Any
 
-from ppoflow.infra.checkpoint.state import seed_rngs
 from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.remote.rank.seeding import seed_rngs
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.checkpointing import CheckpointMethods
 from ppoflow.workers.critic import DataParallelPPOCritic

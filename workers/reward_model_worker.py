@@ -8,7 +8,7 @@ the model is ``reward.reward_model.model`` (an HF ``*ForSequenceClassification``
 
 The score of a (prompt, response) is the head's output at the last token of the response; it is
 written at the last valid response position (the last 1 of ``response_mask``, position 0 for an empty
-response) and every other position is 0.
+response: ``ppoflow.infra.rewards.rollouts.on_last_token``) and every other position is 0.
 
 Tokenizers: when the reward model's tokenizer equals the policy's (same name, or same vocabulary,
 special tokens and chat template) the rollout's ``input_ids`` are scored as they are. Otherwise
@@ -33,6 +33,7 @@ from torch import nn
 
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
+from ppoflow.infra.rewards.rollouts import decode_responses, on_last_token
 from ppoflow.workers.device_memory import release_cached
 from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, mesh_info, reshard_all
 from ppoflow.workers.hf_models import load_hf_model
@@ -180,17 +181,8 @@ class RewardModelWorker(Worker):
         return ids or [self._pad_id()]
 
     def _reencoded(self, data: DataProto, response_mask: torch.Tensor) -> list[list[int]]:
-        responses = data.batch["responses"]
-        return [
-            self._conversation(
-                data,
-                i,
-                self.policy_tokenizer.decode(
-                    responses[i][response_mask[i].bool()].tolist(), skip_special_tokens=True
-                ),
-            )
-            for i in range(len(responses))
-        ]
+        texts = decode_responses(data, self.policy_tokenizer, response_mask)
+        return [self._conversation(data, i, text) for i, text in enumerate(texts)]
 
     def _row_groups(self, lengths: list[int]) -> list[list[int]]:
         """Rows of each micro-batch: ``micro_batch_size_per_gpu`` consecutive rows, or with
@@ -238,8 +230,7 @@ class RewardModelWorker(Worker):
         """``rm_scores`` (B, R) float32: the RM score at the last valid response token, 0 elsewhere."""
         if self.module is None:
             raise RuntimeError("init_model was not called")
-        responses = data.batch["responses"]
-        n, r = responses.shape
+        n, r = data.batch["responses"].shape
         mask = data.batch.get("response_mask")
         if mask is None:
             mask = data.batch["attention_mask"][:, -r:]
@@ -252,13 +243,9 @@ class RewardModelWorker(Worker):
                 scores[rows] = score.float().cpu()
         reshard_all(self.module)
         release_cached(self.device)  # the next rollout's engine maps its memory on this GPU
-        out = torch.zeros((n, r), dtype=torch.float32)
-        if n:
-            # the last position where the mask is 1: the end of a response, or of a multi-turn
-            # episode's last policy turn (its mask has gaps); 0 for an empty one
-            where = (torch.arange(r) * (mask != 0)).argmax(-1)
-            out[torch.arange(n), where] = scores
-        return DataProto.from_dict({"rm_scores": out})
+        # on the last position where the mask is 1: the end of a response, or of a multi-turn
+        # episode's last policy turn (its mask has gaps); 0 for an empty one
+        return DataProto.from_dict({"rm_scores": on_last_token(scores, mask)})
 
     def shutdown(self) -> None:
         """Drop the FSDP module before the process group goes away."""

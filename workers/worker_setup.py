@@ -1,6 +1,6 @@
 """What every worker class does first: rebuild the ``ExperimentConfig`` from the group's config
 dict and pick its role (its ``init_model`` then seeds the rank's RNGs with
-:func:`ppoflow.infra.checkpoint.state.seed_rngs`).
+:func:`ppoflow.infra.remote.rank.seeding.seed_rngs`).
 
     cfg, role = parse_worker_config(config, ROLES, "actor_rollout_ref")   # in Worker.__init__
 """

@@ -1,20 +1,17 @@
-"""Content hashes of checkpoint files: computed while DCP writes them, checked before a load.
+"""Content hashes of checkpoint files, computed while DCP writes them (checked before a load by
+``marker``, with :func:`ppoflow.infra.data.hashing.hash_file`).
 
-    digest = hash_bytes(b"...")                          # xxh3-64, hex
-    size, digest = hash_file(fs, path)                   # streamed, 8 MiB at a time
     writer.fs = HashingFileSystem(writer.fs)             # DCP's writer: every file it writes is hashed
     writer.fs.records                                    # {path: (size, digest)} of the files it closed
 
-The hash is xxHash's XXH3 (64 bit, ``xxhash.xxh3_64``): non-cryptographic, made to detect corruption
-(a flipped bit, a truncated or swapped file), about as fast as memory can be read. It does not defend
-against someone who can write the bucket; storage permissions do that.
+The hash is :mod:`ppoflow.infra.data.hashing`'s (xxh3-64), as every file record of an experiment.
 
 Hashing while writing: DCP's file writers open every output file through ``writer.fs.create_stream``
 (``torch.distributed.checkpoint.filesystem.FileSystem`` for local paths, the fsspec one otherwise;
 the same in torch 2.11 through 2.13). :class:`HashingFileSystem` wraps that object and hashes each
 byte on its way to storage, so the record costs no second read. A stream that is read or seeked
 backwards while writing is marked untrusted and its file is hashed again from storage instead
-(:func:`hash_file`), so a change in DCP's writer can cost time, never correctness.
+(``hash_file``), so a change in DCP's writer can cost time, never correctness.
 """
 
 from __future__ import annotations
@@ -26,34 +23,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import xxhash
+from ppoflow.infra.data.hashing import new_hasher
 
-__all__ = ["ALGORITHM", "CHUNK", "hash_bytes", "hash_file", "HashingStream", "HashingFileSystem"]
-
-ALGORITHM = "xxh3_64"
-CHUNK = 8 << 20
-
-
-def _hasher() -> Any:
-    return xxhash.xxh3_64()
-
-
-def hash_bytes(data: bytes | memoryview) -> str:
-    """The hex digest of ``data``."""
-    return xxhash.xxh3_64_hexdigest(data)
-
-
-def hash_file(fs: Any, path: str) -> tuple[int, str]:
-    """(size, hex digest) of the file ``path`` on the fsspec filesystem ``fs``, read in chunks."""
-    h, size = _hasher(), 0
-    with fs.open(path, "rb") as f:
-        while True:
-            chunk = f.read(CHUNK)
-            if not chunk:
-                break
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
+__all__ = ["HashingStream", "HashingFileSystem"]
 
 
 class HashingStream(io.RawIOBase):
@@ -67,7 +39,7 @@ class HashingStream(io.RawIOBase):
         super().__init__()
         self.raw = raw
         self.gate = gate
-        self.hasher = _hasher()
+        self.hasher = new_hasher()
         self.size = 0
         self.trusted = True
 

@@ -24,8 +24,8 @@ import json
 import logging
 from typing import Any
 
-from ppoflow.infra.checkpoint.integrity import ALGORITHM, hash_bytes, hash_file
 from ppoflow.infra.data import storage
+from ppoflow.infra.data.hashing import ALGORITHM, hash_bytes, hash_file
 
 __all__ = [
     "MARKER",

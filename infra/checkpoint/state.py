@@ -39,7 +39,6 @@ __all__ = [
     "rng_file",
     "rng_state",
     "set_rng_state",
-    "seed_rngs",
 ]
 
 MODEL, OPTIM, RNG = "model", "optim", "rng"
@@ -230,21 +229,13 @@ def rng_file(rank: int) -> str:
     return f"{RNG}/rank_{rank:05d}.json"
 
 
-def seed_rngs(seed: int) -> None:
-    """Seed the global generators whose states :func:`rng_state` saves: python, numpy and torch
-    (CPU and every CUDA device). A process that seeds them the same way at its start saves the
-    same RNG states in its checkpoints as another run of it."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.cpu().numpy().tobytes()).decode()
 
 
 def rng_state() -> dict[str, Any]:
-    """This rank's RNG states as JSON: torch CPU, current CUDA device (if used), python, numpy."""
+    """This rank's RNG states as JSON: torch CPU, current CUDA device (if used), python, numpy
+    (the generators ``ppoflow.infra.remote.rank.seeding.seed_rngs`` seeds)."""
     np_state = np.random.get_state(legacy=True)
     assert isinstance(np_state, tuple)  # legacy=True: the global MT19937's tuple
     state: dict[str, Any] = {

@@ -8,8 +8,11 @@ silently ignored setting. Workers receive ``config.model_dump(mode="json")`` and
     cfg = ExperimentConfig.model_validate({...})
 
 The sections live by subject: ``models`` (policy, reference, critic, reward), ``iteration``
-(rollout, algorithm, data), ``system`` (storage, checkpoints, resources), ``experiment`` (the
-whole tree and the checks that span sections), ``loading`` (YAML in and out, errors).
+(rollout, algorithm, data), ``multiturn`` (the rollout's episodes), ``evaluation`` (held-out
+evaluation), ``system`` (storage, checkpoints, resources), ``experiment`` (the whole tree and the
+checks that span sections); ``names`` holds their shared pieces (the section base, dtypes, names
+checked against the registries), ``recipes`` the named recipes (PPO, GRPO, ...), ``loading``
+YAML in and out and its errors.
 """
 
 from ppoflow.infra.config.correction import RolloutCorrectionConfig

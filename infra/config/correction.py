@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ppoflow.infra.config.names import Section
+from ppoflow.infra.rollout_engines import engine_spec
 
 __all__ = ["RolloutCorrectionConfig", "check_rollout_correction", "truncates_sampling"]
 
@@ -98,7 +99,8 @@ def check_rollout_correction(
     """The checks ``algorithm.rollout_correction`` (``rc``) needs across sections, given the
     ``rollout`` section's settings and ``actor.policy_loss`` (ValueError naming the fix):
 
-    - a correction or the bypass reads the engine's log-probs: vLLM must return them;
+    - a correction or the bypass reads the engine's log-probs: an engine without
+      ``always_log_probs`` (vLLM) must be asked for them;
     - with ``top_p`` < 1 or ``top_k`` > 0 the engine's log-prob of a token is under its truncated,
       renormalised distribution (vLLM's ``processed_logprobs``) while the trainer's is under the
       full one: the ratio then also carries the kept mass ``Z`` of every token (a factor <= 1 per
@@ -117,7 +119,7 @@ def check_rollout_correction(
         + ", ".join(f"{k}={getattr(rc, k)}" for k in ("tis", "mis") if getattr(rc, k) != "none")
         + ")"
     )
-    if engine == "vllm" and not calculate_log_probs:
+    if not engine_spec(engine).can("always_log_probs") and not calculate_log_probs:
         raise ValueError(
             f"{what} reads the engine's log-probs of the sampled tokens: set rollout.calculate_log_probs=true"
         )

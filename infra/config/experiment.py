@@ -15,6 +15,7 @@ from ppoflow.infra.config.models import ActorConfig, CriticConfig, ModelConfig, 
 from ppoflow.infra.config.names import RecipeName, Section
 from ppoflow.infra.config.recipes import apply_recipe
 from ppoflow.infra.config.system import CheckpointConfig, ResourcesConfig, StorageConfig
+from ppoflow.infra.rollout_engines import engine_spec
 
 __all__ = ["ExperimentConfig"]
 
@@ -142,16 +143,24 @@ class ExperimentConfig(Section):
                 f"{on[0]}.lora with model.use_torch_compile: the adapters are injected after the "
                 "layers are compiled; turn one of them off"
             )
-        if not lora.enabled or self.rollout.engine != "vllm":
+        if not lora.enabled:
             return self
-        if lora.rank > 512:
-            raise ValueError(f"actor.lora.rank={lora.rank}: vLLM serves adapters of rank <= 512")
+        engine = engine_spec(self.rollout.engine)
+        if engine.max_lora_rank is not None and lora.rank > engine.max_lora_rank:
+            raise ValueError(
+                f"actor.lora.rank={lora.rank}: rollout.engine={engine.name!r} serves adapters of "
+                f"rank <= {engine.max_lora_rank}"
+            )
+        if not engine.can("weight_push"):
+            return self  # it generates with the actor's module, adapters and all: nothing to sync
         if self.rollout.weight_loader == "dtensor":
             raise ValueError(
                 "actor.lora with rollout.weight_loader=dtensor: the pre-sliced push is for full "
                 "weights; use weight_loader=hf (an adapter is small; merged weights go the hf way)"
             )
-        if lora.sync == "adapter" and self.rollout.sleep_level == 2:
+        if lora.sync == "adapter":
+            engine.require("adapter_sync", "actor.lora.sync=adapter", "use actor.lora.sync=merged")
+        if lora.sync == "adapter" and engine.can("sleep") and self.rollout.sleep_level == 2:
             raise ValueError(
                 "actor.lora.sync=adapter keeps the base weights in the engine, but rollout.sleep_level=2 "
                 "discards them after every rollout: set rollout.sleep_level to 1 (or null), or "

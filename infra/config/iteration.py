@@ -1,4 +1,8 @@
-"""What one iteration does: the rollout, the algorithm (estimator, KL terms, overlap) and the data."""
+"""What one iteration does: the rollout, the algorithm (estimator, KL terms, overlap) and the data.
+
+``rollout.engine`` is validated against the engine registry (``ppoflow.infra.rollout_engines``), and
+settings that need a capability the engine lacks (tensor parallelism, multi-turn) are refused here.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,24 @@ from pydantic import Field, model_validator
 
 from ppoflow.infra.config.correction import RolloutCorrectionConfig
 from ppoflow.infra.config.multiturn import MultiTurnConfig
-from ppoflow.infra.config.names import AdvEstimatorName, Dtype, KLControllerKind, KLPenaltyKind, Section
+from ppoflow.infra.config.names import (
+    AdvEstimatorName,
+    Dtype,
+    EngineName,
+    KLControllerKind,
+    KLPenaltyKind,
+    Section,
+)
+from ppoflow.infra.rollout_engines import engine_spec
 
 __all__ = ["RolloutConfig", "KLControlConfig", "DynamicSamplingConfig", "AlgorithmConfig", "DataConfig"]
 
 
 class RolloutConfig(Section):
-    engine: Literal["vllm", "hf"] = Field(
-        "vllm", description="vllm, or hf (transformers generate) without vLLM"
+    engine: EngineName = Field(
+        "vllm",
+        description="the rollout engine (ppoflow.infra.rollout_engines): vllm, or hf (transformers "
+        "generate) without vLLM",
     )
     n: int = Field(1, ge=1, description="responses sampled per prompt")
     temperature: float = Field(1.0, gt=0.0)
@@ -80,6 +94,17 @@ class RolloutConfig(Section):
     multi_turn: MultiTurnConfig = Field(
         default_factory=MultiTurnConfig, description="multi-turn episodes with an environment and tools"
     )
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> RolloutConfig:
+        """Settings that need a capability the engine lacks (``ppoflow.infra.rollout_engines``)."""
+        spec = engine_spec(self.engine)
+        if self.tensor_model_parallel_size > 1:
+            setting = f"rollout.tensor_model_parallel_size={self.tensor_model_parallel_size}"
+            spec.require("tensor_parallel", setting, "set it to 1")
+        if self.multi_turn.enable:
+            spec.require("multi_turn", "rollout.multi_turn.enable", "turn it off")
+        return self
 
     @model_validator(mode="after")
     def _check_multi_turn(self) -> RolloutConfig:

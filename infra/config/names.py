@@ -1,5 +1,5 @@
 """The config's shared pieces: the section base (unknown keys are errors), dtypes, and string fields
-whose allowed values are the algorithm registries' names."""
+whose allowed values are a registry's names (the algorithms', the rollout engines')."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
 from ppoflow.infra.config.recipes import RECIPES
+from ppoflow.infra.rollout_engines import engine_names
 
 __all__ = [
     "Dtype",
@@ -17,6 +18,7 @@ __all__ = [
     "LossAggMode",
     "PolicyLossName",
     "RecipeName",
+    "EngineName",
     "KLPenaltyKind",
     "KLControllerKind",
     "one_of",
@@ -61,6 +63,7 @@ LossAggMode = one_of("loss aggregation mode", registry("LOSS_AGG_MODES"))
 KLPenaltyKind = one_of("KL penalty kind", registry("KL_PENALTY_KINDS"))
 RecipeName = one_of("recipe", lambda: RECIPES)
 KLControllerKind = one_of("KL controller", registry("KL_CONTROLLERS"))
+EngineName = one_of("rollout engine", engine_names)  # ppoflow.infra.rollout_engines
 
 
 class Section(BaseModel):

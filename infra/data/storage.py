@@ -8,15 +8,19 @@ S3 endpoint and credentials come from the standard AWS environment variables
 which botocore (and so s3fs) honours itself, or from storage options: per call
 (``storage_options=``) or per protocol (:func:`set_default_storage_options`); per-call options win.
 
-Atomic publication (readers never see a partial file):
+Writes go through the storage backend of the URL's fsspec protocol (:func:`backend_for`,
+``ppoflow.infra.data.storage_backends``): local files (``file``), ``s3``/``s3a`` and ``memory``.
+Each provides create-if-absent, replace-if-match (with delete-if-match) and atomic publication
+(readers never see a partial file); its module says how in full:
 
-* local files: write ``.<name>.tmp-<random>`` in the target directory, then ``os.replace``;
-* ``s3://``: write the final key directly. An S3 object only becomes visible when its single
-  PUT or its multipart upload completes, so a reader sees the old object or the whole new one.
-  On an exception the upload is aborted (``S3File.discard``) and nothing is published. This
-  avoids the copy + delete a temporary key would cost (a full server-side copy of the object);
-* any other protocol (``memory://``, ...): write a temporary name next to the target, then
-  ``fs.mv`` it into place.
+    protocol   create-if-absent        replace/delete-if-match        atomic publish          token
+    file       link(2) of a temp file  flock'd guard, os.replace      temp name + os.replace  SHA-256
+    s3, s3a    PUT If-None-Match: *    PUT/DELETE If-Match: ETag      the key's own PUT/MPU   ETag
+    memory     under one process lock  under one process lock         one store step          SHA-256
+
+A protocol without a backend is refused at the first write (or lock) with ``NoStorageBackend``,
+naming the protocol, the primitives it lacks and how to register them; reads (:func:`exists`,
+:func:`read_bytes`, :func:`listdir`) are plain fsspec for every protocol.
 
 Temporary names match :data:`TEMP_MARKER` and are hidden from :func:`listdir`.
 """
@@ -27,12 +31,20 @@ import contextlib
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from typing import IO, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from ppoflow.infra.data.storage_backends import (
+    TEMP_MARKER,
+    NoStorageBackend,
+    StorageBackend,
+    atomic_local_path,
+    backend_class,
+    register_backend,
+)
 
 __all__ = [
     "set_default_storage_options",
@@ -50,11 +62,12 @@ __all__ = [
     "rm",
     "open_atomic",
     "atomic_local_path",
+    "backend_for",
+    "register_backend",
+    "StorageBackend",
+    "NoStorageBackend",
     "TEMP_MARKER",
 ]
-
-#: Substring present in every temporary name this module writes.
-TEMP_MARKER = ".tmp-"
 
 _DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {}
 
@@ -132,10 +145,14 @@ def read_bytes(url: str, storage_options: dict | None = None) -> bytes:
     return fs.cat_file(path)
 
 
-def _temp_name(path: str) -> str:
-    head, _, name = path.rpartition("/")
-    temp = f".{name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}"
-    return f"{head}/{temp}" if head else temp
+def backend_for(url: str, storage_options: dict | None = None) -> StorageBackend:
+    """The storage backend that writes ``url`` (see ``ppoflow.infra.data.storage_backends``).
+
+    Raises ``NoStorageBackend`` when the URL's fsspec protocol has none registered.
+    """
+    url = os.fspath(url)
+    fs, _ = url_to_fs(url, storage_options)
+    return backend_class(fs, url)(fs)
 
 
 @contextlib.contextmanager
@@ -143,85 +160,13 @@ def open_atomic(url: str, storage_options: dict | None = None, *, fsync: bool = 
     """Context manager yielding a writable binary file that is published at ``url`` on success.
 
     On an exception inside the ``with`` block nothing is published and no temporary file is
-    left behind; the exception propagates. Parent directories are created as needed. See the
-    module docstring for how each protocol publishes atomically. ``fsync=True`` (local files
-    only) makes the content and the rename durable before returning (for manifests).
+    left behind; the exception propagates. Parent directories are created as needed. How each
+    protocol publishes atomically is its backend's (:func:`backend_for`). ``fsync=True`` (local
+    files only) makes the content and the rename durable before returning (for manifests).
     """
-    fs, path = url_to_fs(url, storage_options)
-    if is_local(fs):
-        with _open_atomic_local(path, fsync) as f:
-            yield f
-    elif is_s3(fs):
-        with _open_atomic_s3(fs, path) as f:
-            yield f
-    else:
-        with _open_atomic_generic(fs, path) as f:
-            yield f
-
-
-@contextlib.contextmanager
-def atomic_local_path(path: str) -> Iterator[str]:
-    """Yield a temporary path next to local ``path``; on success it is renamed onto ``path``.
-
-    For writers that want a native file (e.g. ``pyarrow.OSFile``) instead of a Python one. On an
-    exception the temporary file is removed and nothing is published.
-    """
-    path = os.path.abspath(os.fspath(path))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    temp = _temp_name(path)
-    try:
-        yield temp
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-
-
-@contextlib.contextmanager
-def _open_atomic_local(path: str, fsync: bool) -> Iterator[IO[bytes]]:
-    with atomic_local_path(path) as temp:
-        with open(temp, "wb") as f:
-            yield f
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-    if fsync:
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-@contextlib.contextmanager
-def _open_atomic_s3(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes]]:
-    f = fs.open(path, "wb")
-    try:
+    url = os.fspath(url)
+    with backend_for(url, storage_options).open_atomic(url, fsync=fsync) as f:
         yield f
-    except BaseException:
-        # Abort the multipart upload (if one started) and never PUT the buffer.
-        f.discard()
-        f.closed = True
-        raise
-    f.close()
-
-
-@contextlib.contextmanager
-def _open_atomic_generic(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[IO[bytes]]:
-    parent = fs._parent(path)
-    if parent:
-        fs.makedirs(parent, exist_ok=True)
-    temp = _temp_name(path)
-    try:
-        with fs.open(temp, "wb") as f:
-            yield f
-        fs.mv(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError, OSError):
-            if fs.exists(temp):
-                fs.rm(temp)
-        raise
 
 
 def write_bytes_atomic(

@@ -29,8 +29,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ppoflow.infra.checkpoint.integrity import hash_bytes
 from ppoflow.infra.data import storage
+from ppoflow.infra.data.hashing import hash_bytes
 from ppoflow.infra.data.prompts import DataCursor, DataError, PromptDataset
 
 __all__ = [

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ppoflow.infra.envs.registry import load_object
 from ppoflow.infra.envs.tools import Tool, ToolResult
+from ppoflow.infra.rewards.loader import load_object
 
 __all__ = ["Environment", "EnvSettings", "Reset", "StepOutcome", "register_env", "env_class", "known_envs"]
 
@@ -110,7 +110,7 @@ def env_class(spec: str) -> type[Environment]:
                 f"{', '.join(known_envs())}); register it with @ppoflow.infra.envs.register_env or "
                 "write 'package.module:Class'"
             )
-        cls = load_object(spec, "rollout.multi_turn.environment")
+        cls = load_object(spec, "rollout.multi_turn.environment", "Class")
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise TypeError(
             f"rollout.multi_turn.environment={spec!r} is {cls!r}, not a subclass of "

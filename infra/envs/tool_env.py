@@ -4,8 +4,9 @@ The dataset's prompt starts the episode with the configured tools on offer. Each
 ``<tool_call>`` calls gets the tools' outputs back (one ``tool`` message per call: an ``Error: ...``
 text for an unknown tool, bad arguments, a failure or a timeout); a turn without a call is the
 answer, and ends the episode with the run's reward function applied to it (``reward.custom_function``,
-else the rule registered for the row's ``data_source``, as for single-turn rollouts). Reaching the
-turn limit without an answer scores the last turn's text the same way.
+else the rule registered for the row's ``data_source``, as for single-turn rollouts), through
+:func:`ppoflow.infra.rewards.score_answer`. An episode that reaches the turn limit, or the token
+budget, while still calling tools has given no answer: it scores 0.
 
 env_kwargs: ``max_calls_per_turn`` (default 4; further calls get an error).
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from ppoflow.infra.envs.base import Environment, EnvSettings, Reset, StepOutcome, register_env
 from ppoflow.infra.envs.tools import ToolResult, parse_tool_calls
+from ppoflow.infra.rewards import score_answer
 
 __all__ = ["ToolEnv", "row_messages"]
 
@@ -45,22 +47,12 @@ class ToolEnv(Environment):
         self.row = row
         return Reset(messages=row_messages(row), tools=list(self.settings.tools))
 
-    def _score(self, text: str) -> float:
-        from ppoflow.infra.rewards import score_batch
-
-        scores = score_batch(
-            [str(self.row.get("data_source", ""))],
-            [text],
-            [self.row.get("ground_truth")],
-            [self.row.get("extra_info")],
-            custom_function=self.settings.reward_function,
-        )
-        return float(scores[0])
-
     def step(self, turn_text: str) -> StepOutcome:
         calls = parse_tool_calls(turn_text)
         if not calls:
-            return StepOutcome(reward=self._score(turn_text), done=True)
+            return StepOutcome(
+                reward=score_answer(self.row, turn_text, self.settings.reward_function), done=True
+            )
         results = []
         for i, call in enumerate(calls):
             tool = self.tools.get(call.name)
@@ -78,5 +70,4 @@ class ToolEnv(Environment):
                 res = tool.call(call.arguments)
             results.append(res)
         messages = [{"role": "tool", "name": r.name, "content": r.output} for r in results]
-        # a turn that ends the episode by the turn limit is scored as an answer
         return StepOutcome(messages=messages, reward=0.0, done=False, tool_results=results)

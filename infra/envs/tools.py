@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ppoflow.infra.envs.registry import load_object
 from ppoflow.infra.envs.sandbox import run_python
+from ppoflow.infra.rewards.loader import load_object
 
 __all__ = [
     "Tool",

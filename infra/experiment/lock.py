@@ -11,15 +11,19 @@ with :class:`ExperimentLocked` (naming the owner and what to do), unless the loc
 - its heartbeat is older than ``stale_after_s`` (an owner on another host that died),
 - or it belongs to the same run id (a retried flow run whose previous attempt died).
 
-A stale lock is taken over. How atomic each step is depends on the storage:
+A stale lock is taken over. Every step is one primitive of the storage's backend
+(``ppoflow.infra.data.storage_backends``, the same for every protocol):
 
-- local files: created with ``link(2)`` of a fully written temp file (fails if the lock exists);
-  heartbeats replace it after checking the token; a takeover renames the stale lock aside first,
-  so of two runs taking over at once only one gets it.
-- ``s3://``: created with a conditional PUT (``If-None-Match: *``); heartbeats and takeovers are
-  conditional on the ETag last seen (``If-Match``), so a lock is never overwritten blindly.
-  Releasing deletes it after checking the token (S3 has no conditional delete in s3fs).
-- other fsspec protocols (``memory://``, ...): check-then-write, *not* atomic; good for tests.
+- taking the lock is a create-if-absent of the whole record (fails if a lock exists);
+- a heartbeat, and the takeover of a stale lock, is a replace-if-match against the version read
+  (an S3 ETag, a local file's content hash), so a lock is never overwritten blindly and of two
+  runs taking over one stale lock at once only one gets it;
+- releasing is a delete-if-match of the version last read (only this run's lock is deleted).
+
+How atomic each primitive is on each storage is its backend's docstring (local files: link(2)
+and a flock'd rename; S3: conditional requests; ``memory://``: one process-wide lock). A storage
+whose protocol has no backend is refused when the lock is first taken (``NoStorageBackend``),
+never locked with weaker semantics.
 
 If the heartbeat thread finds the lock owned by someone else (it was taken over after a long
 stall), :attr:`lost` becomes True and :meth:`check` raises: the flow stops before committing.
@@ -91,19 +95,8 @@ class ExperimentLock:
         self.url, self.run_id = url, str(run_id)
         self.heartbeat_s, self.stale_after_s = float(heartbeat_s), float(stale_after_s)
         self.log = log or (lambda msg: None)
-        self.fs, self.path = storage.url_to_fs(url)
-        self.kind = (
-            "local"
-            if storage.is_local(self.fs)
-            else (
-                "s3"
-                if "s3"
-                in (self.fs.protocol if isinstance(self.fs.protocol, (list, tuple)) else (self.fs.protocol,))
-                else "other"
-            )
-        )
+        self._backend: storage.StorageBackend | None = None  # the storage's, at the first acquire
         self.token = uuid.uuid4().hex
-        self.etag: str | None = None
         self.lost = False
         self.lost_reason: str | None = None
         self._renewed_at = 0.0
@@ -127,84 +120,25 @@ class ExperimentLock:
             }
         ).encode()
 
+    def _storage(self) -> storage.StorageBackend:
+        """The storage backend of the lock's URL (``NoStorageBackend`` when its protocol has none)."""
+        if self._backend is None:
+            self._backend = storage.backend_for(self.url)
+        return self._backend
+
     def _read(self) -> tuple[dict[str, Any] | None, str | None]:
-        """(content, etag) of the lock on storage, or (None, None) if there is none."""
+        """(content, version token) of the lock on storage, or (None, None) if there is none."""
         try:
-            if self.kind == "s3":
-                etag = self.fs.info(self.path, refresh=True).get("ETag")
-                return json.loads(self.fs.cat_file(self.path)), etag
-            return json.loads(self.fs.cat_file(self.path)), None
+            raw, version = self._storage().read_versioned(self.url)
         except FileNotFoundError:
             return None, None
-        except (ValueError, json.JSONDecodeError):
-            return {"run_id": "?", "heartbeat_at": 0.0}, None  # unreadable: treat as stale
-
-    # ------------------------------------------------------------------ primitives
-    def _create(self, data: bytes) -> bool:
-        """Create the lock if absent; False if it exists."""
-        if self.kind == "local":
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = f"{self.path}.{uuid.uuid4().hex[:8]}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            try:
-                os.link(tmp, self.path)
-                return True
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(tmp)
-        if self.kind == "s3":
-            try:
-                out = self.fs.pipe_file(self.path, data, mode="create")
-            except FileExistsError:
-                return False
-            self.etag = (out or {}).get("ETag") if isinstance(out, dict) else None
-            return True
-        if self.fs.exists(self.path):
-            return False
-        self.fs.pipe_file(self.path, data)
-        return True
-
-    def _replace(self, data: bytes, etag: str | None) -> bool:
-        """Overwrite the lock, conditionally on ``etag`` on S3; False if the condition failed."""
-        if self.kind == "s3":
-            try:
-                out = (
-                    self.fs.pipe_file(self.path, data, IfMatch=etag)
-                    if etag
-                    else self.fs.pipe_file(self.path, data)
-                )
-            except (FileNotFoundError, OSError):
-                return False
-            self.etag = (out or {}).get("ETag") if isinstance(out, dict) else None
-            return True
-        storage.write_bytes_atomic(self.url, data)
-        return True
-
-    def _remove_stale(self, seen: dict[str, Any], etag: str | None) -> bool:
-        """Remove the stale lock ``seen``; False if it changed meanwhile."""
-        if self.kind == "s3":
-            return self._replace(self._content(), etag)  # takeover in one conditional write
-        if self.kind == "local":
-            aside = f"{self.path}.stale-{uuid.uuid4().hex[:8]}"
-            try:
-                os.rename(self.path, aside)
-            except FileNotFoundError:
-                return True
-            with open(aside, "rb") as f:
-                grabbed = json.loads(f.read() or b"{}")
-            if grabbed.get("token") != seen.get("token"):
-                try:  # not the lock we judged stale: put it back unless a new one exists
-                    os.link(aside, self.path)
-                except FileExistsError:
-                    pass
-                os.unlink(aside)
-                return False
-            os.unlink(aside)
-            return True
-        self.fs.rm(self.path)
-        return True
+        try:
+            owner = json.loads(raw)
+        except ValueError:
+            owner = None
+        if not isinstance(owner, dict):
+            owner = {"run_id": "?", "heartbeat_at": 0.0}  # unreadable: treat as stale
+        return owner, version
 
     # ------------------------------------------------------------------ API
     def stale_reason(self, owner: dict[str, Any]) -> str | None:
@@ -221,11 +155,12 @@ class ExperimentLock:
 
     def acquire(self) -> ExperimentLock:
         """Take the lock, taking over a stale one; raise :class:`ExperimentLocked` otherwise."""
+        backend = self._storage()
         for _ in range(5):
-            if self._create(self._content()):
+            if backend.create(self.url, self._content()) is not None:
                 return self._started()
-            owner, etag = self._read()
-            if owner is None:
+            owner, version = self._read()
+            if owner is None or version is None:
                 continue  # released between our attempts
             reason = self.stale_reason(owner)
             if reason is None:
@@ -239,11 +174,8 @@ class ExperimentLock:
                     f"heartbeat (or delete {self.url} once you are sure it is dead)."
                 )
             self.log(f"taking over the stale experiment lock of run {owner.get('run_id')}: {reason}")
-            if self.kind == "s3":
-                if self._remove_stale(owner, etag):
-                    return self._started()
-            elif self._remove_stale(owner, etag):
-                continue
+            if backend.replace(self.url, self._content(), version) is not None:
+                return self._started()  # the takeover is one conditional write
         raise ExperimentLocked(
             f"could not take the experiment lock {self.url}: it kept changing "
             f"hands; another run is starting on this experiment"
@@ -311,9 +243,10 @@ class ExperimentLock:
 
     def heartbeat(self) -> None:
         """Refresh ``heartbeat_at``; mark the lock lost if someone else owns it now."""
-        owner, etag = self._read()
-        ours = owner is not None and owner.get("token") == self.token
-        if ours and not self._replace(self._content(self._acquired_at), etag):
+        owner, version = self._read()
+        ours = owner is not None and version is not None and owner.get("token") == self.token
+        content = self._content(self._acquired_at)
+        if ours and self._storage().replace(self.url, content, version or "") is None:
             again, _ = self._read()  # a refused write, or a storage error: only the owner tells
             if again is not None and again.get("token") == self.token:
                 raise OSError(f"the storage refused the write of {self.url}")
@@ -347,12 +280,9 @@ class ExperimentLock:
         if not self._held:
             return
         self._held = False
-        owner, _ = self._read()
-        if owner is not None and owner.get("token") == self.token:
-            try:
-                self.fs.rm(self.path)
-            except FileNotFoundError:
-                pass
+        owner, version = self._read()
+        if owner is not None and version is not None and owner.get("token") == self.token:
+            self._storage().delete(self.url, version)  # not ours any more: left alone
 
     def __enter__(self) -> ExperimentLock:
         return self.acquire()

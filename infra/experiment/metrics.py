@@ -25,7 +25,6 @@ __all__ = [
     "finite_scalars",
     "compute_data_metrics",
     "reduce_rank_metrics",
-    "merge_shard_metrics",
     "throughput_metrics",
     "metrics_table",
     "trend_markdown",
@@ -128,34 +127,6 @@ def reduce_rank_metrics(per_rank: Iterable[dict[str, Any] | None]) -> dict[str, 
             if v is not None:
                 sums.setdefault(key, []).append(v)
     return {k: sum(v) / len(v) for k, v in sums.items()}
-
-
-def merge_shard_metrics(per_shard: list[dict[str, Any] | None]) -> dict[str, float]:
-    """The metrics of one batch from those of its equal data-parallel shards (each rank's
-    ``meta_info["metrics"]`` of a DP_COMPUTE_PROTO call): the mean over shards, the largest of
-    ``*_max`` keys, the smallest of ``*_min`` keys; a ``*_per_episode`` count a shard does not
-    report is 0 there (a tool no episode of that shard called), and ``<tool>/error_rate`` is
-    ``errors_per_episode / calls_per_episode`` of the whole batch."""
-    keys = list(dict.fromkeys(k for m in per_shard for k in (m or {})))
-    out: dict[str, float] = {}
-    for key in keys:
-        values = [v for v in (_mean((m or {}).get(key)) for m in per_shard) if v is not None]
-        if not values:
-            continue
-        if key.endswith("_max"):
-            out[key] = max(values)
-        elif key.endswith("_min"):
-            out[key] = min(values)
-        elif key.endswith("_per_episode"):
-            out[key] = sum(values) / len(per_shard)
-        else:
-            out[key] = sum(values) / len(values)
-    for key in keys:  # a rate over all the shards' calls, not the mean of the shards' rates
-        base = key[: -len("error_rate")]
-        if key.endswith("/error_rate") and f"{base}errors_per_episode" in out:
-            calls = out.get(f"{base}calls_per_episode", 0.0)
-            out[key] = out[f"{base}errors_per_episode"] / calls if calls else 0.0
-    return out
 
 
 def throughput_metrics(total_tokens: float, seconds: float, nprocs: int) -> dict[str, float]:

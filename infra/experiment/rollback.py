@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import uuid
 
-from ppoflow.infra.checkpoint.integrity import hash_file
 from ppoflow.infra.checkpoint.marker import ROLLBACK_HINT, CheckpointError, verify_checkpoint
 from ppoflow.infra.data import storage
+from ppoflow.infra.data.hashing import hash_file
 from ppoflow.infra.experiment.lock import ExperimentLock
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, read_manifest
 from ppoflow.infra.experiment.retention import checkpoint_sizes

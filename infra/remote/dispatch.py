@@ -14,6 +14,11 @@ registered method can still be called directly inside the rank. ``registered_met
 the tagged methods of a class (the rank entry sends this table to the driver, so the driver never
 has to import the worker module), ``dispatch_mode_of(cls, name)`` looks one up.
 
+A DP_COMPUTE_PROTO method whose output carries ``meta_info["metrics"]`` declares how they merge
+over the dp shards: ``@register(Dispatch.DP_COMPUTE_PROTO, metrics=(MetricRule(...), ...))``
+(:mod:`ppoflow.infra.remote.metric_merge`; ``metric_rules_of(cls, name)`` reads them back). Without
+rules every metric is the mean over the shards.
+
 The driver's side of DP_COMPUTE_PROTO (splitting the input, merging the outputs) is
 :mod:`ppoflow.infra.remote.driver.dp_split`.
 """
@@ -21,12 +26,15 @@ The driver's side of DP_COMPUTE_PROTO (splitting the input, merging the outputs)
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+from ppoflow.infra.remote.metric_merge import MetricRule
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _ATTR = "__ppoflow_dispatch__"
+_RULES = "__ppoflow_metric_rules__"
 
 
 class Dispatch(enum.Enum):
@@ -47,13 +55,20 @@ class Dispatch(enum.Enum):
     DP_COMPUTE_PROTO = "DP_COMPUTE_PROTO"
 
 
-def register(dispatch_mode: Dispatch) -> Callable[[F], F]:
-    """Decorator: tag a worker method with its dispatch mode (the function is returned unchanged)."""
+def register(dispatch_mode: Dispatch, *, metrics: Sequence[MetricRule] = ()) -> Callable[[F], F]:
+    """Decorator: tag a worker method with its dispatch mode and, for DP_COMPUTE_PROTO, the rules
+    by which its output's metrics merge over the dp shards (the function is returned unchanged)."""
     if not isinstance(dispatch_mode, Dispatch):
         raise TypeError(f"register() takes a Dispatch member, got {dispatch_mode!r}")
+    rules = tuple(metrics)
+    if rules and dispatch_mode is not Dispatch.DP_COMPUTE_PROTO:
+        raise TypeError(f"metrics= rules are for DP_COMPUTE_PROTO methods, not {dispatch_mode.value}")
+    if not all(isinstance(r, MetricRule) for r in rules):
+        raise TypeError(f"metrics= takes MetricRule objects, got {rules!r}")
 
     def deco(fn: F) -> F:
         setattr(fn, _ATTR, dispatch_mode)
+        setattr(fn, _RULES, rules)
         return fn
 
     return deco
@@ -86,3 +101,8 @@ def dispatch_mode_of(cls: type, method_name: str) -> Dispatch:
             f"@register(Dispatch.ONE_TO_ALL | Dispatch.RANK_ZERO | Dispatch.DP_COMPUTE_PROTO)"
         )
     return mode
+
+
+def metric_rules_of(cls: type, method_name: str) -> tuple[MetricRule, ...]:
+    """The metric merge rules ``cls.method_name`` was registered with (empty: the mean of each)."""
+    return tuple(getattr(getattr(cls, method_name, None), _RULES, ()))

@@ -13,7 +13,7 @@ Driver and rank, one authenticated link per rank (:mod:`ppoflow.infra.remote.ran
     driver -> rank    Init      config (the worker's JSON config)
     rank   -> driver  Ready     ok; methods {name: dispatch mode} and layout | failure
     driver -> rank    Call      id, method, args, kwargs; in_url, out_url (DP_COMPUTE_PROTO)
-    rank   -> driver  Reply     id, ok; kind + result and layout | failure
+    rank   -> driver  Reply     id, ok; kind + result, metric_rules and layout | failure
     driver -> rank    Shutdown  id   (the rank replies, then exits)
 
 Node agent and driver, one link per node (:mod:`ppoflow.infra.remote.agent.node_agent`)::
@@ -36,6 +36,8 @@ from multiprocessing.connection import Connection
 from typing import Annotated, Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
+
+from ppoflow.infra.remote.metric_merge import MetricRule
 
 __all__ = [
     "PROTOCOL",
@@ -138,13 +140,16 @@ class Reply(_Message):
 
     ``kind``: ``json`` (``result`` is the method's JSON result), ``dataproto`` (``result`` is the
     URL the rank saved its DataProto at), ``dropped`` (a DataProto of a rank that is not an output
-    rank: nothing saved)."""
+    rank: nothing saved). ``metric_rules``, with a DataProto: how its ``meta_info["metrics"]``
+    merge over the dp shards, as the method declared them with ``@register``
+    (:mod:`ppoflow.infra.remote.metric_merge`)."""
 
     type: Literal["reply"] = "reply"
     id: int
     ok: bool
     kind: Literal["json", "dataproto", "dropped"] = "json"
     result: JsonValue = None
+    metric_rules: tuple[MetricRule, ...] = ()
     layout: Layout | None = None
     failure: Failure | None = None
 

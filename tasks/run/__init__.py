@@ -4,8 +4,10 @@
     ctx = get_run(key)               # a task
     ctx.groups.worker("critic", checkpoint).compute_values(url, out_url=...)
 
-See :mod:`ppoflow.tasks.run.context` (the context and its registry) and
-:mod:`ppoflow.tasks.run.groups` (starting, rebuilding and loading the worker groups).
+context.py      the run's context and its registry by run key
+groups.py       starting, rebuilding and loading the worker groups
+inputs.py       what the run reads once: the policy's tokenizer and the prompt dataset
+materialize.py  a committed iteration's state written out as a checkpoint
 """
 
 from ppoflow.tasks.run.context import RunContext, abort_run, close_run, get_run, open_run, worker_groups

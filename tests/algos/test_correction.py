@@ -1,6 +1,6 @@
-"""ppoflow.algos.mismatch and ppoflow.algos.correction against plain loops over tokens written from
-the equations (Schulman's k1/k3 KL estimators, NeMo-RL's token_mult_prob_error, TIS, MIS/IcePop),
-on ragged masks with empty rows; identical policies change nothing."""
+"""ppoflow.algos.correction against plain loops over tokens written from the equations (TIS at
+token and sequence level, MIS / IcePop rejection at token, sequence and geometric level), on ragged
+masks with empty rows; identical policies change nothing, the update included."""
 
 from __future__ import annotations
 
@@ -19,104 +19,24 @@ from ppoflow.algos import (
     rejection_mask,
     truncated_is_weights,
 )
-from tests.support.algo_reference import F64, SETTINGS, SHAPES, randn, random_mask
-
-CLAMP = 20.0
-
-
-def _case(seed: int, batch: int, length: int, spread: float = 0.5):
-    gen = torch.Generator().manual_seed(seed)
-    sampler = randn(gen, batch, length) - 2.0
-    trainer = sampler + spread * randn(gen, batch, length)
-    mask = random_mask(gen, batch, length)
-    trainer[mask == 0] = float("nan")  # padding is never read
-    return trainer, sampler, mask
-
-
-def _tokens(trainer, sampler, mask) -> list[list[float]]:
-    """Per row, the log-ratio d = trainer - sampler of each response token (the equations' input)."""
-    return [
-        [trainer[i, t].item() - sampler[i, t].item() for t in range(mask.shape[1]) if mask[i, t] != 0]
-        for i in range(mask.shape[0])
-    ]
-
-
-def _c(x: float) -> float:
-    return min(max(x, -CLAMP), CLAMP)
-
-
-def ref_mismatch(trainer, sampler, mask, low=0.5, high=2.0) -> dict[str, float]:
-    rows = _tokens(trainer, sampler, mask)
-    flat = [d for row in rows for d in row]
-    seqs = [row for row in rows if row]
-    if not flat:
-        return {"tokens": 0.0, "kl_k1": 0.0, "kl_k3": 0.0, "token_mult_prob_error": 1.0}
-    n = len(flat)
-    pis = [
-        [trainer[i, t].item() for t in range(mask.shape[1]) if mask[i, t] != 0] for i in range(mask.shape[0])
-    ]
-    mus = [
-        [sampler[i, t].item() for t in range(mask.shape[1]) if mask[i, t] != 0] for i in range(mask.shape[0])
-    ]
-    return {
-        "tokens": float(n),
-        "sequences": float(len(seqs)),
-        "kl_k1": sum(-d for d in flat) / n,  # E_mu[log mu - log pi]
-        "kl_k3": sum(math.exp(_c(d)) - 1 - _c(d) for d in flat) / n,  # E_mu[r - 1 - log r]
-        "token_mult_prob_error": sum(math.exp(abs(_c(d))) for d in flat) / n,
-        "abs_log_ratio_mean": sum(abs(d) for d in flat) / n,
-        "abs_log_ratio_max": max(abs(d) for d in flat),
-        "ppl_ratio": sum(math.exp(-sum(r) / len(r)) for r in seqs) / len(seqs),
-        "trainer_ppl": sum(math.exp(-sum(p) / len(p)) for p in pis if p) / len(seqs),
-        "sampler_ppl": sum(math.exp(-sum(m) / len(m)) for m in mus if m) / len(seqs),
-        "token_ratio_outside": sum(not low <= math.exp(_c(d)) <= high for d in flat) / n,
-        "seq_ratio_outside": sum(not low <= math.exp(_c(sum(r))) <= high for r in seqs) / len(seqs),
-    }
-
-
-@SETTINGS
-@given(**SHAPES, spread=st.sampled_from([0.0, 0.05, 0.5, 3.0]))
-def test_mismatch_metrics_match_the_equations(seed, batch, length, spread):
-    trainer, sampler, mask = _case(seed, batch, length, spread)
-    got = mismatch_metrics(trainer, sampler, mask)
-    for key, value in ref_mismatch(trainer, sampler, mask).items():
-        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
-
-
-def test_identical_policies_and_empty_batches_measure_no_mismatch():
-    gen = torch.Generator().manual_seed(0)
-    lp = randn(gen, 3, 5) - 1.0
-    mask = random_mask(gen, 3, 5)
-    mask[0, 0] = 1.0
-    same = mismatch_metrics(lp, lp.clone(), mask)
-    assert same["kl_k1"] == 0.0 and same["kl_k3"] == 0.0 and same["token_mult_prob_error"] == 1.0
-    assert same["ppl_ratio"] == 1.0 and same["token_ratio_outside"] == same["seq_ratio_outside"] == 0.0
-    assert same["abs_log_ratio_max"] == 0.0 and same["trainer_ppl"] == same["sampler_ppl"]
-    empty = mismatch_metrics(lp, lp + 5.0, torch.zeros_like(mask))
-    assert empty["tokens"] == 0.0 and empty["token_mult_prob_error"] == 1.0 and empty["kl_k3"] == 0.0
-    assert all(math.isfinite(v) for v in empty.values())
-
-
-def test_a_factor_of_two_is_on_the_band_and_stale_tokens_are_outside():
-    sampler = torch.zeros(2, 3, dtype=F64)
-    trainer = torch.log(torch.tensor([[2.0, 0.5, 1.0], [3.0, 1.0, 1.0]], dtype=F64))
-    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    m = mismatch_metrics(trainer, sampler, mask)
-    assert m["token_ratio_outside"] == pytest.approx(1 / 4)  # only 3 is outside [0.5, 2]
-    assert m["seq_ratio_outside"] == pytest.approx(1 / 2)  # 2 * 0.5 * 1 = 1 is in; 3 is out
-    assert m["token_mult_prob_error"] == pytest.approx((2 + 2 + 1 + 3) / 4)
-    assert m["abs_log_ratio_max"] == pytest.approx(math.log(3.0))
-
-
-# ---------------------------------------------------------------------------- corrections
+from tests.support.algo_reference import (
+    F64,
+    SETTINGS,
+    SHAPES,
+    clamp20,
+    log_prob_pair,
+    log_ratios_by_row,
+    randn,
+    random_mask,
+)
 
 
 def ref_tis(trainer, sampler, mask, level, cap) -> list[list[float]]:
-    rows = _tokens(trainer, sampler, mask)
+    rows = log_ratios_by_row(trainer, sampler, mask)
     out = []
     for i, row in enumerate(rows):
-        weights = iter([min(math.exp(_c(d)), cap) for d in row] if level == "token" else [])
-        seq = min(math.exp(_c(sum(row))), cap)
+        weights = iter([min(math.exp(clamp20(d)), cap) for d in row] if level == "token" else [])
+        seq = min(math.exp(clamp20(sum(row))), cap)
         out.append(
             [
                 (next(weights) if level == "token" else seq) if mask[i, t] != 0 else 0.0
@@ -127,18 +47,20 @@ def ref_tis(trainer, sampler, mask, level, cap) -> list[list[float]]:
 
 
 def ref_keep(trainer, sampler, mask, level, lower, upper) -> list[list[float]]:
-    rows = _tokens(trainer, sampler, mask)
+    rows = log_ratios_by_row(trainer, sampler, mask)
     out = []
     for i, row in enumerate(rows):
         judged = iter(row)
-        seq = {"sequence": _c(sum(row)), "geometric": _c(sum(row) / len(row)) if row else 0.0}.get(level)
+        seq = {"sequence": clamp20(sum(row)), "geometric": clamp20(sum(row) / len(row)) if row else 0.0}.get(
+            level
+        )
         keep_row = []
         for t in range(mask.shape[1]):
             if mask[i, t] == 0:
                 keep_row.append(0.0)
                 continue
             d = next(judged)
-            r = math.exp(_c(d) if level == "token" else seq)
+            r = math.exp(clamp20(d) if level == "token" else seq)
             keep_row.append(float(lower <= r <= upper))
         out.append(keep_row)
     return out
@@ -147,7 +69,7 @@ def ref_keep(trainer, sampler, mask, level, lower, upper) -> list[list[float]]:
 @SETTINGS
 @given(**SHAPES, level=st.sampled_from(["token", "sequence"]), cap=st.sampled_from([1.0, 1.3, 2.0, 10.0]))
 def test_truncated_is_weights_match_the_equation(seed, batch, length, level, cap):
-    trainer, sampler, mask = _case(seed, batch, length)
+    trainer, sampler, mask = log_prob_pair(seed, batch, length)
     trainer = trainer.requires_grad_(True)
     w = truncated_is_weights(trainer, sampler, mask, level, cap)
     assert not w.requires_grad and w.dtype == torch.float32
@@ -172,7 +94,7 @@ def test_truncated_is_weights_match_the_equation(seed, batch, length, level, cap
     bounds=st.sampled_from([(0.5, 2.0), (0.9, 1.1), (1.0, 1.0), (0.1, 5.0)]),
 )
 def test_rejection_mask_matches_the_equation(seed, batch, length, level, bounds):
-    trainer, sampler, mask = _case(seed, batch, length)
+    trainer, sampler, mask = log_prob_pair(seed, batch, length)
     keep = rejection_mask(trainer, sampler, mask.long(), level, *bounds)
     assert keep.dtype == torch.long
     expected = ref_keep(trainer, sampler, mask, level, *bounds)
@@ -190,7 +112,7 @@ def test_rejection_mask_matches_the_equation(seed, batch, length, level, bounds)
 
 
 def test_identical_policies_get_weight_one_and_lose_nothing():
-    trainer, _, mask = _case(5, 4, 6)
+    trainer, _, mask = log_prob_pair(5, 4, 6)
     trainer = torch.where(mask != 0, trainer, 0.0)
     for level in ("token", "sequence"):
         w = truncated_is_weights(trainer, trainer.clone(), mask, level, cap=2.0)

@@ -17,7 +17,7 @@ def _receipts(n: int, paths: ExperimentPaths, critic: bool = True) -> IterationR
         updates.append(
             Receipt(task="update_critic", iteration=n, checkpoints={"critic": paths.checkpoint("critic", n)})
         )
-    return IterationReceipts(generate=gen, advantage=adv, updates=updates)
+    return IterationReceipts.of([gen, adv, *updates])
 
 
 def _manifest(rollout: dict | None) -> Manifest:

@@ -1,6 +1,6 @@
 """Manual GPU check of ppoflow.infra.checkpoint.sharded (not part of pytest): NCCL ranks, CUDA tensors and RNG.
 
-    PYTHONPATH=. torchrun --nproc-per-node=2 tests/support/ckpt/gpu_ckpt.py OUT_DIR
+    PYTHONPATH=. torchrun --nproc-per-node=2 tests/gpu/checkpoint_check.py OUT_DIR
 
 Each rank: tiny model under FSDP2 on cuda, one AdamW step, save, a reference second step, load
 (same world size: model, optimizer, CUDA + CPU RNG back), the second step again; then a background

@@ -28,7 +28,7 @@ def test_unknown_field_and_bad_literal_are_named():
     with pytest.raises(ConfigError) as err:
         parse_config(_with(rollout={"engine": "sglang", "nn": 3}))
     text = str(err.value)
-    assert "rollout.engine" in text and "'vllm' or 'hf'" in text
+    assert "rollout.engine" in text and "unknown rollout engine 'sglang'; allowed: hf, vllm" in text
     assert "rollout.nn" in text and "Extra inputs are not permitted" in text
 
 

@@ -15,6 +15,7 @@ import pytest
 from ppoflow.infra.checkpoint.sharded import is_complete
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.tasks.graph import STEPS
 from tests.support.experiments import copy_experiment
 
 pytestmark = pytest.mark.slow
@@ -119,6 +120,12 @@ def test_two_iterations_commit_manifests_files_and_metrics(base_run):
             "ref_log_prob",
             "rm_scores",
         } <= set(tables["advantages"].column_names)
+        # every step of the table left its receipt, with the output the table names
+        for spec in STEPS:
+            if spec.name in ("evaluate", "commit"):
+                continue  # evaluate runs without val files never; commit publishes the manifest
+            receipt = storage.read_json(paths.receipt(n, spec.name))
+            assert spec.output is None or spec.output in receipt["outputs"], (spec.name, receipt["outputs"])
         metrics = storage.read_json(paths.file(n, "metrics.json"))
         missing = [k for k in REQUIRED_METRICS if k not in metrics]
         assert not missing, f"metrics.json of iteration {n} lacks {missing}"

@@ -126,3 +126,20 @@ def assert_same_state(url_a: str, url_b: str, exact: bool = True, atol: float = 
         assert not diff, f"{url_a} and {url_b} differ in {diff[:5]}"
     if exact:
         assert rng_states(url_a) == rng_states(url_b)
+
+
+def metric_history(n: int = 5) -> list[dict]:
+    """``n`` iterations of metrics records as ``metrics.json`` holds them (a text value among them)."""
+    return [
+        {
+            "iteration": i,
+            "critic/score/mean": 0.1 * i,
+            "critic/rewards/mean": 0.1 * i - 0.01,
+            "actor/reward_kl_penalty": 0.01 * i,
+            "response_length/mean": 2.0,
+            "critic/vf_loss": 1.0 / i,
+            "timestamp": 1.7e9 + 5 * i,
+            "note": "text is skipped",
+        }
+        for i in range(1, n + 1)
+    ]

@@ -75,3 +75,20 @@ def s3_server() -> Iterator[dict]:
             yield {"endpoint_url": endpoint, "bucket": BUCKET, "url": f"s3://{BUCKET}"}
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def unpreempted_requests() -> Iterator[None]:
+    """moto's server checks a conditional request's condition and then stores the object in two
+    Python steps, so a thread switch between them (a server-side race real S3 does not have) could
+    let two conditional PUTs of one key through. With a long switch interval each request's
+    handling runs without preemption; clients still interleave freely (every network wait releases
+    the GIL), so a client-side check-then-write still loses the races the tests look for."""
+    import sys
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)

@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
+from ppoflow.infra.remote.rank.worker import Dispatch, MetricRule, Worker, register
 
 
 def double_plus(x: torch.Tensor) -> torch.Tensor:
@@ -112,6 +112,16 @@ class ToyWorker(Worker):
     def repeat3(self, data):
         """DataProto -> 3x the rows (interleaved), like n samples per prompt."""
         return data.repeat(3, interleave=True)
+
+    @register(Dispatch.DP_COMPUTE_PROTO, metrics=(MetricRule(pattern="*_max", merge="max"),))
+    def measure(self, data):
+        """DataProto -> its ids, with ``metrics`` of this rank's rows: ``x_max`` (declared: the
+        largest over the ranks) and ``x_mean`` (undeclared: the mean over the ranks)."""
+        from ppoflow.infra.data.dataproto import DataProto
+
+        x = data.batch["x"].double()
+        metrics = {"x_max": x.max().item(), "x_mean": x.mean().item()}
+        return DataProto.from_dict({"id": data.batch["id"]}, meta_info={"metrics": metrics})
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def stats(self, data) -> dict:

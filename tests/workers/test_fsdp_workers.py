@@ -14,7 +14,6 @@ One group per worker class; every check on a group runs in one test to pay the s
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -26,14 +25,12 @@ from tests.support.fsdp.ppo_reference import (
     ACTOR,
     CRITIC,
     LOGPROB_TOL,
-    TEMPERATURE,
     WEIGHT_TOL,
     P,
     R,
     make_config,
     max_weight_diff,
     mini_batch_groups,
-    plain_actor,
     plain_critic,
     plain_log_probs,
     plain_values,
@@ -152,181 +149,3 @@ def test_critic_values_and_update_match_single_process(tiny):
     diff = max_weight_diff(load_full_state_dict(ckpt), want)
     print(f"\ncritic: value err {v_err:.2e}, weight diff {diff:.2e}, total {time.perf_counter() - t0:.1f}s")
     assert diff < WEIGHT_TOL
-
-
-# ---------------------------------------------------------------- single process, no FSDP (fast)
-
-
-def test_warmup_schedule():
-    from ppoflow.infra.config import OptimConfig
-    from ppoflow.workers.optim import build_optimizer
-
-    opt, sched = build_optimizer(torch.nn.Linear(2, 2), OptimConfig(lr=1.0, warmup_steps=4))
-    lrs = []
-    for _ in range(6):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert lrs == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    with pytest.raises(ValueError, match="total_training_steps"):
-        build_optimizer(torch.nn.Linear(2, 2), OptimConfig(warmup_steps_ratio=0.1))
-
-
-@pytest.mark.parametrize(
-    "mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-)
-def test_grad_accumulation_is_exact_for_every_loss_agg_mode(tiny, mode):
-    """Micro-batches of 1 row and of the whole mini-batch give the same gradient (chunk size 5
-    splits the LM head into several checkpointed chunks). SGD with lr 1 makes the weight change the
-    (clipped) gradient itself, so Adam's amplification of near-zero gradients stays out of it."""
-    cfg = make_config(tiny["dir"], mini_batch=8)
-    cfg.actor.loss_agg_mode = mode
-    data = DataProto.from_dict(tiny["batch"], meta_info={"temperature": TEMPERATURE})
-    weights = []
-    for micro in (1, 16):
-        cfg.actor.ppo_micro_batch_size_per_gpu = micro
-        actor = plain_actor(tiny["dir"], cfg, chunk_size=5)
-        actor.optimizer, actor.lr_scheduler = torch.optim.SGD(actor.module.parameters(), lr=1.0), None
-        metrics = actor.update_policy(data)
-        assert metrics["actor/optimizer_steps"] == 1
-        weights.append({k: v.detach().clone() for k, v in actor.module.state_dict().items()})
-    assert max_weight_diff(*weights) < 5e-7  # a few fp32 ulps of the weights (|w| < 1)
-
-
-@pytest.mark.parametrize(
-    "loss, mode", [("gspo", "seq-mean-token-mean"), ("gspo_token", "token-mean"), ("cispo", "token-mean")]
-)
-def test_grad_accumulation_is_exact_for_the_registered_policy_losses(tiny, loss, mode):
-    """As above for GSPO (a loss per sequence) and CISPO: 1-row micro-batches = the whole mini-batch,
-    and the loss's own metrics reach the update's (GSPO's sequence-ratio statistics)."""
-    cfg = make_config(tiny["dir"], mini_batch=8)
-    cfg.actor.policy_loss, cfg.actor.loss_agg_mode = loss, mode
-    cfg.actor.clip_ratio_low = cfg.actor.clip_ratio_high = 0.01  # some sequences and tokens clipped
-    data = DataProto.from_dict(tiny["batch"], meta_info={"temperature": TEMPERATURE})
-    weights = []
-    for micro in (1, 16):
-        cfg.actor.ppo_micro_batch_size_per_gpu = micro
-        actor = plain_actor(tiny["dir"], cfg, chunk_size=5)
-        actor.optimizer, actor.lr_scheduler = torch.optim.SGD(actor.module.parameters(), lr=1.0), None
-        metrics = actor.update_policy(data)
-        assert ("actor/seq_ratio/mean" in metrics) == loss.startswith("gspo")
-        assert "actor/pg_clipfrac_high" in metrics and "actor/pg_clipfrac_low" in metrics
-        weights.append({k: v.detach().clone() for k, v in actor.module.state_dict().items()})
-    assert max_weight_diff(*weights) < 5e-7
-
-
-def test_non_finite_grad_norm_skips_the_step(tiny):
-    cfg = make_config(tiny["dir"])
-    batch = dict(tiny["batch"])
-    batch["advantages"] = batch["advantages"].clone()
-    batch["advantages"][0, 0] = float("nan")  # a response token of row 0: every step containing it
-    actor = plain_actor(tiny["dir"], cfg)
-    before = {k: v.detach().clone() for k, v in actor.module.state_dict().items()}
-    metrics = actor.update_policy(DataProto.from_dict(batch, meta_info={"temperature": TEMPERATURE}))
-    assert metrics["actor/optimizer_steps"] == 2 and metrics["actor/skipped_steps"] == 1
-    assert actor.lr_scheduler.last_epoch == 1  # the schedule advances on real steps only
-    after = actor.module.state_dict()
-    assert all(torch.isfinite(v).all() for v in after.values())
-    assert max_weight_diff(after, before) > 0  # the other mini-batch did step
-
-
-def test_mini_batch_rows_cover_every_row_each_epoch():
-    from ppoflow.workers.minibatch import mini_batch_rows
-
-    plain = [r.tolist() for r in mini_batch_rows(10, 4, 2, shuffle=False, seed=0)]
-    assert plain == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] * 2
-    shuffled = [r.tolist() for r in mini_batch_rows(10, 4, 2, shuffle=True, seed=3)]
-    epochs = [sum(shuffled[:3], []), sum(shuffled[3:], [])]
-    assert all(sorted(e) == list(range(10)) for e in epochs) and epochs[0] != epochs[1]
-
-
-def test_update_shuffle_follows_the_iteration_not_the_call_count():
-    from ppoflow.workers.minibatch import mini_batch_rows, shuffle_seed
-
-    batch = DataProto.from_dict({"x": torch.zeros(10, 1)}, meta_info={"iteration": 7})
-    first, retried = shuffle_seed(3, batch, calls=1), shuffle_seed(3, batch, calls=5)
-    assert first == retried  # a recomputed or resumed update shuffles as the first one did
-    rows = [r.tolist() for r in mini_batch_rows(10, 4, 1, shuffle=True, seed=first)]
-    assert rows == [r.tolist() for r in mini_batch_rows(10, 4, 1, shuffle=True, seed=retried)]
-    assert (
-        shuffle_seed(3, DataProto.from_dict({"x": torch.zeros(10, 1)}, meta_info={"iteration": 8}), 1)
-        != first
-    )
-    unnamed = DataProto.from_dict({"x": torch.zeros(10, 1)})
-    assert shuffle_seed(3, unnamed, calls=1) != shuffle_seed(3, unnamed, calls=2)
-
-
-def test_full_params_carry_the_checkpoint_names(tiny):
-    """iter_full_params (what the rollout's weight sync streams) names tensors as the HF checkpoint."""
-    from safetensors.torch import load_file
-
-    from ppoflow.infra.config import ModelConfig
-    from ppoflow.workers.fsdp_utils import iter_full_params
-    from ppoflow.workers.hf_models import load_hf_model
-    from ppoflow.workers.modeling import PolicyLM
-
-    stored = load_file(os.path.join(tiny["dir"], "model.safetensors"))
-    streamed = dict(iter_full_params(PolicyLM(load_hf_model(ModelConfig(path=tiny["dir"]), "causal_lm"))))
-    assert set(streamed) == set(stored)  # tied: no lm_head.weight, as in the checkpoint
-    assert all(torch.equal(streamed[k], stored[k]) for k in stored)
-
-
-@pytest.mark.parametrize("impl", ["checkpoint", "fused"])
-def test_chunked_head_matches_full_log_softmax(impl):
-    """Log-probs, entropy and their gradients (hidden, weight, bias) equal autograd through a full
-    (N, V) log-softmax, with temperature and an entropy term, for both head implementations."""
-    from ppoflow.workers.modeling import chunked_log_probs
-
-    g = torch.Generator().manual_seed(0)
-    n, h, v, t = 13, 8, 50, 0.7
-    head = torch.nn.Linear(h, v)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(v, h, generator=g))
-    hidden = torch.randn(n, h, generator=g, requires_grad=True)
-    labels = torch.randint(0, v, (n,), generator=g)
-    w_lp, w_ent = torch.randn(n, generator=g), torch.randn(n, generator=g)
-
-    def grads(lp, ent):
-        head.zero_grad()
-        hidden.grad = None
-        ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
-        return (
-            [hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()],
-            lp.detach(),
-            ent.detach(),
-        )
-
-    logp_all = torch.log_softmax(head(hidden) / t, dim=-1)
-    want, want_lp, want_ent = grads(
-        logp_all.gather(-1, labels[:, None])[:, 0], -(logp_all.exp() * logp_all).sum(-1)
-    )
-    got, lp, ent = grads(*chunked_log_probs(hidden, head, labels, t, True, True, chunk_size=5, impl=impl))
-    assert (lp - want_lp).abs().max() < 1e-5 and (ent - want_ent).abs().max() < 1e-5
-    for a, b in zip(got, want):
-        assert (a - b).abs().max() < 1e-5 * max(1.0, b.abs().max().item())
-
-
-def test_fused_head_update_equals_checkpointed_head(tiny):
-    cfg = make_config(tiny["dir"], mini_batch=8)
-    data = DataProto.from_dict(tiny["batch"], meta_info={"temperature": TEMPERATURE})
-    weights = []
-    for impl in ("checkpoint", "fused"):
-        actor = plain_actor(tiny["dir"], cfg, chunk_size=5)
-        actor.module.head_impl = impl
-        actor.optimizer, actor.lr_scheduler = torch.optim.SGD(actor.module.parameters(), lr=1.0), None
-        actor.update_policy(data)
-        weights.append({k: v.detach().clone() for k, v in actor.module.state_dict().items()})
-    assert max_weight_diff(*weights) < 5e-7
-
-
-def test_deterministic_updates_are_strict_inside_and_restore_the_mode_after():
-    from ppoflow.workers.determinism import deterministic_updates
-
-    assert not torch.are_deterministic_algorithms_enabled()
-    with deterministic_updates(True):
-        assert torch.are_deterministic_algorithms_enabled()
-        assert not torch.is_deterministic_algorithms_warn_only_enabled()
-        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
-    assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
-    with deterministic_updates(False):
-        assert not torch.are_deterministic_algorithms_enabled()

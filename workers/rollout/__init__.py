@@ -8,9 +8,13 @@
         out = rollout.generate_sequences(prompts) # DataProto: prompts, responses, ... rollout_log_probs
     metrics["weight_sync_s"] = manager.last_sync_s
 
-Engines (``rollout.engine``): ``vllm`` (``VLLMRollout``: a vLLM engine inside each rank, SPMD,
-TP from ``rollout.tensor_model_parallel_size``) and ``hf`` (``HFRollout``: transformers generate on
-the actor's own FSDP module; its manager is a no-op). Both give the same output columns; see
+``rollout.engine`` names an engine of the registry ``ppoflow.infra.rollout_engines``, which gives
+its class and sharding manager by import path and its capabilities; both builders here resolve
+them from it (no engine is named in this package's code). The built-in engines: ``vllm``
+(``VLLMRollout``: a vLLM engine inside each rank, SPMD, TP from
+``rollout.tensor_model_parallel_size``; ``FSDPVLLMShardingManager`` pushes the weights, and
+``LoRAShardingManager`` for a LoRA policy) and ``hf`` (``HFRollout``: transformers generate on the
+actor's own FSDP module; ``NoOpShardingManager``). Both give the same output columns; see
 ``ppoflow.workers.rollout.base``. With ``rollout.multi_turn.enable`` the engine is wrapped in
 ``MultiTurnRollout`` (``ppoflow.workers.rollout.multiturn``): episodes with an environment.
 """
@@ -19,27 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppoflow.workers.rollout.base import Rollout, SamplingSettings
+from ppoflow.infra.rollout_engines import engine_spec
+from ppoflow.workers.rollout.base import EngineSite, Rollout, SamplingSettings
 
-__all__ = ["build_rollout", "build_sharding_manager", "Rollout", "SamplingSettings"]
-
-
-def _eos_ids(tokenizer: Any, model_path: str) -> list[int]:
-    """EOS ids: the tokenizer's, plus the model's generation config's (as vLLM stops on both)."""
-    ids: list[int] = []
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    try:
-        from transformers import GenerationConfig
-
-        gen = GenerationConfig.from_pretrained(model_path)
-        extra = gen.eos_token_id
-        for i in [extra] if isinstance(extra, int) else (extra or []):
-            if int(i) not in ids:
-                ids.append(int(i))
-    except (OSError, ValueError):
-        pass
-    return ids
+__all__ = ["build_rollout", "build_sharding_manager", "Rollout", "SamplingSettings", "EngineSite"]
 
 
 def build_rollout(
@@ -59,25 +46,31 @@ def build_rollout(
         config: the ``ExperimentConfig`` (or its JSON dict).
         model_path: HF model directory the engine is built from (vLLM loads its architecture).
         tokenizer: the HF tokenizer (pad/eos ids).
-        actor_module: the FSDP policy (HFRollout generates with it; vLLM ignores it here).
+        actor_module: the FSDP policy (engines without ``weight_push`` generate with it).
         device, rank, world_size: this rank.
-        engine_kwargs: passed to ``VLLMRollout`` (``load_format``, ``engine_kwargs``, ``sequences``:
-            default each replica's share of ``data.train_batch_size * rollout.n``).
+        engine_kwargs: passed to the engine's ``from_config`` (vLLM: ``load_format``,
+            ``engine_kwargs``, ``sequences``: default each replica's share of
+            ``data.train_batch_size * rollout.n``).
     """
     from ppoflow.infra.config import ExperimentConfig
 
     if isinstance(config, dict):
         config = ExperimentConfig.model_validate(config)
-    engine = _build_engine(
-        config,
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token: responses cannot be padded")
+    site = EngineSite(
         model_path=model_path,
         tokenizer=tokenizer,
         actor_module=actor_module,
         device=device,
         rank=rank,
         world_size=world_size,
-        **engine_kwargs,
+        pad_token_id=int(pad),
     )
+    spec = engine_spec(config.rollout.engine)
+    engine = spec.load().from_config(config, site, **engine_kwargs)
+    engine.spec = spec
     if not config.rollout.multi_turn.enable:
         return engine
     from ppoflow.workers.rollout.multiturn import MultiTurnRollout
@@ -85,71 +78,20 @@ def build_rollout(
     return MultiTurnRollout(engine, config.rollout, tokenizer, reward_function=config.reward.custom_function)
 
 
-def _build_engine(
-    config: Any,
-    *,
-    model_path: str,
-    tokenizer: Any,
-    actor_module: Any,
-    device: str,
-    rank: int,
-    world_size: int,
-    **engine_kwargs: Any,
-) -> Rollout:
-    """The engine of ``config.rollout.engine`` (an ``ExperimentConfig``)."""
-    rcfg = config.rollout
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None:
-        raise ValueError("the tokenizer has neither a pad nor an eos token: responses cannot be padded")
-    if rcfg.engine == "hf":
-        from ppoflow.workers.rollout.hf_rollout import HFRollout
-
-        if actor_module is None:
-            raise ValueError("rollout.engine=hf generates with the actor module: pass actor_module")
-        return HFRollout(
-            rcfg,
-            actor_module,
-            eos_token_id=_eos_ids(tokenizer, model_path),
-            pad_token_id=pad,
-            rank=rank,
-            world_size=world_size,
-            device=device,
-        )
-    from ppoflow.workers.rollout.vllm_rollout import VLLMRollout
-
-    replicas = max(1, world_size // rcfg.tensor_model_parallel_size)
-    engine_kwargs.setdefault("sequences", -(-config.data.train_batch_size * rcfg.n // replicas))
-    return VLLMRollout(
-        rcfg,
-        model_path=model_path,
-        rank=rank,
-        world_size=world_size,
-        dtype=rcfg.dtype or config.model.dtype,
-        tokenizer_path=config.model.tokenizer_path or model_path,
-        pad_token_id=pad,
-        trust_remote_code=config.model.trust_remote_code,
-        **engine_kwargs,
-    )
-
-
 def build_sharding_manager(rollout: Rollout, actor_module: Any, **kwargs: Any):
-    """``FSDPVLLMShardingManager`` for a vLLM rollout, a no-op manager for the HF rollout.
+    """The sharding manager of ``rollout``'s engine (its spec's ``sharding_manager``), or for a
+    policy with LoRA adapters (``kwargs`` has ``lora_sync``) its ``lora_sharding_manager`` when it
+    has one.
 
-    ``kwargs`` go to ``FSDPVLLMShardingManager`` (``loader``, ``sleep_level``, ``storage_options``,
-    ``quiet``). A policy with LoRA adapters gets ``lora_sync.LoRAShardingManager`` (``kwargs``
-    also ``lora_sync`` and ``base_model``).
+    Every manager is built as ``Manager(engine, actor_module, **kwargs)``; ``kwargs``: ``loader``,
+    ``sleep_level``, ``storage_options``, ``quiet`` (a manager takes what applies to it), and for
+    the LoRA manager ``lora_sync`` (as ``sync``) and ``base_model``.
     """
-    rollout = getattr(rollout, "engine", rollout)  # a MultiTurnRollout's manager is its engine's
+    engine = getattr(rollout, "engine", rollout)  # a MultiTurnRollout's manager is its engine's
+    spec = engine.spec
     lora_sync = kwargs.pop("lora_sync", None)
     base_model = kwargs.pop("base_model", None)
-    if getattr(rollout, "engine_name", None) == "vllm" and lora_sync is not None:
-        from ppoflow.workers.rollout.lora_sync import LoRAShardingManager
-
-        return LoRAShardingManager(rollout, actor_module, sync=lora_sync, base_model=base_model, **kwargs)
-    if getattr(rollout, "engine_name", None) == "vllm":
-        from ppoflow.workers.rollout.sharding_manager import FSDPVLLMShardingManager
-
-        return FSDPVLLMShardingManager(rollout, actor_module, **kwargs)
-    from ppoflow.workers.rollout.sharding_manager import NoOpShardingManager
-
-    return NoOpShardingManager()
+    if lora_sync is not None and spec.lora_sharding_manager is not None:
+        manager = spec.load(spec.lora_sharding_manager)
+        return manager(engine, actor_module, sync=lora_sync, base_model=base_model, **kwargs)
+    return spec.load(spec.sharding_manager)(engine, actor_module, **kwargs)

@@ -1,4 +1,12 @@
-"""What every rollout engine shares: the sampling settings of one call and the output batch.
+"""What every rollout engine shares: its interface, where it is built, the sampling settings of one
+call and the output batch.
+
+An engine is declared once, in ``ppoflow.infra.rollout_engines`` (its name, its class and sharding
+manager by import path, its capabilities); its class implements :class:`Rollout`:
+``from_config(config, site, **engine_kwargs)`` builds it for one rank (:class:`EngineSite`),
+``generate_sequences(prompts)`` samples, and engines with the ``multi_turn`` capability also
+``sample_turn(...)``. ``build_rollout`` sets ``engine.spec`` (its registry entry), which is where
+the engine's own code reads its capabilities from.
 
 A rollout turns a DataProto of left-padded prompts into a DataProto of sampled responses with the
 columns the rest of the iteration reads (docs/internals.md):
@@ -24,6 +32,7 @@ Sampling settings come from ``RolloutConfig`` and may be overridden per call thr
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +41,14 @@ import numpy as np
 import torch
 
 from ppoflow.infra.config import RolloutConfig
+from ppoflow.infra.rollout_engines import EngineSpec
 
 __all__ = [
     "Rollout",
+    "EngineSite",
+    "TurnSamples",
+    "eos_token_ids",
+    "request_seed",
     "SamplingSettings",
     "assemble_output",
     "check_prompts",
@@ -105,26 +119,102 @@ class SamplingSettings:
         }
 
 
+@dataclass(frozen=True)
+class EngineSite:
+    """Where an engine is built: this rank, and what its worker already holds.
+
+    Attributes:
+        model_path: HF model directory the engine is built from.
+        tokenizer: the HF tokenizer.
+        actor_module: the rank's FSDP policy (engines without ``weight_push`` generate with it).
+        device: the rank's compute device ("cpu", "cuda:0", ...).
+        rank, world_size: this rank in the worker group.
+        pad_token_id: right-padding value of ``responses`` (the tokenizer's pad, else its eos).
+    """
+
+    model_path: str
+    tokenizer: Any
+    actor_module: Any
+    device: str
+    rank: int
+    world_size: int
+    pad_token_id: int
+
+
+#: One turn of each episode: (the sampled tokens, their log-probs or None).
+TurnSamples = list[tuple[list[int], list[float] | None]]
+
+
 class Rollout:
     """Interface of a rollout engine living in one rank.
 
     Attributes:
+        spec: the engine's registry entry (``ppoflow.infra.rollout_engines``; set by ``build_rollout``).
         tp_size, tp_rank: tensor-parallel layout of the engine (1, 0 for engines without TP).
         dp_size, dp_rank: data-parallel replicas of the engine (world_size / tp_size) and this one.
     """
 
-    engine_name = "base"
+    spec: EngineSpec
     tp_size: int = 1
     tp_rank: int = 0
     dp_size: int = 1
     dp_rank: int = 0
 
+    @classmethod
+    def from_config(cls, config: Any, site: EngineSite, **engine_kwargs: Any) -> Rollout:
+        """The engine of ``config`` (an ``ExperimentConfig``) for ``site``'s rank; ``engine_kwargs``
+        are the worker's extras for this engine (e.g. vLLM's ``engine_kwargs``, ``load_format``)."""
+        raise NotImplementedError(f"{cls.__name__} does not implement from_config")
+
     def generate_sequences(self, prompts):  # -> DataProto
         """Sample responses for this rank's prompt rows; see the module docstring for the columns."""
         raise NotImplementedError
 
+    def sample_turn(
+        self,
+        contexts: list[list[int]],
+        limits: list[int],
+        episode_ids: list[int],
+        turn: int,
+        settings: SamplingSettings,
+        meta_seed: Any,
+        call: int,
+    ) -> TurnSamples:
+        """One turn of multi-turn episodes (engines with the ``multi_turn`` capability): sample one
+        completion of at most ``limits[i]`` tokens after each token list ``contexts[i]`` (episode
+        ``episode_ids[i]``) with ``settings``, seeded from (``meta_seed`` or the rank's ``call``
+        number, episode, ``turn``) so a retried rollout repeats. Log-probs as the engine returns
+        them (``always_log_probs``, else only with ``rollout.calculate_log_probs``). An engine with
+        ``collective_generate`` is also called with no contexts, and returns []."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sample multi-turn episodes")
+
     def shutdown(self) -> None:
         """Free the engine (called once when the worker shuts down)."""
+
+
+def request_seed(*parts: Any) -> int:
+    """A 31-bit seed from ``parts`` (blake2b): the same on every TP rank of a replica, different
+    across replicas, calls and rows. vLLM gives sample j of an n>1 request the seed ``seed + j``."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1024)
+
+
+def eos_token_ids(tokenizer: Any, model_path: str) -> list[int]:
+    """EOS ids: the tokenizer's, plus the model's generation config's (as vLLM stops on both)."""
+    ids: list[int] = []
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    try:
+        from transformers import GenerationConfig
+
+        gen = GenerationConfig.from_pretrained(model_path)
+        extra = gen.eos_token_id
+        for i in [extra] if isinstance(extra, int) else (extra or []):
+            if int(i) not in ids:
+                ids.append(int(i))
+    except (OSError, ValueError):
+        pass
+    return ids
 
 
 def check_prompts(prompts) -> None:

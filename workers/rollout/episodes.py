@@ -1,6 +1,7 @@
 """The episodes of multi-turn rollouts: one episode's tokens as they grow (:class:`Episode`), the
 rollout rows a batch of them makes (:func:`assemble`, the columns are listed in
-``ppoflow.workers.rollout.multiturn``), and their metrics (:func:`episode_metrics`)."""
+``ppoflow.workers.rollout.multiturn``), and their metrics (:func:`episode_metrics`, merged over
+data-parallel shards by :data:`EPISODE_METRIC_RULES`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,21 @@ import numpy as np
 import torch
 
 from ppoflow.infra.envs import Environment
+from ppoflow.infra.remote.rank.worker import MetricRule
 from ppoflow.workers.rollout.base import SamplingSettings, _output_meta, _position_ids, prompt_token_lists
 
-__all__ = ["Episode", "assemble", "episode_metrics", "last_turn"]
+__all__ = ["Episode", "assemble", "episode_metrics", "last_turn", "EPISODE_METRIC_RULES"]
+
+#: How :func:`episode_metrics` of equal dp shards make the whole batch's (declared by the worker
+#: methods that return a rollout): the largest ``*_max``, the smallest ``*_min``, per-episode counts
+#: over all episodes (a shard whose episodes never called a tool reports none: 0 there), a tool's
+#: error rate over all its calls; every other metric the mean over the shards.
+EPISODE_METRIC_RULES = (
+    MetricRule(pattern="*_max", merge="max"),
+    MetricRule(pattern="*_min", merge="min"),
+    MetricRule(pattern="*_per_episode", merge="mean_or_zero"),
+    MetricRule(pattern="*/error_rate", merge="ratio", of=("errors_per_episode", "calls_per_episode")),
+)
 
 
 @dataclass

@@ -20,6 +20,7 @@ log-probs; greedy decoding reports temperature-1 log-probs.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -30,11 +31,15 @@ from ppoflow.infra.config import RolloutConfig
 from ppoflow.infra.host_cpu import cpu_use
 from ppoflow.workers.fsdp_utils import reshard_all
 from ppoflow.workers.rollout.base import (
+    EngineSite,
     Rollout,
     SamplingSettings,
+    TurnSamples,
     assemble_output,
     check_prompts,
+    eos_token_ids,
     generation_metrics,
+    request_seed,
 )
 
 __all__ = ["HFRollout"]
@@ -53,8 +58,6 @@ class HFRollout(Rollout):
         device: where the prompts go (the module's compute device).
     """
 
-    engine_name = "hf"
-
     def __init__(
         self,
         config: RolloutConfig,
@@ -66,11 +69,7 @@ class HFRollout(Rollout):
         world_size: int = 1,
         device: str | torch.device = "cpu",
     ):
-        if config.tensor_model_parallel_size != 1:
-            raise ValueError(
-                "rollout.engine=hf has no tensor parallelism: set rollout.tensor_model_parallel_size=1"
-            )
-        self.config = config
+        self.config = config  # its tensor_model_parallel_size is 1: the engine has no tensor_parallel
         self.module = actor_module
         self.hf_model: Any = getattr(actor_module, "hf_model", actor_module)  # an HF causal LM
         if not hasattr(self.hf_model, "generate"):
@@ -84,6 +83,21 @@ class HFRollout(Rollout):
         self.device = torch.device(device)
         self.calls = 0
         self._generate = self._bind_generate()
+
+    @classmethod
+    def from_config(cls, config: Any, site: EngineSite, **engine_kwargs: Any) -> HFRollout:
+        """``rollout.engine: hf`` on ``site``'s actor module (it takes no ``engine_kwargs``)."""
+        if site.actor_module is None:
+            raise ValueError("rollout.engine=hf generates with the actor module: pass actor_module")
+        return cls(
+            config.rollout,
+            site.actor_module,
+            eos_token_id=eos_token_ids(site.tokenizer, site.model_path),
+            pad_token_id=site.pad_token_id,
+            rank=site.rank,
+            world_size=site.world_size,
+            device=site.device,
+        )
 
     def _bind_generate(self):
         """``hf_model.generate`` wrapped in the FSDP root's forward hooks (plain call without FSDP)."""
@@ -116,6 +130,37 @@ class HFRollout(Rollout):
         responses, log_probs = _cut_at_eos(gen, token_lp, self.eos_token_id)
         metrics = generation_metrics(generate_s, sum(len(r) for r in responses), cpu)
         return assemble_output(prompts, responses, log_probs, s, self.pad_token_id, metrics)
+
+    def sample_turn(
+        self,
+        contexts: list[list[int]],
+        limits: list[int],
+        episode_ids: list[int],
+        turn: int,
+        settings: SamplingSettings,
+        meta_seed: Any,
+        call: int,
+    ) -> TurnSamples:
+        """One turn of multi-turn episodes (see ``Rollout.sample_turn``): the contexts left-padded
+        into one ``generate`` call of the longest limit, each row cut at its own limit; seeded from
+        (``meta_seed`` or ``call``, ``turn``). A rank without contexts still generates one padding
+        row: every ``generate`` is a collective over the ranks."""
+        rows = contexts or [[self.pad_token_id]]
+        width = max(len(c) for c in rows)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, c in enumerate(rows):
+            ids[r, width - len(c) :] = torch.as_tensor(c)
+            mask[r, width - len(c) :] = 1
+        most = max(limits) if limits else 1
+        kwargs = self._generate_kwargs(dataclasses.replace(settings, response_length=most))
+        seed = request_seed("hf", call if meta_seed is None else meta_seed, "turn", turn)
+        out, _, _ = self._sample(ids.to(self.device), mask.to(self.device), kwargs, seed)
+        gen, token_lp = _sampled_tokens(out, width)
+        responses, log_probs = _cut_at_eos(gen, token_lp, self.eos_token_id)
+        if not contexts:
+            return []
+        return [(r[:m], lp[:m]) for r, lp, m in zip(responses, log_probs, limits)]
 
     def _generate_kwargs(self, s: SamplingSettings) -> dict[str, Any]:
         """``generate``'s keyword arguments for one call's sampling settings (greedy: no sampling

@@ -1,6 +1,7 @@
 """MultiTurnRollout: episodes of policy turns and environment turns in one rollout row.
 
-Wraps the rank's engine (``VLLMRollout`` or ``HFRollout``) when ``rollout.multi_turn.enable``.
+Wraps the rank's engine when ``rollout.multi_turn.enable`` (an engine with the ``multi_turn``
+capability: ``VLLMRollout``, ``HFRollout``), which samples each turn (``Rollout.sample_turn``).
 Every episode of the rank's batch (``B * n``) starts from its environment's ``reset``; then, turn
 by turn, the episodes still running are sampled together in the engine (token-id prompts: the
 whole history, so vLLM's prefix cache reuses it), each turn is handed to its environment
@@ -37,7 +38,6 @@ time limit under load may not).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -66,8 +66,10 @@ class MultiTurnRollout(Rollout):
     def __init__(
         self, engine: Rollout, config: RolloutConfig, tokenizer: Any, reward_function: str | None = None
     ):
-        self.engine = engine
-        self.engine_name = engine.engine_name
+        spec = engine.spec
+        if not spec.can("multi_turn"):  # the config refuses this first; kept for engines built by hand
+            raise ValueError(f"rollout.engine={spec.name!r} cannot sample multi-turn episodes")
+        self.engine, self.spec = engine, spec
         self.tp_size, self.tp_rank = engine.tp_size, engine.tp_rank
         self.dp_size, self.dp_rank = engine.dp_size, engine.dp_rank
         self.config, self.mt = config, config.multi_turn
@@ -156,7 +158,7 @@ class MultiTurnRollout(Rollout):
                     break
                 limits = [min(per_turn, budget - len(episodes[i].tokens)) for i in running]
                 t1 = time.perf_counter()
-                outs = self._sample(
+                outs = self.engine.sample_turn(
                     [episodes[i].prompt + episodes[i].tokens for i in running],
                     limits,
                     running,
@@ -184,7 +186,7 @@ class MultiTurnRollout(Rollout):
             ep.env.close()
         generate_s = time.perf_counter() - t0
         metrics = episode_metrics(episodes, generate_s, sample_s, env_s, sampled)
-        with_lp = self.config.calculate_log_probs or self.engine.engine_name == "hf"
+        with_lp = self.config.calculate_log_probs or self.spec.can("always_log_probs")
         return assemble(prompts, episodes, s, metrics, self.pad_token_id, with_lp)
 
     def _apply(self, ep: Episode, res: StepOutcome, turn: int, budget: int) -> None:
@@ -208,81 +210,6 @@ class MultiTurnRollout(Rollout):
             return
         ep.add(env, False)
 
-    # ------------------------------------------------------------------ engines
-    def _sample(
-        self,
-        contexts: list[list[int]],
-        limits: list[int],
-        episode_ids: list[int],
-        turn: int,
-        s: SamplingSettings,
-        meta_seed: Any,
-        call: int,
-    ) -> list[tuple[list[int], list[float] | None]]:
-        if self.engine.engine_name == "vllm":
-            return self._sample_vllm(contexts, limits, episode_ids, turn, s, meta_seed, call)
-        return self._sample_hf(contexts, limits, turn, s, meta_seed, call)
-
-    def _sample_vllm(self, contexts, limits, episode_ids, turn, s, meta_seed, call):
-        from vllm import SamplingParams
-
-        from ppoflow.workers.rollout.vllm_rollout import _sampled_log_probs, request_seed
-
-        engine: Any = self.engine
-        want_lp = self.config.calculate_log_probs
-        limit = engine.llm.llm_engine.vllm_config.model_config.max_model_len
-        if contexts and max(len(c) + m for c, m in zip(contexts, limits)) > limit:
-            raise ValueError(f"a multi-turn episode would pass the engine's max_model_len {limit}")
-        base = (self.config.seed, self.dp_rank) + (
-            ("call", call) if meta_seed is None else ("seed", meta_seed)
-        )
-        params = []
-        for ep, m in zip(episode_ids, limits):
-            kw: dict[str, Any] = dict(
-                n=1,
-                temperature=s.temperature if s.do_sample else 0.0,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                max_tokens=m,
-                detokenize=False,
-            )
-            if want_lp:
-                kw.update(logprobs=0, flat_logprobs=True)
-            if s.do_sample:
-                kw["seed"] = request_seed(*base, "episode", ep, "turn", turn)
-            params.append(SamplingParams(**kw))
-        outs, _, _, _ = engine._decode(contexts, params)
-        result = []
-        for out in outs:
-            comp = out.outputs[0]
-            toks = list(comp.token_ids)
-            result.append((toks, _sampled_log_probs(comp, toks) if want_lp else None))
-        return result
-
-    def _sample_hf(self, contexts, limits, turn, s, meta_seed, call):
-        from ppoflow.workers.rollout.hf_rollout import _cut_at_eos, _sampled_tokens
-        from ppoflow.workers.rollout.vllm_rollout import request_seed
-
-        engine: Any = self.engine
-        rows = contexts or [
-            [self.pad_token_id]
-        ]  # a rank without episodes still joins the collective forwards
-        width = max(len(c) for c in rows)
-        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, c in enumerate(rows):
-            ids[r, width - len(c) :] = torch.as_tensor(c)
-            mask[r, width - len(c) :] = 1
-        most = max(limits) if limits else 1
-        kwargs = engine._generate_kwargs(dataclasses.replace(s, response_length=most))
-        seed = request_seed("hf", call if meta_seed is None else meta_seed, "turn", turn)
-        out, _, _ = engine._sample(ids.to(engine.device), mask.to(engine.device), kwargs, seed)
-        gen, token_lp = _sampled_tokens(out, width)
-        responses, log_probs = _cut_at_eos(gen, token_lp, engine.eos_token_id)
-        if not contexts:
-            return []
-        return [(r[:m], lp[:m]) for r, lp, m in zip(responses, log_probs, limits)]
-
 
 def _plain(value: Any) -> Any:
     """A numpy scalar as the Python value it holds; anything else as it is."""
@@ -290,10 +217,10 @@ def _plain(value: Any) -> Any:
 
 
 def _any_rank(local: bool, engine: Any) -> bool:
-    """HF engine on several ranks: whether any rank still has episodes (every generate is a
-    collective there); else ``local``."""
+    """An engine whose generate is a collective (``collective_generate``) on several ranks: whether
+    any rank still has episodes (they all keep sampling until none has); else ``local``."""
     if (
-        engine.engine_name != "hf"
+        not engine.spec.can("collective_generate")
         or not (dist.is_available() and dist.is_initialized())
         or dist.get_world_size() == 1
     ):

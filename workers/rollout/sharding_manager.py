@@ -66,9 +66,11 @@ _LOG = logging.getLogger("ppoflow.rollout")
 
 
 class NoOpShardingManager:
-    """The manager of engines that run on the actor module itself (HFRollout): nothing to sync."""
+    """The manager of engines that run on the actor module itself (no ``weight_push``, e.g.
+    HFRollout): nothing to sync. Built like every manager, ``(engine, actor_module, **settings)``;
+    the settings (``loader``, ``sleep_level``, ...) do not apply to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, rollout: Any = None, actor_module: Any = None, **settings: Any) -> None:
         self.last_sync_s = 0.0
         self.last_push: dict[str, Any] = {}
 

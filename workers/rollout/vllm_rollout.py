@@ -34,7 +34,6 @@ The engine's settings and its start, with what vLLM needs of them, are in
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any
 
@@ -44,23 +43,29 @@ import torch.distributed as dist
 from ppoflow.infra.config import RolloutConfig
 from ppoflow.infra.host_cpu import cpu_use
 from ppoflow.workers.rollout.base import (
+    EngineSite,
     Rollout,
     SamplingSettings,
+    TurnSamples,
     assemble_output,
     check_prompts,
     generation_metrics,
     prompt_token_lists,
+    request_seed,
 )
 from ppoflow.workers.rollout.gc_heap import frozen_heap
 from ppoflow.workers.rollout.vllm_engine import (
     auto_kv_cache_bytes,
     check_world,
+    completions,
     engine_kwargs_for,
     is_cpu_platform,
     kv_bytes_per_token,
+    sampled_log_probs,
     set_engine_env,
     start_engine,
     tp_cpu_group,
+    warm_up,
 )
 
 __all__ = ["VLLMRollout", "request_seed"]
@@ -86,8 +91,6 @@ class VLLMRollout(Rollout):
         warmup: run one tiny request at start-up (compiles vLLM's log-prob kernel outside the
             first rollout's timing).
     """
-
-    engine_name = "vllm"
 
     def __init__(
         self,
@@ -131,7 +134,32 @@ class VLLMRollout(Rollout):
         self.sleeping = False
         self.calls = 0
         self.lora_request: Any = None  # the adapter every request carries (a LoRA policy's sync sets it)
-        self.warmup_s = self._warm_up() if warmup else 0.0
+        self.warmup_s = warm_up(self.llm, pad_token_id) if warmup else 0.0
+
+    @classmethod
+    def from_config(cls, config: Any, site: EngineSite, **engine_kwargs: Any) -> VLLMRollout:
+        """``rollout.engine: vllm`` on ``site``'s rank; ``engine_kwargs`` go to the constructor
+        (``sequences`` defaults to this replica's share of ``data.train_batch_size * rollout.n``;
+        with ``actor.lora.sync: adapter`` vLLM is built to serve the adapter)."""
+        rcfg, model, lora = config.rollout, config.model, config.actor.lora
+        if lora.enabled and lora.sync == "adapter":
+            from ppoflow.workers.rollout.lora_sync import engine_lora_kwargs
+
+            extra = engine_kwargs.get("engine_kwargs") or {}
+            engine_kwargs["engine_kwargs"] = {**engine_lora_kwargs(lora.rank), **extra}
+        replicas = max(1, site.world_size // rcfg.tensor_model_parallel_size)
+        engine_kwargs.setdefault("sequences", -(-config.data.train_batch_size * rcfg.n // replicas))
+        return cls(
+            rcfg,
+            model_path=site.model_path,
+            rank=site.rank,
+            world_size=site.world_size,
+            dtype=rcfg.dtype or model.dtype,
+            tokenizer_path=model.tokenizer_path or site.model_path,
+            pad_token_id=site.pad_token_id,
+            trust_remote_code=model.trust_remote_code,
+            **engine_kwargs,
+        )
 
     # ------------------------------------------------------------------ engine
 
@@ -226,21 +254,6 @@ class VLLMRollout(Rollout):
             awake = self.llm.wake_up(tags=tags)  # vLLM >= 0.11: True once every allocation is back
             self.sleeping = not awake if isinstance(awake, bool) else not (tags is None or "kv_cache" in tags)
 
-    def _warm_up(self) -> float:
-        """One 2-token sampled request with log-probs: vLLM torch.compiles its log-prob rank kernel
-        on first use (seconds on CPU), which would otherwise land in the first rollout's timing."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        t0 = time.perf_counter()
-        self.llm.generate(
-            [TokensPrompt(prompt_token_ids=[self.pad_token_id])],
-            SamplingParams(max_tokens=2, logprobs=0, detokenize=False, seed=0),
-            use_tqdm=False,
-        )
-        self.reset_prefix_cache()
-        return time.perf_counter() - t0
-
     # ------------------------------------------------------------------ generation
 
     def _gather_tp(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -296,12 +309,55 @@ class VLLMRollout(Rollout):
         outs, t_gen, gc_time, cpu = self._decode(token_lists, params)
         generate_s = time.perf_counter() - t0
         bsz = len(prompts)
-        responses, log_probs = _completions(outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz], want_lp)
+        responses, log_probs = completions(outs[self.tp_rank * bsz : (self.tp_rank + 1) * bsz], want_lp)
         generated = sum(len(c.token_ids) for o in outs for c in o.outputs)
         # rollout/gc_s: the collection before the freeze and any inside generate
         extra = {"rollout/gc_s": gc_time.seconds, "rollout/prepare_s": t_gen - t0}
         metrics = generation_metrics(generate_s, generated, cpu, extra)
         return assemble_output(prompts, responses, log_probs, settings, self.pad_token_id, metrics)
+
+    def sample_turn(
+        self,
+        contexts: list[list[int]],
+        limits: list[int],
+        episode_ids: list[int],
+        turn: int,
+        settings: SamplingSettings,
+        meta_seed: Any,
+        call: int,
+    ) -> TurnSamples:
+        """One turn of multi-turn episodes (see ``Rollout.sample_turn``): one request per context,
+        seeded ``request_seed(seed, dp_rank, call or meta seed, "episode", e, "turn", t)``."""
+        from vllm import SamplingParams
+
+        s, want_lp = settings, self.config.calculate_log_probs
+        limit = self.llm.llm_engine.vllm_config.model_config.max_model_len
+        if contexts and max(len(c) + m for c, m in zip(contexts, limits)) > limit:
+            raise ValueError(f"a multi-turn episode would pass the engine's max_model_len {limit}")
+        base = (self.config.seed, self.dp_rank) + (
+            ("call", call) if meta_seed is None else ("seed", meta_seed)
+        )
+        params = []
+        for ep, m in zip(episode_ids, limits):
+            kw: dict[str, Any] = dict(
+                n=1,
+                temperature=s.temperature if s.do_sample else 0.0,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                max_tokens=m,
+                detokenize=False,
+            )
+            if want_lp:
+                kw.update(logprobs=0, flat_logprobs=True)
+            if s.do_sample:
+                kw["seed"] = request_seed(*base, "episode", ep, "turn", turn)
+            params.append(SamplingParams(**kw))
+        outs, _, _, _ = self._decode(contexts, params)
+        result: TurnSamples = []
+        for out in outs:
+            toks = list(out.outputs[0].token_ids)
+            result.append((toks, sampled_log_probs(out.outputs[0], toks) if want_lp else None))
+        return result
 
     def _engine_prompts(self, prompts, settings: SamplingSettings) -> list[list[int]]:
         """The unpadded prompts of the TP group's rows (this rank's among them, in rank order),
@@ -341,42 +397,3 @@ class VLLMRollout(Rollout):
         (``cleanup_dist_env_and_memory``), which the rank still needs for its final barrier. The
         rank entry exits with ``os._exit`` after destroying the group, so the engine dies with the
         process and vLLM's exit hook never runs against a destroyed group."""
-
-
-def request_seed(*parts: Any) -> int:
-    """A 31-bit seed from ``parts`` (blake2b): the same on every TP rank of a replica, different
-    across replicas, calls and rows. vLLM gives sample j of an n>1 request the seed ``seed + j``."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % (2**31 - 1024)
-
-
-def _completions(outputs: list, want_lp: bool) -> tuple[list[list[int]], list[list[float]] | None]:
-    """The sampled tokens of each request's completions in sample order (and with ``want_lp``
-    their log-probs, else None)."""
-    responses, log_probs = [], []
-    for out in outputs:
-        for comp in sorted(out.outputs, key=lambda c: c.index):
-            toks = list(comp.token_ids)
-            responses.append(toks)
-            if want_lp:
-                log_probs.append(_sampled_log_probs(comp, toks))
-    return responses, log_probs if want_lp else None
-
-
-def _sampled_log_probs(completion, tokens: list[int]) -> list[float]:
-    """The log-prob of each sampled token from a ``logprobs=0`` completion (flat or list form)."""
-    lp = completion.logprobs
-    if lp is None:
-        raise RuntimeError("vLLM returned no log-probs (SamplingParams.logprobs was not set?)")
-    if hasattr(lp, "start_indices"):  # FlatLogprobs: position i spans [start_indices[i], end_indices[i])
-        out = []
-        for i, tok in enumerate(tokens):
-            lo, hi = lp.start_indices[i], lp.end_indices[i]
-            for j in range(lo, hi):
-                if lp.token_ids[j] == tok:
-                    out.append(float(lp.logprobs[j]))
-                    break
-            else:
-                raise RuntimeError(f"vLLM's log-probs at position {i} do not include the sampled token {tok}")
-        return out
-    return [float(pos[tok].logprob) for pos, tok in zip(lp, tokens)]

@@ -4,7 +4,8 @@ data-parallel rank, and the ranks' outputs merged back into one.
 ``split_proto`` pads the input to a multiple of the world size (and of ``dp_size``) and saves
 chunk ``i`` for the ranks whose ``dp_rank`` is ``i``; ``merge_results`` concatenates the output
 ranks' DataProtos in dp_rank order, removes the padding in proportion (an output may be ``k``
-times the input, e.g. ``n`` samples per prompt) and saves the result.
+times the input, e.g. ``n`` samples per prompt), merges their metrics by the rules the ranks sent
+with them (this side knows no metric names) and saves the result.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.experiment.metrics import merge_shard_metrics
+from ppoflow.infra.remote.metric_merge import merge_metrics
 from ppoflow.infra.remote.protocol import Call, Layout, Reply
 
 __all__ = ["ProtoSplit", "split_proto", "merge_results", "remove_chunks"]
@@ -98,9 +99,10 @@ def merge_results(
 
     DataProto outputs (replies of kind "dataproto", i.e. from output ranks) are loaded in dp_rank
     order, concatenated (meta_info of dp rank 0, but ``meta_info["metrics"]`` merged over the dp
-    ranks: :func:`~ppoflow.infra.experiment.metrics.merge_shard_metrics`), and the padding is removed in proportion: with
-    ``k = output rows / padded input rows`` the last ``pad_size * k`` rows go. The result is saved
-    atomically at ``out_url``, which is returned. JSON outputs come back as the per-rank list.
+    ranks by the replies' ``metric_rules``: :func:`~ppoflow.infra.remote.metric_merge.merge_metrics`),
+    and the padding is removed in proportion: with ``k = output rows / padded input rows`` the last
+    ``pad_size * k`` rows go. The result is saved atomically at ``out_url``, which is returned. JSON
+    outputs come back as the per-rank list.
     """
     kinds = {r.kind for r in replies}
     if "dataproto" not in kinds:
@@ -121,7 +123,10 @@ def merge_results(
     parts = [DataProto.load(str(replies[rank].result)) for _, rank in outs]
     merged = DataProto.concat(parts)
     if any(p.meta_info.get("metrics") for p in parts):  # the whole batch's, not dp rank 0's
-        merged.meta_info["metrics"] = merge_shard_metrics([p.meta_info.get("metrics") for p in parts])
+        rules = {replies[rank].metric_rules for _, rank in outs}
+        if len(rules) != 1:
+            raise ValueError(f"{method}: the output ranks sent different metric rules: {rules}")
+        merged.meta_info["metrics"] = merge_metrics([p.meta_info.get("metrics") for p in parts], rules.pop())
     if split.pad_size:
         k, rem = divmod(len(merged), split.padded_len)
         if rem:

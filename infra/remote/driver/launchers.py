@@ -12,7 +12,7 @@ where they run. A launcher owns the rest:
 - ``release()`` kills whatever is left, closes every handle and removes the scratch space.
 
 Two launchers: :class:`LocalLauncher` here (``torchrun --standalone`` as a child of this process,
-all ranks on this host) and ``ppoflow.infra.remote.driver.hub.RendezvousLauncher`` (ranks on several
+all ranks on this host) and ``ppoflow.infra.remote.driver.rendezvous.RendezvousLauncher`` (ranks on several
 hosts, started by per-node agents through a c10d rendezvous).
 """
 

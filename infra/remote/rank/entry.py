@@ -24,8 +24,9 @@ worker, gc, barrier, destroys the process group, replies and ``os._exit(0)``.
 Calling convention: for DP_COMPUTE_PROTO, ``in_url`` is this rank's input chunk; the rank calls
 ``method(worker, DataProto.load(in_url), *args, **kwargs)``; a DataProto result is saved at
 ``out_url`` (only on ranks with ``is_output_rank``) and the reply carries ``kind: "dataproto"`` and
-the URL; any other result travels as JSON (``kind: "json"``). ONE_TO_ALL and RANK_ZERO methods get
-the JSON args/kwargs and must return JSON.
+the URL, with the metric merge rules the method was registered with (``metric_rules``: the
+driver merges the dp shards' ``meta_info["metrics"]`` by them); any other result travels as JSON
+(``kind: "json"``). ONE_TO_ALL and RANK_ZERO methods get the JSON args/kwargs and must return JSON.
 
 Fault injection (for chaos tests), env ``PPOFLOW_FAULT``, comma-separated entries:
     rank_exit:<method>:<rank>   the rank calls ``os._exit(17)`` at the start of <method>
@@ -52,8 +53,7 @@ import torch
 import torch.distributed as dist
 
 from ppoflow.infra import faults
-from ppoflow.infra.checkpoint.state import seed_rngs
-from ppoflow.infra.remote.dispatch import Dispatch, dispatch_mode_of, registered_methods
+from ppoflow.infra.remote.dispatch import Dispatch, dispatch_mode_of, metric_rules_of, registered_methods
 from ppoflow.infra.remote.errors import error_types
 from ppoflow.infra.remote.procs import block_until_exit
 from ppoflow.infra.remote.protocol import (
@@ -68,6 +68,7 @@ from ppoflow.infra.remote.protocol import (
     receive,
     send,
 )
+from ppoflow.infra.remote.rank.seeding import seed_rngs
 
 FAULT_EXIT_CODE = 17
 
@@ -201,7 +202,15 @@ class RankServer:
                 if not layout.is_output_rank:
                     return Reply(id=cmd.id, ok=True, kind="dropped", layout=layout)
                 result.save(cmd.out_url)
-                return Reply(id=cmd.id, ok=True, kind="dataproto", result=cmd.out_url, layout=layout)
+                rules = metric_rules_of(self.cls, method)
+                return Reply(
+                    id=cmd.id,
+                    ok=True,
+                    kind="dataproto",
+                    result=cmd.out_url,
+                    metric_rules=rules,
+                    layout=layout,
+                )
             json.dumps(result)  # fail here, with a traceback, if the result is not JSON
             return Reply(id=cmd.id, ok=True, kind="json", result=result, layout=layout)
         except BaseException as e:

@@ -18,6 +18,9 @@ Calling convention inside a rank (what ``ppoflow.infra.remote.rank.entry`` does 
 - DP_COMPUTE_PROTO methods get ``(data: DataProto, **kwargs)``: ``data`` is the chunk for this
   rank's ``dp_rank``. They return a ``DataProto`` (saved by the rank, merged by the driver; only
   ranks with ``is_output_rank`` contribute), or a JSON dict / None (returned as a per-rank list).
+  The output's ``meta_info["metrics"]`` are merged over the dp shards by the rules the method
+  declares, ``@register(Dispatch.DP_COMPUTE_PROTO, metrics=(MetricRule(...), ...))``, else each is
+  the mean over the shards (``ppoflow.infra.remote.metric_merge``).
 - ``dp_rank``, ``dp_size`` and ``is_output_rank`` are re-read after every call and reported to the
   driver, so a worker whose data-parallel layout is not one rank per replica (e.g. vLLM tensor
   parallel) sets them in ``init_model`` and the next DP_COMPUTE_PROTO call uses the new layout.
@@ -35,8 +38,9 @@ from typing import Any
 import torch
 
 from ppoflow.infra.remote.dispatch import Dispatch, register
+from ppoflow.infra.remote.metric_merge import MetricRule
 
-__all__ = ["Worker", "register", "Dispatch"]
+__all__ = ["Worker", "register", "Dispatch", "MetricRule"]
 
 
 class Worker:

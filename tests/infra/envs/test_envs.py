@@ -129,6 +129,10 @@ def test_tool_env_runs_calls_and_scores_the_answer():
     end = env.step("The answer is #### 408")
     assert end.done and end.reward == 1.0 and end.messages == []
     assert env.step("#### 7").reward == 0.0
+    # the run's custom reward, when it has one, scores the answer instead of the data source's rule
+    custom = ToolEnv(EnvSettings(reward_function="tests.support.rewards:digit_share"))
+    custom.reset(row)
+    assert custom.step("12ab").reward == 0.5
 
 
 # ----------------------------------------------------------------------------- registry and config
@@ -144,6 +148,15 @@ def test_environment_names_and_import_paths(tmp_path):
         env_class(f"{f}:not_env")
     with pytest.raises(KeyError, match="no tool 'calc'.*register_tool"):
         build_tool("calc")
+    # import paths go through the one loader: its errors name the setting and the fix
+    with pytest.raises(
+        ImportError, match=r"^rollout.multi_turn.environment='no_such_mod:Env': cannot import"
+    ):
+        env_class("no_such_mod:Env")
+    with pytest.raises(
+        ValueError, match=r"^rollout.multi_turn.tools='my-tools:calc': .*'path/to/file.py:name'"
+    ):
+        build_tool("my-tools:calc")
 
 
 def test_multi_turn_config_errors():

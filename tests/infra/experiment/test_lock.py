@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -9,12 +10,14 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import pytest
 
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.lock import ExperimentLock, ExperimentLocked
 from tests.support.paths import ROOT
+from tests.support.s3_server import unpreempted_requests
 
 
 def test_lock_refuses_a_live_owner_and_releases(tmp_path):
@@ -151,3 +154,47 @@ def test_a_renewal_that_hangs_ends_the_lease_in_time():
             a.check()
         s3.clear()
         a.release()
+
+
+@pytest.mark.parametrize("where", ["local", "memory", "s3"])
+def test_of_runs_taking_over_one_stale_lock_at_once_one_gets_it(where, tmp_path, request):
+    """The takeover is one replace-if-match on every storage (memory:// included, which was a
+    check-then-write before it had a backend): of several runs that all judge the lock stale and
+    take it over at the same moment, exactly one holds it after, and the others are refused."""
+    if where == "local":
+        url = str(tmp_path / "exp" / "lock.json")
+    elif where == "memory":
+        url = f"memory://lock-{uuid.uuid4().hex[:8]}/lock.json"
+    else:
+        url = f"{request.getfixturevalue('s3_server')['url']}/lock-{uuid.uuid4().hex[:8]}/lock.json"
+    stale = {"run_id": "dead", "host": "elsewhere", "pid": 1, "token": "t", "heartbeat_at": time.time() - 999}
+    storage.write_json_atomic(url, stale)
+    n = 4
+    start = threading.Barrier(n)
+    outcome: dict[str, object] = {}
+
+    def take(i: int) -> None:
+        lock = ExperimentLock(url, f"run-{i}", heartbeat_s=3600, stale_after_s=60)
+        start.wait()
+        try:
+            outcome[lock.run_id] = lock.acquire()
+        except ExperimentLocked as exc:
+            outcome[lock.run_id] = exc
+
+    serial = unpreempted_requests() if where == "s3" else contextlib.nullcontext()
+    with serial:  # on S3: moto's own check-then-store is not atomic (tests.support.s3_server)
+        threads = [threading.Thread(target=take, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    holders = [run for run, got in outcome.items() if isinstance(got, ExperimentLock)]
+    assert len(outcome) == n and len(holders) == 1, outcome
+    assert json.loads(storage.read_bytes(url))["run_id"] == holders[0]
+    for got in outcome.values():
+        if isinstance(got, ExperimentLock):
+            got.check()
+            got.release()
+        else:
+            assert holders[0] in str(got)  # refused, naming the run that holds it now
+    assert not storage.exists(url)

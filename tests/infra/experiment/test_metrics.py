@@ -64,3 +64,12 @@ def test_one_metrics_spec_feeds_the_trend_and_the_plot():
         "critic/score/mean",
         "critic/rewards/mean",
     ]
+
+
+def test_iteration_line_tolerates_missing_metrics():
+    line = headline_line(3, {"critic/score/mean": 0.5, "timing_s/iteration": 2.0})
+    assert (
+        line.startswith("iteration    3 | score 0.500 | reward -")
+        and "kl -" in line
+        and line.endswith("2.0 s")
+    )

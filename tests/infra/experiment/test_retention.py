@@ -1,8 +1,7 @@
-"""Retention (ppoflow.infra.experiment.retention), rollback (ppoflow.infra.experiment.rollback) and
-their CLI (``ppoflow rollback``, the sizes in ``ppoflow status``) on synthetic experiments: real
-manifests and real checkpoint markers (every file's size and xxh3 hash) over small files, so every
-case runs in milliseconds. The expected sets come from a plain loop over the documented rule, not
-from the code under test. The rollback of a real run is in tests/scenarios/test_flow_checkpoints.py.
+"""Retention (ppoflow.infra.experiment.retention) and the CLI over it and rollback (``ppoflow
+rollback``, the sizes in ``ppoflow status``) on synthetic experiments (tests/support/fake_experiments.py),
+so every case runs in milliseconds. The expected sets come from a plain loop over the documented
+rule, not from the code under test.
 """
 
 from __future__ import annotations
@@ -13,69 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from ppoflow.infra.checkpoint.integrity import ALGORITHM, hash_bytes
-from ppoflow.infra.checkpoint.marker import FORMAT, is_complete, read_marker, write_marker
+from ppoflow.infra.checkpoint.marker import is_complete, read_marker
 from ppoflow.infra.data import storage
-from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, read_manifest
+from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.experiment.retention import apply_retention, checkpoint_sizes
-from ppoflow.infra.experiment.rollback import RollbackRefused, rollback
-
-ROLES = ("actor", "critic")
-
-
-def fake_checkpoint(url: str, seed: int, optimizer: bool = True) -> None:
-    """A published checkpoint with a model and (optionally) an optimizer file, as the writer lays
-    them out (the files are random bytes; only sizes and hashes matter here)."""
-    files = {"model/__0_0.distcp": os.urandom(1000 + seed), "rng/rank_00000.json": b'{"seed": %d}' % seed}
-    if optimizer:
-        files["optim/__0_0.distcp"] = os.urandom(2000 + seed)
-    for name, data in files.items():
-        storage.write_bytes_atomic(storage.join(url, name), data)
-    write_marker(
-        url,
-        {
-            "format": FORMAT,
-            "world_size": 1,
-            "layout": {"model": "model", "optim": "optim" if optimizer else None},
-            "optimizer": {"param_groups": [], "scalars": {}, "fresh": False},
-            "lr_scheduler": None,
-            "extra": {"seed": seed},
-            "files": {k: {"size": len(v), ALGORITHM: hash_bytes(v)} for k, v in files.items()},
-        },
-    )
-
-
-def fake_experiment(root: str, n: int, one_step: bool, extra_dirs: int = 1) -> ExperimentPaths:
-    """Manifests 0..n (root at n), checkpoints 0..n+extra_dirs (the later ones: an iteration being
-    written), a receipt and a data file per iteration."""
-    paths = ExperimentPaths(os.path.join(root, "exp"))
-    for k in range(n + 1 + extra_dirs):
-        for role in ROLES:
-            fake_checkpoint(paths.checkpoint(role, k), seed=k)
-        storage.write_bytes_atomic(paths.file(k, "rollout.arrow"), b"data")
-        storage.write_json_atomic(paths.receipt(k, "generate"), {"task": "generate", "iteration": k})
-    for k in range(n + 1):
-        rollout = (
-            {role: paths.ref(paths.checkpoint(role, max(k - 1, 0))) for role in ROLES}
-            if one_step and k
-            else None
-        )
-        manifest = Manifest(
-            experiment="exp",
-            iteration=k,
-            actor_checkpoint=paths.ref(paths.checkpoint("actor", k)),
-            critic_checkpoint=paths.ref(paths.checkpoint("critic", k)),
-            config_hash="h",
-            identity={},
-            data_cursor={"epoch": 0, "offset": 4 * k},
-            kl_coef=None,
-            created_at="t",
-            committed_at="t",
-            rollout_checkpoints=rollout,
-        )
-        storage.write_json_atomic(paths.file(k, "manifest.json"), manifest.to_json())
-    storage.write_json_atomic(paths.manifest, manifest.to_json())
-    return paths
+from tests.support.fake_experiments import ROLES, fake_experiment
 
 
 def expected(n: int, keep_last: int | None, keep_every: int, slim: bool, one_step: bool):
@@ -134,40 +75,6 @@ def test_retention_keeps_exactly_what_kept_manifests_reference(
     assert all(storage.exists(paths.file(k, "rollout.arrow")) for k in range(n + 1))
     # a second pass removes nothing
     assert apply_retention(paths, policy, read_manifest(paths)) == []
-
-
-def test_rollback_verifies_then_moves_the_root_and_forgets_later_receipts(tmp_path):
-    paths = fake_experiment(str(tmp_path), 10, one_step=True)
-    policy = SimpleNamespace(keep_last=3, keep_every=4, keep_every_weights_only=True)
-    apply_retention(paths, policy, read_manifest(paths))
-    before = storage.read_bytes(paths.manifest)
-
-    def refused(to: int, match: str) -> None:
-        with pytest.raises(RollbackRefused, match=match):
-            rollback(paths, to)
-        assert storage.read_bytes(paths.manifest) == before, "a refused rollback changes nothing"
-        assert storage.exists(paths.receipt(10, "generate"))
-
-    refused(11, "the last committed iteration is 10")
-    refused(
-        4,
-        r"keeps the model weights only.*Iterations whose checkpoints are kept with optimizer state: 7, 8, 9, 10",
-    )
-    refused(2, r"checkpoints/actor/000002 is not usable \(no checkpoint at")
-    # a flipped byte in a file of iteration 7's actor checkpoint (manifest 8's next rollout uses it)
-    shard = os.path.join(paths.checkpoint("actor", 7), "model", "__0_0.distcp")
-    data = bytearray(open(shard, "rb").read())
-    data[500] ^= 0x10
-    open(shard, "wb").write(bytes(data))
-    refused(8, r"(?s)checkpoints/actor/000007 is not usable.*model/__0_0\.distcp: content differs")
-
-    target = rollback(paths, 9)
-    assert target.iteration == 9 and read_manifest(paths).to_json() == storage.read_json(
-        paths.file(9, "manifest.json")
-    )
-    assert not storage.exists(paths.receipt(10, "generate")), "the abandoned iteration's receipts are gone"
-    assert storage.exists(paths.receipt(9, "generate")) and storage.exists(paths.file(10, "rollout.arrow"))
-    assert is_complete(paths.checkpoint("actor", 10)), "later checkpoints stay until replaced or retired"
 
 
 def test_cli_status_lists_checkpoint_sizes_and_rollback_reports(tmp_path, capsys):

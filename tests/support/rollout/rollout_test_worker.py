@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
+from ppoflow.workers.rollout.episodes import EPISODE_METRIC_RULES
 
 
 class RolloutTestWorker(Worker):
@@ -98,9 +99,7 @@ class RolloutTestWorker(Worker):
             **kw,
         )
         self.manager = build_sharding_manager(
-            self.rollout,
-            self.module,
-            **({"loader": self.config.get("loader", "hf")} if cfg.rollout.engine == "vllm" else {}),
+            self.rollout, self.module, loader=self.config.get("loader", "hf")
         )
         self.engines = {cfg.rollout.engine: (self.rollout, self.manager)}
         if self.config.get("also_hf") and cfg.rollout.engine != "hf":  # the HF rollout on the same module
@@ -171,7 +170,7 @@ class RolloutTestWorker(Worker):
     def use_checkpoint(self, url: str) -> None:
         self.manager.set_source_checkpoint(url)
 
-    @register(Dispatch.DP_COMPUTE_PROTO)
+    @register(Dispatch.DP_COMPUTE_PROTO, metrics=EPISODE_METRIC_RULES)
     def generate(self, data, engine: str | None = None, **meta):
         """Rollout (weights pushed on entry if needed) + the actor's old_log_probs of its rows."""
         rollout, manager = self.engines[engine or self.cfg.rollout.engine]

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.remote.driver.group import Dispatch, RankFailure, WorkerGroup, WorkerGroupDead
+from ppoflow.infra.remote.driver.group import RankFailure, WorkerGroup, WorkerGroupDead
 from ppoflow.infra.remote.procs import pid_alive
 from tests.support.paths import ROOT
-from tests.support.toy_workers import ToyWorker, double_plus
+from tests.support.toy_workers import double_plus
 
 pytestmark = pytest.mark.slow
 
@@ -89,19 +89,6 @@ def group(lines, marker):
 
 
 # ---------------------------------------------------------------------- control plane
-def test_dispatch_registry():
-    from ppoflow.infra.remote.dispatch import dispatch_mode_of, register
-
-    assert dispatch_mode_of(ToyWorker, "info") is Dispatch.ONE_TO_ALL
-    assert dispatch_mode_of(ToyWorker, "double") is Dispatch.DP_COMPUTE_PROTO
-    with pytest.raises(AttributeError, match="not callable from the driver"):
-        dispatch_mode_of(ToyWorker, "not_registered")
-    with pytest.raises(AttributeError, match="no method 'nope'"):
-        dispatch_mode_of(ToyWorker, "nope")
-    with pytest.raises(TypeError):
-        register("ONE_TO_ALL")
-
-
 def test_one_to_all_runs_on_every_rank(group):
     out = group.call("info")
     assert [r["rank"] for r in out] == [0, 1]
@@ -205,6 +192,17 @@ def test_dp_layout_reported_by_ranks(group, tmp_path):
     finally:
         group.call("set_layout", 2)
     assert group.call("stats", str(tmp_path / "in.arrow"))[1]["ids"] == [3, 4, 0]
+
+
+def test_dp_metrics_merge_by_the_rules_the_method_declares(group, tmp_path):
+    """``measure`` declares ``*_max`` as the largest over the ranks; its ``x_mean`` is undeclared
+    (the mean over the ranks, of equal shares): both are the whole batch's."""
+    data = make_proto(6, seed=3)
+    data.save(str(tmp_path / "in.arrow"))
+    out = DataProto.load(group.call("measure", str(tmp_path / "in.arrow"), out_url=str(tmp_path / "m.arrow")))
+    x = data.batch["x"].double()
+    assert out.batch["id"].tolist() == list(range(6))
+    assert out.meta_info["metrics"] == pytest.approx({"x_max": x.max().item(), "x_mean": x.mean().item()})
 
 
 def test_shutdown_runs_worker_hook_and_leaves_nothing(group, marker):

@@ -3,18 +3,14 @@ refusing strangers and misconfigured agents, the torchrun line an agent runs."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
 from ppoflow.infra import faults
 from ppoflow.infra.config import ConfigError, ExperimentConfig, parse_config
-from ppoflow.infra.remote.agent.node_agent import node_rank_from_env
-from ppoflow.infra.remote.cluster_key import ClusterKeyError, load_cluster_key
 from ppoflow.infra.remote.driver.hub import ClusterHub, NodesMissing
 from ppoflow.infra.remote.links import connect
-from ppoflow.infra.remote.procs import rendezvous_torchrun_command
 from ppoflow.infra.remote.protocol import PROTOCOL, AgentHello, Refused, Welcome, receive, send
 
 KEY = "k" * 40
@@ -25,30 +21,6 @@ BASE = {
     "actor": {"ppo_mini_batch_size": 2},
     "critic": {"ppo_mini_batch_size": 2},
 }
-
-
-# ---------------------------------------------------------------------- the key
-def test_cluster_key_from_a_private_file_or_the_environment(tmp_path):
-    path = tmp_path / "key"
-    path.write_text(KEY + "\n")
-    os.chmod(path, 0o600)
-    assert load_cluster_key({"PPOFLOW_CLUSTER_KEY_FILE": str(path)}) == KEY.encode()
-    assert load_cluster_key({"PPOFLOW_CLUSTER_KEY": f" {KEY} "}) == KEY.encode()
-
-
-def test_cluster_key_problems_name_the_fix(tmp_path):
-    with pytest.raises(ClusterKeyError, match="neither PPOFLOW_CLUSTER_KEY_FILE nor PPOFLOW_CLUSTER_KEY"):
-        load_cluster_key({})
-    path = tmp_path / "key"
-    path.write_text(KEY)
-    os.chmod(path, 0o644)
-    with pytest.raises(ClusterKeyError, match=f"chmod 600 {path}"):
-        load_cluster_key({"PPOFLOW_CLUSTER_KEY_FILE": str(path)})
-    with pytest.raises(ClusterKeyError, match="at least 16"):
-        load_cluster_key({"PPOFLOW_CLUSTER_KEY": "short"})
-    with pytest.raises(ClusterKeyError, match="cannot read"):
-        load_cluster_key({"PPOFLOW_CLUSTER_KEY_FILE": str(tmp_path / "missing")})
-    assert isinstance(ClusterKeyError("x"), ConfigError)  # a permanent error: Prefect does not retry it
 
 
 # ---------------------------------------------------------------------- the config
@@ -145,34 +117,6 @@ def test_the_endpoint_refuses_other_keys_and_misconfigured_agents(hub):
     while hub.agents() and time.monotonic() < deadline:  # a closed link: the node is gone
         time.sleep(0.02)
     assert hub.agents() == {} and any("node 0 (host h, agent pid 9) left" in line for line in hub.lines)
-
-
-# ---------------------------------------------------------------------- the agent's side
-def test_the_torchrun_line_of_a_node_carries_no_secret():
-    cmd = rendezvous_torchrun_command(2, 8, "driver:29400", "ab12-actor-1", 300, "10.0.0.2", "/tmp/logs")
-    assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[-2:] == [
-        "-m",
-        "ppoflow.infra.remote.rank.entry",
-    ]
-    for arg in (
-        "--nnodes=2",
-        "--nproc-per-node=8",
-        "--rdzv-backend=c10d",
-        "--rdzv-endpoint=driver:29400",
-        "--rdzv-id=ab12-actor-1",
-        "--rdzv-conf=is_host=false,join_timeout=300",
-        "--local-addr=10.0.0.2",
-        "--max-restarts=0",
-    ):
-        assert arg in cmd
-    assert not any(KEY in a or "AUTHKEY" in a or "KEY" in a for a in cmd)
-
-
-def test_node_rank_from_slurm_kubernetes_or_ppoflow():
-    assert node_rank_from_env({"SLURM_NODEID": "3"}) == 3
-    assert node_rank_from_env({"JOB_COMPLETION_INDEX": "1"}) == 1
-    assert node_rank_from_env({"PPOFLOW_NODE_RANK": "0", "SLURM_NODEID": "3"}) == 0
-    assert node_rank_from_env({}) is None
 
 
 def test_node_exit_is_a_rank_fault_entry():

@@ -1,0 +1,69 @@
+"""Rewards: what scores a response, by ``data_source`` or by the config's own reward.
+
+    @register_reward("my_org/my_dataset")
+    def my_rule(data_source, solution_str, ground_truth, extra_info=None) -> float | dict: ...
+
+    scores = score_batch(data_sources, solution_strs, ground_truths, extra_infos)          # (B,) float32
+    scores = score_batch(..., custom_function="my_pkg.rewards:score")  # one reward for every row
+
+A reward function gets the decoded response (``solution_str``, special tokens removed), the row's
+``ground_truth`` and ``extra_info`` and returns a float, or a dict with a ``"score"`` float and
+any other numbers (reported by :func:`score_batch_with_info`). A :class:`BatchScorer` scores many
+rows in one call instead (a reward service, a batched verifier). ``reward.custom_function`` names
+one by import path (``"package.module:function"`` or ``"path/to/file.py:function"``), which then
+scores every row.
+
+- :mod:`~ppoflow.infra.rewards.registry`: ``RewardFn``, ``BatchScorer``, ``ScoreRequest``,
+  ``RewardError``; ``register_reward``, ``get_reward_fn``, ``known_sources``,
+  ``load_custom_function``;
+- :mod:`~ppoflow.infra.rewards.scoring`: ``score_requests``, ``score_batch``,
+  ``score_batch_with_info``, ``score_answer`` (one row: how environments score an answer);
+- :mod:`~ppoflow.infra.rewards.rules`: the rules built in (GSM8K), registered on import;
+- :mod:`~ppoflow.infra.rewards.rollouts`: a rollout batch decoded and scored (responses, or
+  multi-turn episodes by their environment's rewards), and a score placed on the last response
+  token; imported on its own (torch, DataProto);
+- :mod:`~ppoflow.infra.rewards.loader`: ``load_object``, the one loader of the objects a config
+  names by import path (rewards, environments, tools), with errors that name the setting and the fix.
+
+The flow's tasks score here (``advantage``, dynamic sampling in ``generate``, ``evaluate``), the
+ranks' environments too (:mod:`ppoflow.infra.envs`); the reward model, a model in ranks of its own,
+is a worker (``ppoflow.workers.reward_model_worker``) that places its score as
+:func:`~ppoflow.infra.rewards.rollouts.on_last_token` does.
+"""
+
+from ppoflow.infra.rewards.loader import MOVED_MODULES, load_object
+from ppoflow.infra.rewards.registry import (
+    BatchScorer,
+    Reward,
+    RewardError,
+    RewardFn,
+    RewardTypeError,
+    ScoreRequest,
+    get_reward_fn,
+    known_sources,
+    load_custom_function,
+    register_reward,
+)
+from ppoflow.infra.rewards.rules import extract_gsm8k_answer, gsm8k_score
+from ppoflow.infra.rewards.scoring import score_answer, score_batch, score_batch_with_info, score_requests
+
+__all__ = [
+    "register_reward",
+    "get_reward_fn",
+    "known_sources",
+    "load_custom_function",
+    "load_object",
+    "MOVED_MODULES",
+    "score_batch",
+    "score_batch_with_info",
+    "score_requests",
+    "score_answer",
+    "gsm8k_score",
+    "extract_gsm8k_answer",
+    "RewardFn",
+    "Reward",
+    "BatchScorer",
+    "ScoreRequest",
+    "RewardError",
+    "RewardTypeError",
+]

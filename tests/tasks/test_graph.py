@@ -1,0 +1,119 @@
+"""ppoflow.tasks.graph: the iteration's table of steps, and everything derived from it — which
+steps run for each recipe, the worker groups an unfinished iteration needs, the roles with
+checkpoints, the critical path, and the picture the docs show."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ppoflow.infra.config import apply_overrides, parse_config
+from ppoflow.tasks import TASKS
+from ppoflow.tasks.graph import STEP, STEPS, critical_path, pending_roles, picture, steps, trained_roles
+from tests.support.paths import ROOT
+
+BASE = {
+    "model": {"path": "m"},
+    "data": {"train_files": ["d.parquet"], "train_batch_size": 4},
+    "rollout": {"n": 4},
+    "actor": {"ppo_mini_batch_size": 4},
+    "critic": {"ppo_mini_batch_size": 4},
+}
+
+# what each setting must run, written from what the algorithms need (not from the table):
+# (overrides, steps of the data and update phases, trained roles, groups of a fresh iteration)
+RECIPES = {
+    "ppo with a critic and KL in the reward": (
+        {"recipe": "ppo", "algorithm.use_kl_in_reward": True},
+        ["generate", "ref_log_prob", "values", "advantage", "update_actor", "update_critic"],
+        ["actor", "critic"],
+        ["actor", "critic"],
+    ),
+    "grpo (KL as a loss, no critic)": (
+        {"recipe": "grpo"},
+        ["generate", "ref_log_prob", "advantage", "update_actor"],
+        ["actor"],
+        ["actor"],
+    ),
+    "dr_grpo (no KL, no critic)": (
+        {"recipe": "dr_grpo"},
+        ["generate", "advantage", "update_actor"],
+        ["actor"],
+        ["actor"],
+    ),
+    "a reward model": (
+        {"recipe": "grpo", "reward.reward_model.enable": True, "reward.reward_model.model.path": "rm"},
+        ["generate", "ref_log_prob", "rm_score", "advantage", "update_actor"],
+        ["actor"],
+        ["actor", "reward_model"],
+    ),
+    "multi-turn with a tool": (
+        {"recipe": "grpo", "rollout.multi_turn.enable": True, "actor.use_kl_loss": False},
+        ["generate", "advantage", "update_actor"],
+        ["actor"],
+        ["actor"],
+    ),
+    "LoRA on actor and critic": (
+        {"recipe": "ppo", "actor.lora.rank": 8, "critic.lora.rank": 8, "algorithm.use_kl_in_reward": False},
+        ["generate", "values", "advantage", "update_actor", "update_critic"],
+        ["actor", "critic"],
+        ["actor", "critic"],
+    ),
+}
+
+
+def _config(over: dict):
+    data = dict(BASE)
+    if "recipe" in over:
+        data["recipe"] = over["recipe"]
+        over = {k: v for k, v in over.items() if k != "recipe"}
+    return parse_config(apply_overrides(data, over), source="graph test")
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_each_recipe_runs_the_steps_it_needs(name):
+    over, expected, trained, fresh = RECIPES[name]
+    cfg = _config(over)
+    assert [s.name for s in steps(cfg, ("rollout", "score", "update"))] == expected
+    assert trained_roles(cfg) == trained
+    assert pending_roles(cfg, lambda step: True) == fresh
+    # every step that runs reads only steps that run before it (gathers: those that run)
+    ran: set[str] = set()
+    for spec in steps(cfg):
+        assert set(spec.reads) <= ran, (spec.name, spec.reads)
+        ran.add(spec.name)
+    # with everything of the data side done, only the groups of the missing updates are needed
+    done = {"generate", "ref_log_prob", "values", "rm_score", "advantage"}
+    assert pending_roles(cfg, lambda step: step not in done) == trained
+
+
+def test_the_groups_an_unfinished_iteration_still_needs():
+    cfg = _config(RECIPES["a reward model"][0])
+    # generate and the reward model's score are done; the reference's log-probs are not
+    left = {"ref_log_prob", "advantage", "update_actor"}
+    assert pending_roles(cfg, lambda step: step in left) == ["actor"]
+    left = {"rm_score"}
+    assert pending_roles(cfg, lambda step: step in left) == ["reward_model"]
+    assert pending_roles(cfg, lambda step: False) == []
+
+
+def test_every_step_has_its_task_and_the_critical_path_covers_every_step():
+    assert set(TASKS) == {s.name for s in STEPS}
+    for name, task in TASKS.items():
+        assert task.name == name
+    stages = critical_path()
+    assert [name for stage in stages for name in stage] == [s.name for s in STEPS]
+    assert stages[0] == ("generate",) and stages[-1] == ("commit",)
+    assert ("ref_log_prob", "values", "rm_score") in stages and ("update_actor", "update_critic") in stages
+    # the outputs later steps read are named by the table
+    assert {STEP[r].output for r in STEP["advantage"].gathers} == {"ref_log_prob", "values", "rm_score"}
+
+
+def test_the_docs_show_the_tables_picture():
+    text = picture()
+    for step in STEPS:
+        assert step.name in text
+    for page in ("README.md", os.path.join("docs", "internals.md")):
+        with open(os.path.join(ROOT, page)) as f:
+            assert text in f.read(), f"{page} does not show ppoflow.tasks.graph.picture(); paste it"
