@@ -7,6 +7,8 @@ advantages.py     GAE, GRPO, RLOO, REINFORCE++ (+ baseline), the ADV_ESTIMATORS 
 policy_losses.py  vanilla / GSPO / GSPO-token / CISPO, the POLICY_LOSSES registry
 shaping.py        DAPO's overlong penalty, truncated rows, informative groups (dynamic sampling)
 kl.py             kl_penalty, Fixed/AdaptiveKLController, apply_kl_penalty
+mismatch.py       how far the rollout engine's policy is from the trainer's (k1/k3 KL, token_mult_prob_error, ...)
+correction.py     truncated importance sampling (TIS) and rejection (MIS) between the two
 """
 
 from ppoflow.algos.advantages import (
@@ -20,6 +22,13 @@ from ppoflow.algos.advantages import (
     estimator_inputs,
     get_adv_estimator,
     register_adv_estimator,
+)
+from ppoflow.algos.correction import (
+    MIS_LEVELS,
+    TIS_LEVELS,
+    correction_metrics,
+    rejection_mask,
+    truncated_is_weights,
 )
 from ppoflow.algos.kl import (
     KL_CONTROLLERS,
@@ -39,6 +48,7 @@ from ppoflow.algos.losses import (
     compute_value_loss,
 )
 from ppoflow.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from ppoflow.algos.mismatch import MISMATCH_BOUNDS, mismatch_metrics
 from ppoflow.algos.policy_losses import (
     POLICY_LOSSES,
     cispo_policy_loss,
@@ -56,7 +66,14 @@ __all__ = [
     "KL_CONTROLLERS",
     "KL_PENALTY_KINDS",
     "LOSS_AGG_MODES",
+    "MISMATCH_BOUNDS",
+    "MIS_LEVELS",
     "POLICY_LOSSES",
+    "TIS_LEVELS",
+    "correction_metrics",
+    "mismatch_metrics",
+    "rejection_mask",
+    "truncated_is_weights",
     "cispo_policy_loss",
     "get_policy_loss",
     "gspo_policy_loss",

@@ -14,6 +14,7 @@ from ppoflow.algos.masked import masked_mean, masked_sum
 __all__ = [
     "LOSS_AGG_MODES",
     "agg_loss",
+    "weighted",
     "compute_policy_loss",
     "compute_value_loss",
     "compute_entropy_loss",
@@ -63,6 +64,14 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}")
 
 
+def weighted(loss_mat: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """``loss_mat`` (B, T) times the rollout correction's (B, T) importance weights, detached
+    (the weights are constants of the update); ``loss_mat`` itself when there are none."""
+    if rollout_is_weights is None:
+        return loss_mat
+    return loss_mat * rollout_is_weights.detach().to(loss_mat.dtype)
+
+
 def compute_policy_loss(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -72,6 +81,7 @@ def compute_policy_loss(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate objective with asymmetric clip and dual clip.
 
@@ -92,6 +102,9 @@ def compute_policy_loss(
         clip_ratio_high: upper clip, the ratio is clipped at ``1 + clip_ratio_high``.
         clip_ratio_c: dual-clip constant, must be > 1.
         loss_agg_mode: see :func:`agg_loss`.
+        rollout_is_weights: (B, T) importance weights of the rollout correction
+            (``ppoflow.algos.correction``), no gradient; each token's loss is multiplied by its
+            weight before aggregation. None: 1.
 
     Returns:
         ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``, all scalars:
@@ -117,7 +130,7 @@ def compute_policy_loss(
     pg_clipfrac_lower = masked_mean(((clip_losses > dual_bound) & negative).to(ratio.dtype), response_mask)
 
     pg_losses = torch.where(negative, dual_clip_losses, clip_losses)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    pg_loss = agg_loss(weighted(pg_losses, rollout_is_weights), response_mask, loss_agg_mode)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 

@@ -41,10 +41,20 @@ def overlong_penalty(
     return -(over / buffer_length).clamp(max=1.0) * penalty_factor
 
 
-def truncated_rows(response_mask: torch.Tensor, max_length: int) -> torch.Tensor:
+def truncated_rows(
+    response_mask: torch.Tensor, max_length: int, ended_by_budget: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B,) bool: responses that used all ``max_length`` tokens (cut by the length limit, not
-    ended by the model), as ``response_length/clip_ratio`` counts them."""
-    return response_mask.sum(-1) >= max_length
+    ended by the model), as ``response_length/clip_ratio`` counts them.
+
+    A multi-turn episode's budget counts the environment's tokens too: pass the mask of the whole
+    episode (the response part of ``attention_mask``), not the policy-token ``response_mask``, or an
+    episode cut at the budget after environment turns is never flagged. ``ended_by_budget`` (B,)
+    flags the episodes the budget ended before it was full (the environment's next answer did not
+    fit: ``budget_ended`` of a multi-turn rollout); they count as cut too.
+    """
+    cut = response_mask.sum(-1) >= max_length
+    return cut if ended_by_budget is None else cut | (ended_by_budget != 0)
 
 
 def informative_groups(scores: Any, index: Any) -> np.ndarray:

@@ -36,6 +36,10 @@ Tolerances (``--tol-mean``, ``--tol-max``; over response tokens):
 - float32 on CPU (1e-5 mean, 1e-4 max): both engines compute in float32; what remains is summation
   order (vLLM's CPU backend against transformers: ~1e-6, FIELD-NOTES: within 1.1e-5).
 
+The flow's own sampler/trainer metrics of each iteration (``mismatch/*``: token_mult_prob_error,
+the k1/k3 KL, the largest |d log p|, ...; ``benchmarks/mismatch_report.py``) are printed after the
+comparisons: the same question as the first row, measured every iteration of every run.
+
 Exit status: 0 all within tolerance, 1 some comparison over it, 2 the stale control was not
 separated (raise ``--lr``). With ``PPOFLOW_FAULT`` set (e.g. ``rank_exit:update_actor:1``) the flow
 runs through the drill and the check prints the failure path it saw (the dead rank, the rebuilt
@@ -260,7 +264,11 @@ def check(args, exp: str, work: str) -> dict:
             rows.append(r)
     ok = all(r["within"] for r in rows if r["within"] is not None)
     verdict = "PASS" if ok and separated else ("FAIL" if not ok else "INCONCLUSIVE")
-    return {"verdict": verdict, "separated": separated, "rows": rows}
+    metrics = [
+        json.load(open(os.path.join(exp, "iterations", f"{n:06d}", "metrics.json")))
+        for n in range(1, last + 1)
+    ]
+    return {"verdict": verdict, "separated": separated, "rows": rows, "metrics": metrics}
 
 
 def report(args, result: dict, drill: DrillLog) -> str:
@@ -288,6 +296,9 @@ def report(args, result: dict, drill: DrillLog) -> str:
             r["within"]
         ]
         lines.append(f"{'':<5}{r['pair']:<50}{r['tokens']:>8}{r['mean']:>11.2e}{r['max']:>11.2e}  {within}")
+    from mismatch_report import mismatch_lines
+
+    lines += ["", *mismatch_lines(result["metrics"])]  # what the flow itself measured, every iteration
     lines += [
         "",
         f"stale controls {'separated' if result['separated'] else 'NOT separated'} (each mean must exceed "
@@ -308,7 +319,15 @@ def main(argv=None) -> int:
         exp, drill = run_flow(args, work)
         result = check(args, exp, work)
         print(report(args, result, drill))
-        summary = {"args": vars(args), **result, "drill": drill.lines}
+        summary = {
+            "args": vars(args),
+            **{k: v for k, v in result.items() if k != "metrics"},
+            "drill": drill.lines,
+        }
+        summary["mismatch"] = [
+            {k: v for k, v in m.items() if k.startswith(("mismatch/", "iteration"))}
+            for m in result["metrics"]
+        ]
         print("gpu_check: " + json.dumps(summary))
         if os.environ.get("OUT"):
             with open(os.path.join(os.environ["OUT"], "gpu_check.json"), "w") as f:

@@ -22,8 +22,18 @@ of ``--max-token-len`` real tokens (default: micro-batch x (prompt + response));
 real tokens, so the two runs side by side show the packing gain.
 
 The engine flags (``--eager``, ``--gpu-memory-utilization``, ``--kv-cache-gib``, ``--max-num-seqs``,
-``--max-num-batched-tokens``, ``--tp``, ``--sleep-level``, ``--loader``, ``--rollout-log-probs``)
-set the ``rollout`` section; unset, the config's defaults apply (CUDA graphs on GPU, sleep level 2 next to the actor).
+``--max-num-batched-tokens``, ``--tp``, ``--sleep-level``, ``--loader``, ``--[no-]rollout-log-probs``)
+set the ``rollout`` section; unset, the config's defaults apply (CUDA graphs on GPU, sleep level 2
+next to the actor, the engine's log-probs on).
+
+Sampler vs trainer (``benchmarks/mismatch_report.py`` prints it): with the engine's log-probs the
+table ends with each iteration's ``mismatch/*`` (and ``correction/*``) metrics. ``--trainer-dtype``
+computes the FSDP actor in bf16 (the GPU default, mixed precision over fp32 parameters) or fp32;
+``--behaviour``, ``--tis``, ``--mis`` (with ``--tis-cap``, ``--mis-lower``, ``--mis-upper``) set
+``algorithm.rollout_correction``. ``--compare`` runs the shape twice and prints the two side by side:
+``log-probs`` (the engine's log-probs off, then on: their cost in generation), ``behaviour``
+(trainer, then sampler: the old-log-prob pass the bypass saves), ``trainer-dtype`` (bf16, then
+fp32: the mismatch each gives), ``correction`` (none, then the one the flags name).
 ``--reference-tokens-per-s`` (plain vLLM's rate on the same GPU, model, batch and sampling:
 ``benchmarks/vllm_reference.py``) adds a line comparing the rollout with it; ``--baseline`` (the
 summary JSON another run printed, or its file) adds the scaling against that run.
@@ -137,8 +147,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     e.add_argument("--loader", choices=("hf", "dtensor"), default="hf", help="push with TP > 1")
     e.add_argument(
         "--rollout-log-probs",
-        action="store_true",
-        help="rollout.calculate_log_probs: vLLM also returns its log-probs of the samples",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="rollout.calculate_log_probs: vLLM also returns its log-probs of the samples "
+        "(default: the config's, on)",
+    )
+    mm = p.add_argument_group("sampler vs trainer (algorithm.rollout_correction)")
+    mm.add_argument(
+        "--trainer-dtype",
+        choices=("bf16", "fp32"),
+        default=None,
+        help="the FSDP actor's (and reference's, critic's) compute dtype: bf16 = mixed precision over "
+        "fp32 parameters (default on cuda), fp32 = none (default on cpu)",
+    )
+    mm.add_argument("--behaviour", choices=("trainer", "sampler"), default="trainer")
+    mm.add_argument("--tis", choices=("none", "token", "sequence"), default="none")
+    mm.add_argument("--tis-cap", type=float, default=2.0)
+    mm.add_argument("--mis", choices=("none", "token", "sequence", "geometric"), default="none")
+    mm.add_argument("--mis-lower", type=float, default=0.5)
+    mm.add_argument("--mis-upper", type=float, default=2.0)
+    mm.add_argument(
+        "--compare",
+        choices=("log-probs", "behaviour", "trainer-dtype", "correction"),
+        default=None,
+        help="run the shape twice and print both side by side (module docstring)",
     )
     lo = p.add_argument_group("LoRA")
     lo.add_argument(
@@ -221,7 +253,8 @@ def build_prompts(url: str, count: int, prompt_len: int) -> None:
 def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
     cuda = args.device == "cuda"
     mini = args.mini_batch or max(1, args.prompts // 4)
-    fsdp = {"param_dtype": "bfloat16", "reduce_dtype": "float32"} if cuda else {}
+    bf16 = (getattr(args, "trainer_dtype", None) or ("bf16" if cuda else "fp32")) == "bf16"
+    fsdp = {"param_dtype": "bfloat16", "reduce_dtype": "float32"} if bf16 else {}
     row = args.prompt_len + args.response_len
     budget = args.max_token_len or args.micro_batch * row
     packing = {
@@ -255,7 +288,7 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "sleep_level": args.sleep_level,
             "weight_loader": args.loader,
-            "calculate_log_probs": args.rollout_log_probs,
+            **({} if args.rollout_log_probs is None else {"calculate_log_probs": args.rollout_log_probs}),
         },
         "actor": {
             "ppo_mini_batch_size": mini,
@@ -277,7 +310,12 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             **packing,
             "forward_max_token_len_per_gpu": log_prob_budget,
         },
-        "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True, "overlap": args.overlap},
+        "algorithm": {
+            "adv_estimator": "gae",
+            "use_kl_in_reward": True,
+            "overlap": args.overlap,
+            "rollout_correction": rollout_correction(args),
+        },
         "storage": {"root": root, "experiment": "bench"},
         "resources": {
             "nprocs": args.ranks,
@@ -293,6 +331,13 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
     if getattr(args, "lora_rank", 0):  # gpu_check and rollout_cycle build their configs here too
         return with_lora(config, args)
     return config
+
+
+def rollout_correction(args) -> dict:
+    """``algorithm.rollout_correction`` from the flags (the config's defaults where a caller, such as
+    gpu_check or rollout_cycle, has none of them)."""
+    keys = ("behaviour", "tis", "tis_cap", "mis", "mis_lower", "mis_upper")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 
 def with_lora(config: dict, args) -> dict:
@@ -493,7 +538,9 @@ def run_once(args, work: str) -> tuple[str, dict, list[dict]]:
     for n in range(1, args.iters + 2):
         with open(os.path.join(exp, "iterations", f"{n:06d}", "metrics.json")) as f:
             rows.append(json.load(f))
-    extra = [*generation_lines(rows), *(sampler.lines() if sampler else [])]
+    from mismatch_report import mismatch_lines
+
+    extra = [*generation_lines(rows), *(sampler.lines() if sampler else []), *mismatch_lines(rows)]
     text, run = report(args, rows[1:], n_params, extra, before=rows[0])
     run["checkpoint_bytes_actor"] = mean(rows, "perf/checkpoint_bytes_actor")
     run["checkpoint_bytes_critic"] = mean(rows, "perf/checkpoint_bytes_critic")
@@ -549,7 +596,12 @@ def main(argv=None) -> None:
     from ppoflow.flows.ppo import install_stop_handlers
 
     install_stop_handlers()
-    if args.lora_compare:
+    if args.compare:
+        from mismatch_report import compare_runs
+
+        text, run = compare_runs(args, work, run_once)
+        rows = []
+    elif args.lora_compare:
         if not args.lora_rank:
             raise SystemExit("--lora-compare needs --lora-rank R")
         full_args = argparse.Namespace(**{**vars(args), "lora_rank": 0})

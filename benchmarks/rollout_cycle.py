@@ -192,7 +192,7 @@ def main(argv=None) -> None:
         if condition == "plain":
             return plain(row)
         other = None
-        worker.cfg.rollout.calculate_log_probs = condition == "lp" or bench.rollout_log_probs
+        worker.cfg.rollout.calculate_log_probs = condition == "lp" or bool(bench.rollout_log_probs)
         here = condition in ("write-here", "write-both")
         if here:
             t = time.perf_counter()

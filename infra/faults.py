@@ -21,6 +21,14 @@ Rank entries may also name a *point* inside a method instead of a method (:func:
     rank_raise:checkpoint_publish:0     rank 0 fails to publish the marker after every shard was
                                         written (as a full disk makes it fail)
 
+``rank_skip:<point>:<rank>`` makes the rank skip a step instead of failing (:func:`rank_skips`):
+
+    rank_skip:weight_push:<rank>        the rank's rollout engine keeps the weights it holds
+                                        instead of loading the actor's before a rollout: it samples
+                                        from stale weights (the first push of each rank process,
+                                        or every one with ``:always``). The push is a collective on
+                                        live weights: name every rank of the group
+
 Each entry fires once per process, so the task's retry (or the rebuilt group) passes. Append
 ``:always`` to an entry to make it fire every time (e.g. to exhaust a task's retries and fail the
 flow run, then resume it with ``prefect flow-run retry`` or by running the flow again).
@@ -54,6 +62,8 @@ __all__ = [
     "note_rank_failure",
     "rank_entries",
     "rank_point",
+    "rank_skips",
+    "WEIGHT_PUSH",
     "reset",
 ]
 
@@ -62,8 +72,10 @@ ENV_VAR = "PPOFLOW_FAULT"
 CHECKPOINT_WRITE = "checkpoint_write"
 #: The rank point fired on rank 0 just before it publishes a checkpoint's marker.
 CHECKPOINT_PUBLISH = "checkpoint_publish"
+#: The rank point a rollout engine's weight push checks (see ``rank_skips``).
+WEIGHT_PUSH = "weight_push"
 TASK_POINTS = ("before", "after")
-RANK_KINDS = ("rank_exit", "rank_raise", "node_exit")
+RANK_KINDS = ("rank_exit", "rank_raise", "node_exit", "rank_skip")
 
 _fired: set[str] = set()
 _lock = threading.Lock()
@@ -111,8 +123,8 @@ def parse(spec: str | None) -> list[Fault]:
         if not ok:
             raise ValueError(
                 f"{ENV_VAR}: bad entry {item!r}; allowed: task:<task>[@<iteration>]:before|after, "
-                f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank>, node_exit:<method>:<rank> "
-                "(each optionally + ':always')"
+                f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank>, node_exit:<method>:<rank>, "
+                "rank_skip:<point>:<rank> (each optionally + ':always')"
             )
         faults.append(Fault(parts[0], parts[1], parts[2], always, item))
     return faults
@@ -169,7 +181,9 @@ def rank_point(point: str) -> None:
     points inside a method, such as ``checkpoint_write``. Once per process unless ``:always``."""
     rank = os.environ.get("RANK", "0")
     for fault in _current():
-        if fault.kind not in RANK_KINDS or fault.target != point or fault.where != rank:
+        if fault.kind not in RANK_KINDS or fault.kind == "rank_skip":
+            continue
+        if fault.target != point or fault.where != rank:
             continue
         with _lock:
             if fault.text in _fired and not fault.always:
@@ -182,6 +196,24 @@ def rank_point(point: str) -> None:
             sys.stdout.flush()
             os._exit(17)
         raise FaultInjected(f"injected fault ({ENV_VAR}={fault.text}) at {point} on rank {rank}")
+
+
+def rank_skips(point: str) -> bool:
+    """Rank side: True when a ``rank_skip`` entry aims at ``point`` on this rank (``RANK``) and has
+    not fired yet in this process (or says ``:always``): the caller then skips that step."""
+    rank = os.environ.get("RANK", "0")
+    for fault in _current():
+        if fault.kind != "rank_skip" or fault.target != point or fault.where != rank:
+            continue
+        with _lock:
+            if fault.text in _fired and not fault.always:
+                continue
+            _fired.add(fault.text)
+        import sys
+
+        print(f"[ppoflow] injected fault: rank {rank} skips {point}", file=sys.stderr, flush=True)
+        return True
+    return False
 
 
 def reset() -> None:

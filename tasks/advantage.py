@@ -19,6 +19,9 @@ DAPO's settings: ``reward.overlong_buffer`` adds the soft overlong penalty
 ``rollout.response_length`` after step 3, so they get no loss. Metrics: ``response/truncated_share``,
 ``response/overlong_penalty_mean``, ``response/filtered_overlong``.
 
+The sampler/trainer mismatch (``mismatch/*``) and ``algorithm.rollout_correction``'s columns and
+metrics (``correction/*``): ``ppoflow.tasks.mismatch``.
+
 Writes ``advantages.arrow``: the whole training batch (rollout + ref log-probs + values + rm
 scores + the four new columns), the one input of both updates.
 """
@@ -48,10 +51,11 @@ from ppoflow.infra.rewards.rollouts import (
     rule_scores,
 )
 from ppoflow.tasks.graph import output_of
+from ppoflow.tasks.mismatch import measure_and_correct
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, Receipt
 from ppoflow.tasks.step import Step, ppo_task, shorten
 
-__all__ = ["advantage", "kl_controller"]
+__all__ = ["advantage", "kl_controller", "overlong_rows"]
 
 
 def kl_controller(cfg: ExperimentConfig, kl_coef: float | None):
@@ -76,6 +80,15 @@ def _token_level_scores(cfg: ExperimentConfig, batch: DataProto, tokenizer: Any)
     if cfg.reward.overlong_buffer.enable:
         scores += on_last_token(_overlong_penalty(cfg, mask), mask)
     return scores
+
+
+def overlong_rows(batch: DataProto, max_length: int) -> torch.Tensor:
+    """(B,) bool: the rows cut at the length budget (``filter_overlong_responses``): a response
+    that used all ``max_length`` tokens, or a multi-turn episode whose policy and environment
+    tokens did (or that the budget ended before its next turn, ``budget_ended``)."""
+    width = batch.batch["responses"].shape[1]
+    episode = batch.batch["attention_mask"][:, -width:]  # single-turn: the response mask itself
+    return truncated_rows(episode, max_length, batch.batch.get("budget_ended"))
 
 
 def _overlong_penalty(cfg: ExperimentConfig, mask: torch.Tensor) -> torch.Tensor:
@@ -146,8 +159,9 @@ def advantage(
     )
     metrics.update(compute_data_metrics(batch.batch))
     metrics.update(_overlong_metrics(cfg, mask))
+    metrics.update(measure_and_correct(cfg, batch))  # sampler vs trainer (tasks/mismatch.py)
     if cfg.algorithm.filter_overlong_responses:
-        truncated = truncated_rows(mask, cfg.rollout.response_length)
+        truncated = overlong_rows(batch, cfg.rollout.response_length)
         batch.batch["response_mask"] = mask * (~truncated).unsqueeze(-1).to(mask.dtype)
         metrics["response/filtered_overlong"] = float(truncated.sum())
     out = step.file("advantages.arrow")

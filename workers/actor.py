@@ -24,7 +24,21 @@ from ppoflow.workers.minibatch import MODEL_INPUTS, MiniBatchTrainer, response_m
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
     from ppoflow.infra.config import ActorConfig
 
-__all__ = ["DataParallelPPOActor"]
+__all__ = ["DataParallelPPOActor", "IS_WEIGHTS", "RS_MASK"]
+
+IS_WEIGHTS = "rollout_is_weights"  # (B, R) TIS weights of the rollout correction
+RS_MASK = "rollout_rs_mask"  # (B, R) 1 on the tokens the rollout correction keeps
+
+
+def _rejected_dropped(data):
+    """``data`` whose response mask leaves out what the rollout correction rejected (its
+    ``rollout_rs_mask``); ``data`` itself without one. The caller's batch is not changed."""
+    if RS_MASK not in data.batch:
+        return data
+    batch = dict(data.batch)
+    mask = response_mask_of(batch)
+    batch["response_mask"] = mask * data.batch[RS_MASK].to(mask.dtype)
+    return type(data).from_dict(batch, meta_info=dict(data.meta_info))
 
 
 class DataParallelPPOActor(MiniBatchTrainer):
@@ -150,6 +164,7 @@ class DataParallelPPOActor(MiniBatchTrainer):
             mb, temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0, packed=self.packed
         )
         log_prob = out["log_probs"]
+        weights = mb.get(IS_WEIGHTS)  # the rollout correction's TIS weights, when it has them
         pg_loss, pg_metrics = get_policy_loss(cfg.policy_loss)(
             mb["old_log_probs"],
             log_prob,
@@ -159,6 +174,7 @@ class DataParallelPPOActor(MiniBatchTrainer):
             clip_ratio_high=cfg.clip_ratio_high,
             clip_ratio_c=cfg.clip_ratio_c,
             loss_agg_mode=cfg.loss_agg_mode,
+            **({IS_WEIGHTS: weights} if weights is not None else {}),
         )
         entropy = agg_loss(out["entropy"], mask, cfg.loss_agg_mode)
         loss = pg_loss - cfg.entropy_coeff * entropy if cfg.entropy_coeff != 0 else pg_loss
@@ -177,7 +193,12 @@ class DataParallelPPOActor(MiniBatchTrainer):
 
         Args:
             data: DataProto with the model inputs, ``old_log_probs``, ``advantages`` (B, R),
-                ``response_mask`` (optional) and ``ref_log_prob`` (with ``use_kl_loss``).
+                ``response_mask`` (optional) and ``ref_log_prob`` (with ``use_kl_loss``); from the
+                rollout correction (``ppoflow.algos.correction``), optionally ``rollout_is_weights``
+                (B, R) (each token's policy loss is multiplied by its weight before aggregation)
+                and ``rollout_rs_mask`` (B, R) (the tokens it rejected are dropped from the
+                response mask: no policy, entropy or KL loss, and not counted in the
+                normalisation).
 
         Returns:
             metrics averaged over the optimizer steps (identical on every rank): ``actor/pg_loss``,
@@ -190,8 +211,9 @@ class DataParallelPPOActor(MiniBatchTrainer):
         """
         if self.optimizer is None:
             raise RuntimeError("this actor has no optimizer (a reference policy cannot be updated)")
+        data = _rejected_dropped(data)
         keys = [*MODEL_INPUTS, "old_log_probs", "advantages"]
-        keys += [k for k in ("response_mask",) if k in data.batch]
+        keys += [k for k in ("response_mask", IS_WEIGHTS) if k in data.batch]
         keys += ["ref_log_prob"] if self.config.use_kl_loss else []
         temperature = self._temperature(data)
         return self._update(data, keys, "update_policy", lambda mb: self._micro_losses(mb, temperature))

@@ -244,7 +244,9 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
     @register(Dispatch.DP_COMPUTE_PROTO, metrics=EPISODE_METRIC_RULES)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample ``rollout.n`` responses per prompt, then recompute ``old_log_probs`` (B*n, R) with
-        the FSDP actor: the PPO ratio's denominator comes from the trained model."""
+        the FSDP actor: the PPO ratio's denominator comes from the trained model. With
+        ``algorithm.rollout_correction.behaviour: sampler`` the engine's ``rollout_log_probs`` are
+        the ``old_log_probs`` instead, and the recompute is skipped."""
         rollout = self._need("rollout")
         manager = self.sharding_manager
         with manager:  # pushes the actor's weights into the engine if they changed
@@ -258,7 +260,10 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             metrics[f"rollout/{key}"] = seconds
         t0 = time.perf_counter()
         with PeakMemory(self.device) as lp_mem:
-            log_probs, _ = self._need("actor").compute_log_prob(out)
+            if self.cfg.algorithm.rollout_correction.behaviour == "sampler":  # bypass: no recompute
+                log_probs = out.batch["rollout_log_probs"].float().clone()
+            else:
+                log_probs, _ = self._need("actor").compute_log_prob(out)
         metrics["perf/old_log_prob_s"] = time.perf_counter() - t0
         if gen_mem.on:
             metrics["perf/mem/generate_gib"] = gen_mem.gib

@@ -15,6 +15,7 @@ checked against the registries), ``recipes`` the named recipes (PPO, GRPO, ...),
 YAML in and out and its errors.
 """
 
+from ppoflow.infra.config.correction import RolloutCorrectionConfig
 from ppoflow.infra.config.evaluation import EvaluationConfig
 from ppoflow.infra.config.experiment import ExperimentConfig
 from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, KLControlConfig, RolloutConfig
@@ -57,6 +58,7 @@ __all__ = [
     "MultiTurnConfig",
     "KLControlConfig",
     "AlgorithmConfig",
+    "RolloutCorrectionConfig",
     "DataConfig",
     "StorageConfig",
     "RendezvousConfig",

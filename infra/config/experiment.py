@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from ppoflow.infra.config.correction import check_rollout_correction
 from ppoflow.infra.config.evaluation import EvaluationConfig
 from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, RolloutConfig
 from ppoflow.infra.config.models import ActorConfig, CriticConfig, ModelConfig, RefConfig, RewardConfig
@@ -118,6 +119,20 @@ class ExperimentConfig(Section):
                 f"reward.overlong_buffer.length={buffer.length} exceeds rollout.response_length="
                 f"{limit}: the buffer is the last part of the response length; make it at most {limit}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_rollout_correction(self) -> ExperimentConfig:
+        """``algorithm.rollout_correction`` against the rollout and the policy loss."""
+        r = self.rollout
+        check_rollout_correction(
+            self.algorithm.rollout_correction,
+            engine=r.engine,
+            calculate_log_probs=r.calculate_log_probs,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            policy_loss=self.actor.policy_loss,
+        )
         return self
 
     @model_validator(mode="after")

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from ppoflow.infra.config.correction import RolloutCorrectionConfig
 from ppoflow.infra.config.multiturn import MultiTurnConfig
 from ppoflow.infra.config.names import (
     AdvEstimatorName,
@@ -81,11 +82,12 @@ class RolloutConfig(Section):
         "dtensor (each TP rank receives only its slices of the linear layers)",
     )
     calculate_log_probs: bool = Field(
-        False,
+        True,
         description="vLLM: also return the engine's log-prob of each sampled token (the "
-        "rollout_log_probs column, a check of engine/trainer agreement: benchmarks/gpu_check.py). PPO "
-        "never needs it (the actor recomputes old_log_probs), and it slows vLLM's sampling "
-        "(docs/benchmarks.md). The HF engine always returns it",
+        "rollout_log_probs column): the advantage task then measures the sampler/trainer mismatch "
+        "every iteration (mismatch/*), and algorithm.rollout_correction can correct for it or use "
+        "them as the behaviour policy. Costs part of vLLM's sampling rate (docs/algorithms.md, "
+        "'Sampler vs trainer'); false turns both off. The HF engine always returns them",
     )
     seed: int = 0
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
@@ -173,6 +175,10 @@ class AlgorithmConfig(Section):
         "none",
         description="one_step: the rollout of iteration n uses the weights after update n-2, so it "
         "overlaps update n-1 (one step off-policy); none: strictly on-policy",
+    )
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="the behaviour policy and the sampler/trainer correction (TIS, MIS, bypass)",
     )
 
 

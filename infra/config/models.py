@@ -140,7 +140,12 @@ class ActorConfig(Section):
         "(sequence-level ratio), gspo_token, cispo (clipped stop-gradient IS weights); "
         "docs/algorithms.md lists each one's paper defaults",
     )
-    clip_ratio_low: float = Field(0.2, ge=0.0, le=1.0, description="the ratio's lower bound is 1 - this")
+    clip_ratio_low: float = Field(
+        0.2,
+        ge=0.0,
+        description="the ratio's lower bound is 1 - this (1: none; above 1 only for cispo, where it "
+        "also means none)",
+    )
     clip_ratio_high: float = Field(0.2, ge=0.0, description="the ratio's upper bound is 1 + this")
     clip_ratio_c: float = Field(3.0, gt=1.0)
     loss_agg_mode: LossAggMode = "token-mean"
@@ -173,6 +178,21 @@ class ActorConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
+
+    @model_validator(mode="after")
+    def _check_clip_ratio_low(self) -> ActorConfig:
+        """``clip_ratio_low`` > 1 puts the lower bound ``1 - clip_ratio_low`` below 0, where no ratio
+        lies: the same as 1.0 (no lower clip). CISPO recipes elsewhere write 10, so ``cispo`` takes
+        it; for the other losses it is more likely a slip, and the error says what it would mean."""
+        low = self.clip_ratio_low
+        if low > 1.0 and self.policy_loss != "cispo":
+            raise ValueError(
+                f"actor.clip_ratio_low={low:g} puts the ratio's lower bound at 1 - {low:g} < 0, where "
+                "no ratio lies: it means no lower clip, as 1.0 does. Only policy_loss 'cispo' accepts "
+                f"values above 1 (its recipes write 10); for {self.policy_loss!r} write 1.0 for no "
+                "lower clip, or the distance below 1 (e.g. 0.2 for a bound at 0.8)"
+            )
+        return self
 
 
 class RefConfig(Section):

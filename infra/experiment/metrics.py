@@ -210,6 +210,14 @@ HEADLINES: tuple[Headline, ...] = (
         ".2f",
         ("Response length", "tokens"),
     ),
+    # with the engine's log-probs: how far the sampler's token probabilities are from the trainer's
+    # (NeMo-RL's token_mult_prob_error, mean exp|d log p|; 1 = identical; algos/mismatch.py)
+    Headline(
+        "mismatch",
+        (("mismatch/token_mult_prob_error", "sampler vs trainer: mean exp|Δ log p|"),),
+        ".4f",
+        sometimes=True,
+    ),
     Headline(
         "val",
         (("val/score", "held-out score (evaluation)"),),

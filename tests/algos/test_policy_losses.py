@@ -1,6 +1,8 @@
 """ppoflow.algos.policy_losses: the registry, and GSPO, GSPO-token and CISPO against plain loops
 written from each paper's equation (values and gradients, ragged masks, fully masked rows), each
-reducing to the vanilla policy gradient when every ratio is 1."""
+reducing to the vanilla policy gradient when every ratio is 1; every loss with the rollout
+correction's importance weights (each token's term times its weight); the dual clip that bounds
+GSPO's loss far off policy."""
 
 from __future__ import annotations
 
@@ -57,8 +59,20 @@ def _valid(mask: torch.Tensor, i: int) -> list[int]:
     return [t for t in range(mask.shape[1]) if mask[i, t] != 0]
 
 
-def ref_gspo(old, new, adv, mask, low, high, mode):
-    """GSPO: s_i = (prod_t pi/pi_old)^(1/|y_i|); J = agg of min(s_i A_i, clip(s_i) A_i)."""
+def _dual(loss: torch.Tensor, a: float, c: float) -> torch.Tensor:
+    """The dual clip: for A < 0 the loss is at most -A * c (a constant there)."""
+    if a < 0 and loss.item() > -a * c:
+        return torch.tensor(-a * c, dtype=F64)
+    return loss
+
+
+def _w(weights, i: int, t: int) -> float:
+    return 1.0 if weights is None else weights[i, t].item()
+
+
+def ref_gspo(old, new, adv, mask, low, high, mode, c=3.0, weights=None):
+    """GSPO: s_i = (prod_t pi/pi_old)^(1/|y_i|); J = agg of min(s_i A_i, clip(s_i) A_i), the
+    dual clip for A_i < 0, each token's copy times its weight."""
     per_token = []
     for i in range(old.shape[0]):
         ts = _valid(mask, i)
@@ -67,13 +81,14 @@ def ref_gspo(old, new, adv, mask, low, high, mode):
             continue
         s = torch.exp(sum((new[i, t] - old[i, t] for t in ts), torch.zeros((), dtype=F64)) / len(ts))
         a = sum(adv[i, t].item() for t in ts) / len(ts)
-        seq_loss = -min(s * a, _clip(s, 1 - low, 1 + high) * a, key=lambda x: x.item())
-        per_token.append([seq_loss for _ in ts])
+        seq_loss = _dual(-min(s * a, _clip(s, 1 - low, 1 + high) * a, key=lambda x: x.item()), a, c)
+        per_token.append([seq_loss * _w(weights, i, t) for t in ts])
     return _aggregate(per_token, mode, old.shape[1])
 
 
-def ref_gspo_token(old, new, adv, mask, low, high, mode):
-    """GSPO-token: s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)]; min(s_i,t A_t, clip(s_i,t) A_t) per token."""
+def ref_gspo_token(old, new, adv, mask, low, high, mode, c=3.0, weights=None):
+    """GSPO-token: s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)]; min(s_i,t A_t, clip(s_i,t) A_t) per
+    token, the dual clip for A_t < 0, times the token's weight."""
     per_token = []
     for i in range(old.shape[0]):
         ts = _valid(mask, i)
@@ -82,25 +97,41 @@ def ref_gspo_token(old, new, adv, mask, low, high, mode):
         for t in ts:
             s_t = s * torch.exp(new[i, t] - new[i, t].detach())
             a = adv[i, t].item()
-            row.append(-min(s_t * a, _clip(s_t, 1 - low, 1 + high) * a, key=lambda x: x.item()))
+            term = _dual(-min(s_t * a, _clip(s_t, 1 - low, 1 + high) * a, key=lambda x: x.item()), a, c)
+            row.append(term * _w(weights, i, t))
         per_token.append(row)
     return _aggregate(per_token, mode, old.shape[1])
 
 
-def ref_cispo(old, new, adv, mask, low, high, mode):
-    """CISPO: J = agg of sg(clip(r_t, 1 - low, 1 + high)) * A_t * log pi(y_t)."""
+def ref_cispo(old, new, adv, mask, low, high, mode, c=3.0, weights=None):
+    """CISPO: J = agg of sg(clip(r_t, 1 - low, 1 + high)) * A_t * log pi(y_t), times the weight."""
     per_token = []
     for i in range(old.shape[0]):
         row = []
         for t in _valid(mask, i):
             r = math.exp(new[i, t].item() - old[i, t].item())
             w = min(max(r, 1 - low), 1 + high)
-            row.append(-w * adv[i, t].item() * new[i, t])
+            row.append(-w * adv[i, t].item() * new[i, t] * _w(weights, i, t))
+        per_token.append(row)
+    return _aggregate(per_token, mode, old.shape[1])
+
+
+def ref_vanilla(old, new, adv, mask, low, high, mode, c=3.0, weights=None):
+    """PPO: max(-A r_t, -A clip(r_t, 1 - low, 1 + high)), the dual clip for A < 0, times the weight."""
+    per_token = []
+    for i in range(old.shape[0]):
+        row = []
+        for t in _valid(mask, i):
+            r = torch.exp(new[i, t] - old[i, t])
+            a = adv[i, t].item()
+            term = _dual(-min(r * a, _clip(r, 1 - low, 1 + high) * a, key=lambda x: x.item()), a, c)
+            row.append(term * _w(weights, i, t))
         per_token.append(row)
     return _aggregate(per_token, mode, old.shape[1])
 
 
 REFERENCES = {"gspo": ref_gspo, "gspo_token": ref_gspo_token, "cispo": ref_cispo}
+WEIGHTED_REFERENCES = {**REFERENCES, "vanilla": ref_vanilla}
 
 
 def _case(seed: int, batch: int, length: int, seq_adv: bool):
@@ -236,3 +267,71 @@ def test_registry_rejects_a_second_function_under_a_taken_name_and_unknown_names
         register_policy_loss("gspo")(lambda *a, **k: None)
     with pytest.raises(ValueError, match="unknown policy loss 'nope'; known: cispo, gspo"):
         get_policy_loss("nope")
+
+
+@SETTINGS
+@given(
+    **SHAPES,
+    **CLIPS,
+    name=st.sampled_from(sorted(WEIGHTED_REFERENCES)),
+    mode=st.sampled_from(LOSS_AGG_MODES),
+    seq_adv=st.booleans(),
+)
+def test_rollout_is_weights_multiply_each_tokens_term(seed, batch, length, low, high, name, mode, seq_adv):
+    """Every registered loss with the rollout correction's weights: each token's term times its
+    weight, then the same aggregation (the counts do not change), against the plain loops."""
+    old, new, adv, mask = _case(seed, batch, length, seq_adv)
+    gen = torch.Generator().manual_seed(seed + 1)
+    weights = torch.rand(batch, length, generator=gen, dtype=F64) * 2.0
+    weights[torch.rand(batch, length, generator=gen) < 0.2] = 0.0
+    loss, _ = get_policy_loss(name)(
+        old,
+        new,
+        adv,
+        mask,
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+        loss_agg_mode=mode,
+        rollout_is_weights=weights,
+    )
+    (grad,) = torch.autograd.grad(loss, new, allow_unused=True)
+    new_ref = new.detach().clone().requires_grad_(True)
+    expected = WEIGHTED_REFERENCES[name](old, new_ref, adv, mask, low, high, mode, weights=weights)
+    close(loss, expected.item())
+    ref_grad = torch.autograd.grad(expected, new_ref)[0] if expected.requires_grad else torch.zeros_like(new)
+    close(torch.zeros_like(new) if grad is None else grad, ref_grad)
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_weights_of_one_change_nothing_and_carry_no_gradient(name):
+    old, new, adv, mask = _case(11, 4, 5, seq_adv=False)
+    plain, _ = get_policy_loss(name)(old, new, adv, mask)
+    (plain_grad,) = torch.autograd.grad(plain, new)
+    weights = torch.ones_like(old).requires_grad_(True)
+    ones, _ = get_policy_loss(name)(old, new, adv, mask, rollout_is_weights=weights)
+    grads = torch.autograd.grad(ones, [new, weights], allow_unused=True)
+    assert ones.item() == plain.item()
+    assert torch.equal(grads[0], plain_grad) and grads[1] is None  # the weights are constants
+
+
+@pytest.mark.parametrize("name", ["vanilla", "gspo", "gspo_token"])
+@pytest.mark.parametrize("log_ratio", [3.0, 15.0, 25.0])
+def test_far_off_policy_negative_advantage_is_bounded_by_the_dual_clip(name, log_ratio):
+    """A sequence sampled far from the current policy (every token's log-ratio ``log_ratio``, past
+    the +-20 clamp at 25) with a negative advantage: the loss is at most |A| * clip_ratio_c and no
+    gradient flows (without the dual clip GSPO gave |A| * e^log_ratio and a gradient to match)."""
+    old = torch.zeros(1, 4, dtype=F64)
+    new = torch.full((1, 4), log_ratio, dtype=F64, requires_grad=True)
+    adv = torch.full((1, 4), -2.0, dtype=F64)
+    mask = torch.ones(1, 4, dtype=F64)
+    loss, metrics = get_policy_loss(name)(old, new, adv, mask, clip_ratio_c=3.0)
+    (grad,) = torch.autograd.grad(loss, new)
+    close(loss, 2.0 * 3.0)
+    assert torch.all(grad == 0), grad
+    close(metrics["pg_clipfrac_lower"], 1.0)
+    # a ratio within the dual bound keeps its gradient: exp(1) < 3
+    near = torch.full((1, 4), 1.0, dtype=F64, requires_grad=True)
+    loss, metrics = get_policy_loss(name)(old, near, adv, mask, clip_ratio_c=3.0)
+    close(loss, 2.0 * math.e)
+    assert torch.all(torch.autograd.grad(loss, near)[0] != 0)
+    close(metrics["pg_clipfrac_lower"], 0.0)

@@ -74,3 +74,20 @@ def test_bad_fault_entries_name_the_allowed_forms(monkeypatch, bad):
     monkeypatch.setenv(faults.ENV_VAR, bad)
     with pytest.raises(ValueError, match="allowed: task:<task>:before|after"):
         faults.maybe_fail("generate", "before")
+
+
+def test_rank_skip_entries_skip_a_point_once_or_always_and_never_raise(monkeypatch):
+    spec = "rank_skip:weight_push:0,rank_skip:weight_push:1:always"
+    monkeypatch.setenv(faults.ENV_VAR, spec)
+    assert faults.rank_fault_env() == {faults.ENV_VAR: spec}  # they reach the ranks
+    monkeypatch.setenv("RANK", "0")
+    faults.rank_point(faults.WEIGHT_PUSH)  # a skip is not a failure
+    assert faults.rank_skips(faults.WEIGHT_PUSH) is True
+    assert faults.rank_skips(faults.WEIGHT_PUSH) is False  # once
+    assert faults.rank_skips("another_point") is False
+    monkeypatch.setenv("RANK", "1")
+    assert all(faults.rank_skips(faults.WEIGHT_PUSH) for _ in range(3))  # always
+    monkeypatch.setenv("RANK", "2")
+    assert faults.rank_skips(faults.WEIGHT_PUSH) is False
+    with pytest.raises(ValueError, match="rank_skip:<point>:<rank>"):
+        faults.parse("rank_skip:weight_push:x")

@@ -109,8 +109,8 @@ def test_two_iterations_commit_manifests_files_and_metrics(base_run):
         assert tables["prompts"].num_rows == 4
         assert all(t.num_rows == 8 for name, t in tables.items() if name != "prompts")
         assert {"responses", "response_mask", "old_log_probs", "uid"} <= set(tables["rollout"].column_names)
-        # vLLM's own log-probs only when asked for (rollout.calculate_log_probs, off by default)
-        assert "rollout_log_probs" not in tables["rollout"].column_names
+        # vLLM's own log-probs (rollout.calculate_log_probs, on by default): the mismatch is measured
+        assert "rollout_log_probs" in tables["rollout"].column_names
         assert {
             "token_level_scores",
             "token_level_rewards",
@@ -129,6 +129,9 @@ def test_two_iterations_commit_manifests_files_and_metrics(base_run):
         metrics = storage.read_json(paths.file(n, "metrics.json"))
         missing = [k for k in REQUIRED_METRICS if k not in metrics]
         assert not missing, f"metrics.json of iteration {n} lacks {missing}"
+        # float32 vLLM against the float32 FSDP actor on the same weights: ~1e-6 per token
+        assert 1.0 <= metrics["mismatch/token_mult_prob_error"] < 1.0001
+        assert metrics["mismatch/abs_log_ratio_max"] < 1e-3 and metrics["mismatch/tokens"] > 0
         # the commit's wait for the background checkpoint writes is on the critical path, not
         # counted as orchestration overhead
         assert metrics["timing_s/commit"] >= metrics["timing_s/commit_wait_checkpoints"] >= 0

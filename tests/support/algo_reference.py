@@ -95,3 +95,30 @@ def ref_logsumexp(zs: list[float]) -> float:
 def ref_entropy(zs: list[float]) -> float:
     lse = ref_logsumexp(zs)
     return -sum(math.exp(z - lse) * (z - lse) for z in zs if z != -math.inf)
+
+
+# ---------------------------------------------------------------- sampler vs trainer
+
+
+def log_prob_pair(seed: int, batch: int, length: int, spread: float = 0.5):
+    """``(trainer, sampler, mask)``: (B, T) float64 log-probs of a sampler and a trainer ``spread``
+    apart (NaN on padding: never read) and a ragged 0/1 mask with empty rows."""
+    gen = torch.Generator().manual_seed(seed)
+    sampler = randn(gen, batch, length) - 2.0
+    trainer = sampler + spread * randn(gen, batch, length)
+    mask = random_mask(gen, batch, length)
+    trainer[mask == 0] = float("nan")
+    return trainer, sampler, mask
+
+
+def log_ratios_by_row(trainer: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
+    """Per row, ``d = trainer - sampler`` of each response token, in a plain loop."""
+    return [
+        [trainer[i, t].item() - sampler[i, t].item() for t in range(mask.shape[1]) if mask[i, t] != 0]
+        for i in range(mask.shape[0])
+    ]
+
+
+def clamp20(x: float) -> float:
+    """A log-ratio clamped to +-20, as the implementations clamp it before ``exp``."""
+    return min(max(x, -20.0), 20.0)

@@ -121,6 +121,7 @@ def assemble(
         "turn_ids": turn_ids,
         "env_scores": scores,
         "num_turns": torch.as_tensor([e.turns for e in episodes], dtype=torch.long),
+        "budget_ended": torch.as_tensor([e.ended_by == "budget" for e in episodes], dtype=torch.long),
     }
     if log_probs:
         tensors["rollout_log_probs"] = lp

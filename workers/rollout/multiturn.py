@@ -21,6 +21,7 @@ text is tokenized. The output row is the whole episode in the usual columns
                                  the environment's tokens that follow it; -1 on padding
     env_scores         (B*n, R)  float32: each step's reward on the last token of its policy turn
     num_turns          (B*n,)    int64: policy turns of the episode
+    budget_ended       (B*n,)    int64: 1 when the budget ended the episode (its next turn did not fit)
     prompts            (B*n, P)  the first prompt as the environment's reset rendered it (with the
                                  tools), left-padded to the input's width
 

@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ppoflow.infra import faults
 from ppoflow.workers.device_memory import release_for_wake
 from ppoflow.workers.rollout import weight_sync
 
@@ -211,7 +212,7 @@ class FSDPVLLMShardingManager:
             t_released = time.perf_counter()
             self.rollout.wake_up(tags=["weights"])
             t1 = time.perf_counter()
-            if self.needs_push:
+            if self.needs_push and not faults.rank_skips(faults.WEIGHT_PUSH):  # drill: stale weights
                 self.push()
                 pushed = True
             t2 = time.perf_counter()
