@@ -16,7 +16,7 @@ import pytest
 import ppoflow
 from tests.support.paths import ROOT
 
-PACKAGES = ("flows", "tasks", "workers", "algos", "infra", "demo")
+PACKAGES = ("cli", "flows", "tasks", "workers", "algos", "infra", "demo")
 
 
 def _modules() -> dict[str, str]:
@@ -110,6 +110,7 @@ def test_wheel_puts_only_ppoflow_at_the_top_level(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"ppoflow", f"ppoflow-{ppoflow.__version__}.dist-info"}
     for module in (
+        "ppoflow/cli/main.py",
         "ppoflow/flows/ppo.py",
         "ppoflow/tasks/step.py",
         "ppoflow/workers/rollout/vllm_rollout.py",
@@ -123,12 +124,12 @@ def test_wheel_puts_only_ppoflow_at_the_top_level(tmp_path):
     ):
         assert module in names, module
     entry_points = zipfile.ZipFile(wheel).read(f"ppoflow-{ppoflow.__version__}.dist-info/entry_points.txt")
-    assert b"ppoflow = ppoflow.flows.cli:main" in entry_points
+    assert b"ppoflow = ppoflow.cli.main:main" in entry_points
 
 
 def test_no_bare_top_level_modules_import():
     """`import tasks` / `import workers` etc. find nothing of ours outside the checkout's root."""
-    code = "import importlib.util as u; print([m for m in ('flows','tasks','workers','infra','algos','demo') if u.find_spec(m)])"
+    code = "import importlib.util as u; print([m for m in ('cli','flows','tasks','workers','infra','algos','demo') if u.find_spec(m)])"
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     out = subprocess.run(
@@ -146,7 +147,7 @@ def test_the_flow_process_imports_no_worker_code():
     the flow, its tasks and the CLI import nothing of ``ppoflow.workers`` (FSDP models, vLLM,
     packing), so a flow run starts fast and needs no GPU libraries."""
     code = (
-        "import sys, ppoflow.flows.cli, ppoflow.flows.ppo, ppoflow.flows.deployment, ppoflow.tasks; "
+        "import sys, ppoflow.cli.main, ppoflow.flows.ppo, ppoflow.flows.deployment, ppoflow.tasks; "
         "print(sorted(m for m in sys.modules if m.startswith('ppoflow.workers') or m == 'vllm'))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)

@@ -124,7 +124,7 @@ def test_a_short_run_evaluates_greedily_as_transformers_does(smollm2, prefect_ha
     metrics = json.loads(open(paths.file(1, "metrics.json")).read())
     assert "val/score" in metrics and "val/arithmetic/add2/score/mean@1" in metrics
     exported = str(tmp_path / "hf-1")
-    cli = [sys.executable, "-m", "ppoflow.flows.cli", "export-hf", paths.root, exported, "--iteration", "1"]
+    cli = [sys.executable, "-m", "ppoflow.cli", "export-hf", paths.root, exported, "--iteration", "1"]
     subprocess.run(cli, check=True, cwd=ROOT)
     for n, model_dir in ((0, cfg.model.path), (1, exported)):
         gen = _generations(paths.file(n, "eval/val/generations.arrow"))

@@ -171,7 +171,7 @@ def test_rollback_verifies_then_moves_the_root_and_forgets_later_receipts(tmp_pa
 
 
 def test_cli_status_lists_checkpoint_sizes_and_rollback_reports(tmp_path, capsys):
-    from ppoflow.flows.cli import main
+    from ppoflow.cli.main import main
 
     paths = fake_experiment(str(tmp_path), 4, one_step=False, extra_dirs=0)
     apply_retention(

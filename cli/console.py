@@ -3,7 +3,7 @@
 ``ppoflow run`` and ``ppoflow demo`` run the ``ppo`` flow in this process through
 :func:`run_with_progress` (which polls the experiment's manifest and prints ``headline_line``
 for each new iteration) and then print :func:`print_summary`, or on failure
-``ppoflow.flows.failure.print_failure``'s error block.
+``ppoflow.cli.failure.print_failure``'s error block.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def command(name: str) -> str:
 
 
 def _ui_hint(flow_run_id: str | None) -> list[str]:
-    from ppoflow.flows.local_api import local_server
+    from ppoflow.cli.local_api import local_server
 
     api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
     path = f"/runs/flow-run/{flow_run_id}" if flow_run_id else "/runs"
@@ -186,7 +186,7 @@ def print_summary(
     out: Callable[[str], None] = print,
 ) -> None:
     """Where the experiment lives, its reward trend, the plot, and the commands to go on (after a
-    successful run; a failed one gets ``ppoflow.flows.failure.print_failure`` instead)."""
+    successful run; a failed one gets ``ppoflow.cli.failure.print_failure`` instead)."""
     from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 
     paths = ExperimentPaths.of(cfg)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ppoflow.flows.cli import main
+from ppoflow.cli.main import main
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -123,7 +123,7 @@ def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: 
 
 
 def _log_hint(flow_run_id: str | None) -> str:
-    from ppoflow.flows.console import command
+    from ppoflow.cli.console import command
 
     if not flow_run_id:
         return "the Prefect UI (prefect server start) lists the run's tasks and their logs"

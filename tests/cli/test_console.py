@@ -1,8 +1,8 @@
-"""ppoflow.flows.console: what the terminal says while nothing is committed."""
+"""ppoflow.cli.console: what the terminal says while nothing is committed."""
 
 from __future__ import annotations
 
-from ppoflow.flows.console import _Progress
+from ppoflow.cli.console import _Progress
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from tests.support.configs import make_config

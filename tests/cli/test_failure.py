@@ -1,4 +1,4 @@
-"""The failure block (``ppoflow.flows.failure``) for each kind of error, without running a flow:
+"""The failure block (``ppoflow.cli.failure``) for each kind of error, without running a flow:
 what the user is told the cause is, where the experiment stands, and what to do next."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from ppoflow.flows.failure import cause_text, print_failure
+from ppoflow.cli.failure import cause_text, print_failure
 from ppoflow.infra.checkpoint.sharded import (
     CorruptCheckpointError,
     IncompleteCheckpointError,
