@@ -249,7 +249,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not result["ok"]:  # while the API is up: the block reads the failed task's attempts from it
             print_failure(cfg, result, rerun=_rerun(args), verbose=args.verbose, out=_err)
             return 1
-    print_summary(cfg, result, config_path=args.config)
+    print_summary(cfg, result, config_path=args.config, overrides=args.overrides)
     return 0
 
 

@@ -102,7 +102,7 @@ def test_demo_run_succeeds_and_prints_progress(demo):
         "plot:",
         "Prefect UI:",
         "ppoflow run " + os.path.join(demo["root"], "config.yaml"),
-        "prefect deployment run ppo/iteration",
+        "prefect deployment run ppo/iteration -p config=" + os.path.join(demo["root"], "config.yaml"),
     ):
         assert needle in text, f"{needle!r} missing from the demo output:\n{text}"
 
