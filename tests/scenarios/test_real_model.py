@@ -66,6 +66,11 @@ def test_the_imported_model_is_the_gguf_model(smollm2):
         [{"role": "user", "content": "hi"}], tokenize=False
     )
     ids = _tokens(tok, "What is 17 + 25? Answer with the number only.")
+    # the same text as the GGUF's own tokenizer, and no clean-up that transformers would ignore
+    # with a warning at every decode (some versions' GGUF reader asks for it)
+    assert tok.clean_up_tokenization_spaces is False
+    gguf_tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    assert tok.decode(ids[0]) == gguf_tok.decode(ids[0]) and "17 + 25?" in tok.decode(ids[0])
     with torch.no_grad():
         diff = (ours(ids).logits - theirs(ids).logits).abs().max().item()
     assert diff <= 1e-5, diff
