@@ -354,12 +354,14 @@ def _prefect_api() -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ppoflow`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    if args.command in ("demo", "run"):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["demo"], ["run"]):
         from ppoflow.infra.signals import exit_while_starting
 
-        # before the heavy imports: until the run holds something, SIGTERM or Ctrl-C ends it at once
-        exit_while_starting(args.command)
+        # before any heavy import (the parser's own, the config's: a second or more on a busy
+        # machine): until the run holds something, SIGTERM or Ctrl-C ends it at once
+        exit_while_starting(argv[0])
+    args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except CLIError as err:
