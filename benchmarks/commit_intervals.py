@@ -31,7 +31,7 @@ def main(argv=None) -> None:
     p.add_argument("--from", dest="first", type=int, default=1, help="first iteration listed")
     args = p.parse_args(argv)
 
-    from ppoflow.flows.commands import experiment_config
+    from ppoflow.cli.commands import experiment_config
     from ppoflow.infra.data import storage
     from ppoflow.infra.experiment.manifest import ExperimentPaths
 

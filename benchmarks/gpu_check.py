@@ -167,8 +167,9 @@ class DrillLog(logging.Handler):
 def run_flow(args, work: str) -> tuple[str, DrillLog]:
     """Model, prompts, config; iterations 1-2 in one flow run, 3 in another (unless ``--no-resume``).
     Returns the experiment URL and the drill log."""
-    from ppoflow.flows.ppo import install_stop_handlers, ppo
+    from ppoflow.flows.ppo import ppo
     from ppoflow.infra.config import parse_config
+    from ppoflow.infra.signals import install_stop_handlers
 
     model_dir, data_url = os.path.join(work, "model"), os.path.join(work, "prompts.parquet")
     n_params = build_model(model_dir, args.preset, args.prompt_len + args.response_len + 8)
@@ -193,7 +194,7 @@ def run_flow(args, work: str) -> tuple[str, DrillLog]:
 def export(exp: str, iteration: int, out: str, merge: bool = False) -> str:
     """``ppoflow export-hf EXP OUT --iteration k``, the user's command, in a subprocess (``merge``:
     a LoRA run's adapters merged into the base, a plain HF directory)."""
-    cmd = [sys.executable, "-m", "ppoflow.flows.cli", "export-hf", exp, out, "--iteration", str(iteration)]
+    cmd = [sys.executable, "-m", "ppoflow.cli", "export-hf", exp, out, "--iteration", str(iteration)]
     cmd += ["--merge"] if merge else []
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return out

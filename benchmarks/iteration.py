@@ -593,7 +593,7 @@ def main(argv=None) -> None:
     # a fresh PREFECT_HOME migrates its database first: on a busy machine that outlasts the 20 s default
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry (offline)
-    from ppoflow.flows.ppo import install_stop_handlers
+    from ppoflow.infra.signals import install_stop_handlers
 
     install_stop_handlers()
     if args.compare:

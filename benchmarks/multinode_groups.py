@@ -45,7 +45,7 @@ def start_agent(hub: ClusterHub, node: int, device: str, env: dict[str, str], lo
     env = dict(env)
     if device == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = str(node)
-    cmd = [sys.executable, "-m", "ppoflow.flows.cli", "agent", "--driver", hub.control_address]
+    cmd = [sys.executable, "-m", "ppoflow.cli", "agent", "--driver", hub.control_address]
     cmd += ["--node-rank", str(node), "--advertise-addr", "127.0.0.1"]
     out = open(os.path.join(logs, f"agent-{node}.log"), "ab")
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -35,7 +35,7 @@ def main(argv=None) -> None:
 
     import torch
 
-    from ppoflow.flows.commands import experiment_config
+    from ppoflow.cli.commands import experiment_config
     from ppoflow.infra.checkpoint.sharded import load_full_state_dict
     from ppoflow.infra.data import storage
     from ppoflow.infra.experiment.manifest import ExperimentPaths

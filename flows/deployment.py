@@ -31,7 +31,7 @@ from ppoflow.flows.evaluate import evaluate
 from ppoflow.flows.ppo import ppo, resolve_config
 from ppoflow.infra.config import ExperimentConfig
 
-__all__ = ["iteration", "evaluation", "default_config", "DEFAULT_DEMO_STORAGE"]
+__all__ = ["iteration", "evaluation", "default_config", "config_or_default", "DEFAULT_DEMO_STORAGE"]
 
 #: Where the embedded default experiment lives, relative to the working directory.
 DEFAULT_DEMO_STORAGE = "runs/demo"
@@ -46,6 +46,16 @@ def default_config(
     from ppoflow.demo.experiment import prepare
 
     return prepare(demo_storage, log=log)
+
+
+def config_or_default(config: ExperimentConfig | str | None, demo_storage: str) -> ExperimentConfig:
+    """A deployment's ``config`` parameter resolved; empty: the embedded default experiment under
+    ``demo_storage`` (:func:`default_config`), said in the flow run's log."""
+    if config is not None and config != "":
+        return resolve_config(config)
+    logger = get_run_logger()
+    logger.info(f"no config given: the embedded default experiment in {os.path.abspath(demo_storage)}")
+    return default_config(demo_storage, log=logger.info)
 
 
 @flow(
@@ -72,13 +82,7 @@ def iteration(
     Returns:
         ``{experiment, iteration, manifest, metrics}`` as the ``ppo`` flow returns them.
     """
-    if config in (None, ""):
-        logger = get_run_logger()
-        logger.info(f"no config given: the embedded default experiment in {os.path.abspath(demo_storage)}")
-        cfg = default_config(demo_storage, log=logger.info)
-    else:
-        cfg = resolve_config(config)
-    return ppo.fn(cfg, iterations)
+    return ppo.fn(config_or_default(config, demo_storage), iterations)
 
 
 @flow(name=evaluate.name, log_prints=evaluate.log_prints)
@@ -102,8 +106,4 @@ def evaluation(
     Returns:
         ``{iteration, tag, out_dir, metrics, resumed}`` as the ``ppo-eval`` flow returns them.
     """
-    if config in (None, ""):
-        cfg = default_config(demo_storage, log=get_run_logger().info)
-    else:
-        cfg = resolve_config(config)
-    return evaluate.fn(cfg, iteration, files, model)
+    return evaluate.fn(config_or_default(config, demo_storage), iteration, files, model)

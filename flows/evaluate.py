@@ -26,15 +26,14 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from ppoflow.flows.ppo import resolve_config
+from ppoflow.flows.session import ExperimentSession
 from ppoflow.infra.checkpoint.marker import is_complete
 from ppoflow.infra.config import ConfigError, ExperimentConfig
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.evaluation import EVAL_DIR, eval_tag
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.experiment.metrics import evaluation_line
-from ppoflow.infra.remote.driver.slots import device_slots
 from ppoflow.tasks.evaluate import evaluate_checkpoint
-from ppoflow.tasks.run import open_run, worker_groups
 
 __all__ = ["evaluate", "target_of"]
 
@@ -99,14 +98,13 @@ def evaluate(
         raise ConfigError("nothing to evaluate on: set data.val_files in the config or pass files")
     cfg, checkpoint, out_dir, tag, n = target_of(cfg, iteration, files, model)
     logger = get_run_logger()
-    key = f"eval-{uuid.uuid4().hex[:12]}"
     # the policy and its engine; with its optimizer too when the state is rebuilt by replay
     rebuild = checkpoint is not None and not is_complete(checkpoint)
-    ctx = open_run(key, cfg, log=logger, roles={"actor": "actor_rollout" if rebuild else "rollout"})
+    roles = {"actor": "actor_rollout" if rebuild else "rollout"}
     what = f"iteration {n}" if n is not None else f"model {model}"
-    logger.info(f"evaluating {what} of {ctx.paths.root} on {files} -> {out_dir}")
-    with worker_groups(key), device_slots(cfg, logger.info, run_id=key, wait_log=logger.warning):
-        with worker_groups(key):  # the ranks free the devices before the slots are released
-            result = evaluate_checkpoint(key, checkpoint, files, out_dir, tag)
+    logger.info(f"evaluating {what} of {ExperimentPaths.of(cfg).root} on {files} -> {out_dir}")
+    key = f"eval-{uuid.uuid4().hex[:12]}"
+    with ExperimentSession(cfg, logger, key, roles=roles, lock=False, preflight=False):
+        result = evaluate_checkpoint(key, checkpoint, files, out_dir, tag)
     logger.info(evaluation_line(n if n is not None else 0, result["metrics"]))
     return {"iteration": n, "tag": tag, **result}

@@ -16,11 +16,12 @@ reward model; the tasks of one row run concurrently on their own worker groups.)
 URLs and small JSON receipts; data lives under ``<root>/<experiment>/iterations/{n:06d}/``.
 Checkpoints are written in the background: ``commit n`` waits for them while iteration n+1 runs.
 
-Around the iterations: the experiment lock (no two runs of one experiment overlap), the
-``preflight`` task (data, models, reward function, storage and checkpoints checked before anything
-starts), the machine's device slots (``ppoflow.infra.remote.driver.slots``: file locks that free themselves when
-their holder dies), and the run's worker groups, started when first needed, kept across the
-iterations, shut down at the end; on Ctrl-C or SIGTERM killed at once.
+Around the iterations, the run's :class:`~ppoflow.flows.session.ExperimentSession`: the experiment
+lock (no two runs of one experiment overlap), the manifest, the ``preflight`` task (data, models,
+reward function, storage and checkpoints checked before anything starts), the machine's device
+slots (file locks that free themselves when their holder dies), and the run's worker groups,
+started when first needed, kept across the iterations, shut down at the end; on Ctrl-C or SIGTERM
+killed at once.
 
 Resume: every task returns its stored result when its outputs already exist, so retrying a failed
 flow run (``prefect flow-run retry``, the UI's button) or running the flow again resumes at the
@@ -35,31 +36,19 @@ iteration's metrics and evaluation files and the plot go to the experiment's MLf
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import sys
-import uuid
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from ppoflow.flows.schedule import needs_reference, pending_roles, run_iterations
-from ppoflow.flows.signals import Terminated, install_stop_handlers
+from ppoflow.flows.schedule import pending_roles, run_iterations
+from ppoflow.flows.session import ExperimentSession, flow_run_key
 from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
-from ppoflow.infra.data import storage
-from ppoflow.infra.experiment.evaluation import EVAL_DIR, VAL_TAG
-from ppoflow.infra.experiment.lock import ExperimentLock
-from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_identity, read_manifest
-from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend_markdown
-from ppoflow.infra.experiment.plots import plot_metrics
-from ppoflow.infra.experiment.tracking import MlflowTracker
-from ppoflow.infra.remote.driver.slots import device_slots
-from ppoflow.tasks import evaluate, init_experiment, preflight
-from ppoflow.tasks.run import RunContext, open_run, worker_groups
-from ppoflow.tasks.step import artifact_slug
+from ppoflow.infra.experiment.manifest import Manifest
+from ppoflow.tasks import evaluate, init_experiment
 
-__all__ = ["ppo", "resolve_config", "install_stop_handlers", "Terminated", "needs_reference"]
+__all__ = ["ppo", "resolve_config"]
 
 
 def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
@@ -75,53 +64,20 @@ def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
     )
 
 
-def _publish_iteration(ctx: RunContext, manifest: Manifest, metrics: dict[str, Any]) -> None:
-    slug = artifact_slug(ctx.cfg.storage.experiment)
-    n = manifest.iteration
-    create_table_artifact(
-        metrics_table(metrics),
-        key=f"{slug}-metrics",
-        description=f"ppo iteration {n} of {ctx.cfg.storage.experiment}",
+def _initialise(session: ExperimentSession, iterations: int) -> Manifest:
+    """A new experiment's iteration 0, on the groups its first iteration needs (started together)."""
+    cfg = session.cfg
+    session.ctx.groups.prestart(
+        pending_roles(session.ctx, 1) if iterations else ["actor"] + (["critic"] if cfg.critic.enable else [])
     )
-    create_markdown_artifact(
-        trend_markdown(ctx.cfg.storage.experiment, manifest.trend),
-        key=f"{slug}-summary",
-        description=f"trend after iteration {n}",
-    )
-    get_run_logger().info(headline_line(n, metrics))
+    return init_experiment(session.key)
 
 
-def _track_iteration(
-    ctx: RunContext, tracker: MlflowTracker | None, manifest: Manifest, metrics: dict[str, Any]
-) -> None:
-    """The iteration's metrics (and its held-out evaluation's files) to MLflow, when tracking."""
-    if tracker is not None:
-        n = manifest.iteration
-        evaluated = any(k.startswith("val/") for k in metrics)
-        tracker.log_iteration(n, metrics, ctx.paths.file(n, f"{EVAL_DIR}/{VAL_TAG}") if evaluated else None)
-
-
-def _publish_plot(ctx: RunContext, manifest: Manifest) -> str | None:
-    """Plot the experiment's trend (kept in the manifest) to ``plots/metrics.png`` and attach it
-    as a markdown artifact with the PNG inline (the UI's image artifacts need a public URL)."""
-    if not manifest.trend:
-        return None
-    url = plot_metrics(
-        manifest.trend,
-        storage.join(ctx.paths.root, "plots", "metrics.png"),
-        title=f"{ctx.cfg.storage.experiment}: iterations 1-{manifest.iteration}",
-    )
-    png = base64.b64encode(storage.read_bytes(url)).decode()
-    create_markdown_artifact(
-        f"# {ctx.cfg.storage.experiment}: metrics after iteration {manifest.iteration}\n\n"
-        f"![metrics](data:image/png;base64,{png})\n\n`{url}`",
-        key=f"{artifact_slug(ctx.cfg.storage.experiment)}-plot",
-        description="metrics plot",
-    )
-    return url
-
-
-def _log_stream(logger: Any, stream: Any) -> None:
+def _open_stream(session: ExperimentSession, manifest: Manifest) -> Manifest:
+    """Open the training data (files that arrived since the last run join it) at the manifest's
+    cursor, and say what it holds."""
+    stream = session.ctx.inputs.open_stream(session.paths.root, session.key, manifest)
+    cursor = stream.start_cursor(manifest.data_cursor, manifest.iteration)
     joined = [r for r in stream.records if r["joined"] == stream.after + 1]
     rows = sum(int(r["rows"]) for r in stream.records)
     line = f"data: {len(stream.records)} file(s), {rows} rows"
@@ -130,13 +86,8 @@ def _log_stream(logger: Any, stream: Any) -> None:
             f"{r['url']} ({r['rows']} rows)" for r in joined
         )
         line += " (visited first in a new epoch)"
-    logger.info(line)
-
-
-def _run_key() -> str:
-    from prefect.runtime import flow_run
-
-    return str(flow_run.get_id() or uuid.uuid4())
+    session.logger.info(line)
+    return dataclasses.replace(manifest, data_cursor=cursor)
 
 
 @flow(name="ppo", log_prints=False)
@@ -154,67 +105,28 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
     cfg = resolve_config(config)
     if iterations < 0:
         raise ConfigError(f"iterations={iterations} must be >= 0")
-    logger = get_run_logger()
-    key = _run_key()
-    paths = ExperimentPaths.of(cfg)
-    ctx = open_run(key, cfg, log=logger)
     metrics: dict[str, Any] = {}
-    with worker_groups(key):  # covers failures before the slots were taken
-        with ExperimentLock(paths.lock, run_id=key, log=logger.warning) as lock:
-            ctx.lock = lock
-            manifest = read_manifest(paths)
-            if manifest is not None:
-                check_identity(manifest, cfg)
-                logger.info(
-                    f"experiment {cfg.storage.experiment!r}: continuing after iteration "
-                    f"{manifest.iteration} ({paths.manifest})"
-                )
-            preflight(key)
-            with device_slots(cfg, logger.info, run_id=key, wait_log=logger.warning):
-                with worker_groups(key):  # the ranks free the devices before the slots are released
-                    if manifest is None:
-                        ctx.groups.prestart(
-                            pending_roles(ctx, 1)
-                            if iterations
-                            else ["actor"] + (["critic"] if cfg.critic.enable else [])
-                        )
-                        manifest = init_experiment(key)
-                    if iterations:
-                        stream = ctx.inputs.open_stream(paths.root, key, manifest)
-                        cursor = stream.start_cursor(manifest.data_cursor, manifest.iteration)
-                        manifest = dataclasses.replace(manifest, data_cursor=cursor)
-                        _log_stream(logger, stream)
-                    if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
-                        # the base policy's held-out score, on the actor group that saved it
-                        evaluate(key, 0, paths.url(manifest.actor_checkpoint))
-                    tracker = MlflowTracker.of(paths.root, cfg.storage.experiment, logger.warning)
-                    if tracker is not None:
-                        tracker.start(cfg.model_dump(mode="json"))
-
-                    def on_commit(m: Manifest, x: dict[str, Any]) -> None:
-                        _publish_iteration(ctx, m, x)
-                        _track_iteration(ctx, tracker, m, x)
-
-                    try:
-                        manifest, metrics = run_iterations(ctx, manifest, iterations, on_commit)
-                    except BaseException:
-                        if tracker is not None:
-                            tracker.finish(ok=False)
-                        raise
-            if iterations:
-                plot = _publish_plot(ctx, manifest)
-                if tracker is not None and plot is not None:
-                    tracker.log_file(plot, "plots")
-            if tracker is not None:
-                tracker.finish()
+    with ExperimentSession(cfg, get_run_logger(), flow_run_key()) as session:
+        manifest = session.manifest if session.manifest is not None else _initialise(session, iterations)
+        if iterations:
+            manifest = _open_stream(session, manifest)
+        if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
+            # the base policy's held-out score, on the actor group that saved it
+            evaluate(session.key, 0, session.paths.url(manifest.actor_checkpoint))
+        session.tracker.start(cfg.model_dump(mode="json"))
+        manifest, metrics = run_iterations(session.ctx, manifest, iterations, session.record)
+        if iterations:
+            session.plot_at_close(manifest)
     return {
         "experiment": cfg.storage.experiment,
         "iteration": manifest.iteration,
-        "manifest": paths.manifest,
+        "manifest": session.paths.manifest,
         "metrics": metrics,
     }
 
 
 if __name__ == "__main__":
+    from ppoflow.infra.signals import install_stop_handlers
+
     install_stop_handlers()
     ppo(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)

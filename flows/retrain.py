@@ -23,16 +23,16 @@ with the decision and its numbers.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
-from ppoflow.flows.deployment import DEFAULT_DEMO_STORAGE, default_config
+from ppoflow.flows.deployment import DEFAULT_DEMO_STORAGE, config_or_default
 from ppoflow.flows.evaluate import evaluate
-from ppoflow.flows.ppo import ppo, resolve_config
+from ppoflow.flows.export import export_iteration
+from ppoflow.flows.ppo import ppo
 from ppoflow.infra.config import ConfigError, ExperimentConfig
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.experiment.promotion import (
@@ -93,11 +93,7 @@ def retrain(
         ``{experiment, iteration, promoted, decision, record, url}``.
     """
     logger = get_run_logger()
-    if config in (None, ""):
-        logger.info(f"no config given: the embedded default experiment in {os.path.abspath(demo_storage)}")
-        cfg = default_config(demo_storage, log=logger.info)
-    else:
-        cfg = resolve_config(config)
+    cfg = config_or_default(config, demo_storage)
     files = list(files or cfg.data.val_files)
     if not files:
         raise ConfigError("retraining evaluates before it promotes: set data.val_files or pass files")
@@ -112,8 +108,6 @@ def retrain(
     record = None
     if decision.promote:
         from prefect.runtime import flow_run
-
-        from ppoflow.flows.promotion import export_iteration
 
         record = publish_promotion(
             paths,

@@ -32,7 +32,7 @@ def _stop_local_prefect_server():
     yield
     import sys
 
-    module = sys.modules.get("ppoflow.flows.local_api")
+    module = sys.modules.get("ppoflow.cli.local_api")
     server = getattr(module, "_SERVER", None)
     if server is not None:
         server.stop()
@@ -207,7 +207,7 @@ def demo(prefect_harness, tmp_path_factory) -> dict:
     ``{root, url, run, lines, mtimes}``."""
     import os
 
-    from ppoflow.flows.demo import run_demo
+    from ppoflow.cli.demo import run_demo
     from tests.support.small_demo import SMALL
 
     root = str(tmp_path_factory.mktemp("demo") / "demo")

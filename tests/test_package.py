@@ -41,18 +41,12 @@ IN_FLIGHT: dict[str, str] = {
     "test: infra/datasets/__main__.py": "CLI split: the data command joins the ppoflow CLI",
     "test: infra/datasets/commands.py": "CLI split: the data command joins the ppoflow CLI",
     # sizes
-    "function: flows/commands.py:cmd_status": "CLI split (flows/)",
-    "function: flows/ppo.py:ppo": "experiment session object (flows/ppo.py)",
     "function: flows/retrain.py:retrain": "CLI split (flows/)",
     "function: workers/rollout/episodes.py:assemble": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
     # mirrored test modules
-    "test: flows/commands.py": "CLI split (flows/)",
-    "test: flows/demo.py": "CLI split (flows/)",
     "test: flows/deployment.py": "CLI split (flows/)",
     "test: flows/evaluate.py": "CLI split (flows/)",
-    "test: flows/local_api.py": "CLI split (flows/)",
     "test: flows/ppo.py": "CLI split (flows/)",
-    "test: flows/promotion.py": "CLI split (flows/)",
     "test: flows/retrain.py": "CLI split (flows/)",
     "test: infra/data/arrow_codec.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
     "test: infra/data/arrow_columns.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
@@ -434,6 +428,7 @@ def test_wheel_puts_only_ppoflow_at_the_top_level(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"ppoflow", f"ppoflow-{ppoflow.__version__}.dist-info"}
     for module in (
+        "ppoflow/cli/main.py",
         "ppoflow/flows/ppo.py",
         "ppoflow/tasks/step.py",
         "ppoflow/workers/rollout/vllm_rollout.py",
@@ -447,12 +442,12 @@ def test_wheel_puts_only_ppoflow_at_the_top_level(tmp_path):
     ):
         assert module in names, module
     entry_points = zipfile.ZipFile(wheel).read(f"ppoflow-{ppoflow.__version__}.dist-info/entry_points.txt")
-    assert b"ppoflow = ppoflow.flows.cli:main" in entry_points
+    assert b"ppoflow = ppoflow.cli.main:main" in entry_points
 
 
 def test_no_bare_top_level_modules_import():
     """`import tasks` / `import workers` etc. find nothing of ours outside the checkout's root."""
-    code = "import importlib.util as u; print([m for m in ('flows','tasks','workers','infra','algos','demo') if u.find_spec(m)])"
+    code = "import importlib.util as u; print([m for m in ('cli','flows','tasks','workers','infra','algos','demo') if u.find_spec(m)])"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the checkout's root is not "outside"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True, check=True
@@ -473,7 +468,7 @@ def test_the_flow_process_imports_no_worker_code():
     the flow, its tasks and the CLI import nothing of ``ppoflow.workers`` (FSDP models, vLLM,
     packing), so a flow run starts fast and needs no GPU libraries."""
     code = (
-        "import sys, ppoflow.flows.cli, ppoflow.flows.ppo, ppoflow.flows.deployment, ppoflow.tasks; "
+        "import sys, ppoflow.cli.main, ppoflow.flows.ppo, ppoflow.flows.deployment, ppoflow.tasks; "
         "print(sorted(m for m in sys.modules if m.startswith('ppoflow.workers') or m == 'vllm'))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)

@@ -9,17 +9,24 @@ came from GGUF and refuses ``save_pretrained``. So: read it, build a fresh model
 without the quantization record, move the dequantized weights over (tied embeddings tied again),
 and save that, with the tokenizer and its chat template. The directory is published whole (built
 under a temporary name, then renamed); an existing one is reused.
+
+Some transformers versions (5.17 for one) give a GGUF byte-level BPE tokenizer
+``clean_up_tokenization_spaces=True``, which the tokenizer then ignores (the clean-up is for
+WordPiece and would corrupt BPE text) with a warning at every decode of every run. The saved
+``tokenizer_config.json`` says ``false`` instead (:func:`disable_ignored_cleanup`; also applied to
+a directory an earlier import wrote): the same text, no warning.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import uuid
 import zipfile
 
-__all__ = ["import_gguf", "find_gguf"]
+__all__ = ["import_gguf", "find_gguf", "disable_ignored_cleanup"]
 
 _MARKER = "ppoflow_gguf_source.txt"
 
@@ -40,10 +47,38 @@ def find_gguf(source: str, scratch: str) -> str:
         return archive.extract(members[0], scratch)
 
 
+def disable_ignored_cleanup(model_dir: str) -> bool:
+    """Make the tokenizer saved in ``model_dir`` say ``clean_up_tokenization_spaces: false`` when it
+    says ``true`` for a BPE model, which transformers ignores (without the flag that forces it)
+    with a warning at every decode; the decoded text is the same. Returns True if it changed."""
+    config_path = os.path.join(model_dir, "tokenizer_config.json")
+    tokenizer_path = os.path.join(model_dir, "tokenizer.json")
+    if not (os.path.isfile(config_path) and os.path.isfile(tokenizer_path)):
+        return False
+    with open(config_path) as f:
+        config = json.load(f)
+    if not config.get("clean_up_tokenization_spaces") or config.get(
+        "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+    ):
+        return False
+    with open(tokenizer_path) as f:
+        model_type = json.load(f).get("model", {}).get("type")
+    if model_type != "BPE":
+        return False  # WordPiece and others: the clean-up does apply
+    config["clean_up_tokenization_spaces"] = False
+    staging = f"{config_path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(staging, "w") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    os.replace(staging, config_path)  # readers see the old file or the new one, whole
+    return True
+
+
 def import_gguf(source: str, out_dir: str, dtype: str = "float32", trust_remote_code: bool = False) -> str:
     """Write a Hugging Face directory at ``out_dir`` from the GGUF ``source`` (module docstring);
     returns ``out_dir``. ``dtype``: what the dequantized weights are saved as."""
     if os.path.isfile(os.path.join(out_dir, _MARKER)):
+        disable_ignored_cleanup(out_dir)  # a directory imported before this was fixed
         return out_dir
     if os.path.exists(out_dir):
         raise FileExistsError(
@@ -89,6 +124,7 @@ def import_gguf(source: str, out_dir: str, dtype: str = "float32", trust_remote_
         try:
             plain.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
+            disable_ignored_cleanup(staging)
             with open(os.path.join(staging, _MARKER), "w") as f:
                 f.write(f"{os.path.abspath(source)}\n")
             os.replace(staging, out_dir)

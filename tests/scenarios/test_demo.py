@@ -1,6 +1,6 @@
 """The demo's code path end to end at a small size: build, warm start, 2 PPO iterations, artifacts.
 
-The ``demo`` fixture (tests/conftest.py) runs :func:`ppoflow.flows.demo.run_demo` once per session
+The ``demo`` fixture (tests/conftest.py) runs :func:`ppoflow.cli.demo.run_demo` once per session
 (tests/flows/test_cli.py uses it too): the same builders, config and flow as ``ppoflow demo``, with fewer prompts, samples and
 warm-start steps. Whether PPO *learns* is checked by running the demo itself, not here. The demo's
 pieces have their own tests: tests/demo/ (task, warm start, tiny models), tests/infra/experiment/
@@ -61,7 +61,7 @@ def test_demo_run_succeeds_and_prints_progress(demo):
         "plot:",
         "Prefect UI:",
         "ppoflow run " + os.path.join(demo["root"], "config.yaml"),
-        "prefect deployment run ppo/iteration",
+        "prefect deployment run ppo/iteration -p config=" + os.path.join(demo["root"], "config.yaml"),
     ):
         assert needle in text, f"{needle!r} missing from the demo output:\n{text}"
 

@@ -367,3 +367,44 @@ def test_a_storage_root_that_fills_up_fails_the_run_within_a_minute(
     again = cli("run", config, "--iterations", "1")
     assert again.finish() == 0, again.text()
     assert read_manifest(paths).iteration == last + 1
+
+
+def test_a_full_disk_met_by_the_evaluation_names_the_disk_not_the_commit(
+    cli, flow_config, flow_assets, small_filesystem, tmp_path
+):
+    """The evaluation is what meets the full disk: the disk fills the moment it has written its
+    prompts and while it generates (no checkpoint is written in that iteration, so nothing else
+    writes). The commit, which takes the evaluation's result, then never runs; the run still ends
+    within a minute with the full disk as its cause and the advice to free space, not Prefect's
+    "UnfinishedRun: Run is in PENDING state" with the advice to run again."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(flow_assets["data"]).to_pylist()
+    val = str(tmp_path / "val.parquet")  # enough prompts that generating them takes a while
+    pq.write_table(
+        pa.Table.from_pylist([dict(r, extra_info={"index": i}) for i, r in enumerate(rows * 8)]), val
+    )
+    over = {
+        "data.val_files": [val],
+        "evaluation.before_training": False,
+        "checkpoint.snapshot_every": 100,
+        "checkpoint.snapshot_at_end": False,
+    }
+    cfg = flow_config(str(small_filesystem / "runs"), "evalfull", **LIGHT, **over)
+    paths = ExperimentPaths.of(cfg)
+    run = cli("run", write_config(tmp_path, cfg), "--iterations", "1")
+    prompts = paths.file(1, "eval/val/prompts.arrow")
+    run.wait_for(lambda: storage.exists(paths.receipt(1, "update_actor")))
+    while not os.path.exists(prompts):  # the evaluation has begun: generating now
+        assert run.proc.poll() is None, run.text()
+        time.sleep(0.005)
+    fill(small_filesystem)
+    t0 = time.monotonic()
+    run.finish(timeout=180)
+    check_failed_on_full_disk(run, paths, time.monotonic() - t0, 0)
+    out = run.text()
+    block = out[out.index("ppoflow: the run failed") :]
+    assert block.startswith("ppoflow: the run failed in task evaluate-1 (1 attempt, not retried")
+    assert "UnfinishedRun" not in out and "PENDING" not in out
+    assert not storage.exists(paths.receipt(1, "evaluate"))

@@ -135,7 +135,7 @@ def test_a_fault_after_commit_1_while_iteration_2_writes(base_run, flow_config, 
 
 
 def test_rollback_then_rerun_commits_what_the_original_run_committed(base_run, flow_config, tmp_path, capsys):
-    from ppoflow.flows.cli import main
+    from ppoflow.cli.main import main
     from ppoflow.flows.ppo import ppo
 
     url = copy_experiment(base_run["url"], str(tmp_path), "exp")

@@ -50,7 +50,7 @@ def _questions(paths: ExperimentPaths, n: int) -> list[str]:
 def test_new_files_are_trained_on_next_and_a_rerun_reads_the_same_rows(
     prefect_harness, flow_config, tmp_path, capsys
 ):
-    from ppoflow.flows.cli import main
+    from ppoflow.cli.main import main
     from ppoflow.flows.ppo import ppo
 
     drop = tmp_path / "drop"

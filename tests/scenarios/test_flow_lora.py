@@ -63,7 +63,7 @@ def test_lora_flow_commits_resumes_after_a_killed_rank_and_exports(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ppoflow.flows.cli import main
+    from ppoflow.cli.main import main
     from ppoflow.flows.ppo import ppo
 
     cfg = flow_config(str(tmp_path), "lora", **LORA_RUN)

@@ -167,7 +167,7 @@ def test_another_rank_count_rebuilds_a_state_from_a_snapshot_plus_replay(
 def test_rollback_and_export_between_snapshots_equal_the_uninterrupted_run(
     reference, snapped, flow_config, tmp_path, capsys
 ):
-    from ppoflow.flows.cli import main
+    from ppoflow.cli.main import main
     from ppoflow.flows.ppo import ppo
     from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 
@@ -193,7 +193,7 @@ def test_rollback_and_export_between_snapshots_equal_the_uninterrupted_run(
 
 
 def test_a_missing_or_damaged_batch_names_what_it_costs_and_the_way_out(snapped, tmp_path, capsys):
-    from ppoflow.flows.cli import main
+    from ppoflow.cli.main import main
     from ppoflow.infra.experiment.rollback import RollbackRefused, rollback
     from ppoflow.infra.preflight import PreflightError, preflight
     from tests.support.configs import tokenizer_of

@@ -66,6 +66,11 @@ def test_the_imported_model_is_the_gguf_model(smollm2):
         [{"role": "user", "content": "hi"}], tokenize=False
     )
     ids = _tokens(tok, "What is 17 + 25? Answer with the number only.")
+    # the same text as the GGUF's own tokenizer, and no clean-up that transformers would ignore
+    # with a warning at every decode (some versions' GGUF reader asks for it)
+    assert tok.clean_up_tokenization_spaces is False
+    gguf_tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    assert tok.decode(ids[0]) == gguf_tok.decode(ids[0]) and "17 + 25?" in tok.decode(ids[0])
     with torch.no_grad():
         diff = (ours(ids).logits - theirs(ids).logits).abs().max().item()
     assert diff <= 1e-5, diff
@@ -124,7 +129,7 @@ def test_a_short_run_evaluates_greedily_as_transformers_does(smollm2, prefect_ha
     metrics = json.loads(open(paths.file(1, "metrics.json")).read())
     assert "val/score" in metrics and "val/arithmetic/add2/score/mean@1" in metrics
     exported = str(tmp_path / "hf-1")
-    cli = [sys.executable, "-m", "ppoflow.flows.cli", "export-hf", paths.root, exported, "--iteration", "1"]
+    cli = [sys.executable, "-m", "ppoflow.cli", "export-hf", paths.root, exported, "--iteration", "1"]
     subprocess.run(cli, check=True, cwd=ROOT)
     for n, model_dir in ((0, cfg.model.path), (1, exported)):
         gen = _generations(paths.file(n, "eval/val/generations.arrow"))

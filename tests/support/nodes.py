@@ -1,6 +1,6 @@
 """Node agents for the multi-node tests: real ``ppoflow agent`` processes on this machine.
 
-Each "node" is a separate ``python -m ppoflow.flows.cli agent`` process dialing the driver on
+Each "node" is a separate ``python -m ppoflow.cli agent`` process dialing the driver on
 127.0.0.1 with its own node number; its output goes to a file. Every agent (and so everything it
 starts: torchrun, the ranks) carries ``PPOFLOW_TEST_TAG`` in its environment, which is how a test
 finds processes left behind without confusing them with other runs on the machine.
@@ -40,7 +40,7 @@ class Agents:
         log = self.log_dir / f"agent-node{node}-{self.started}.log"
         env = {**os.environ, "PPOFLOW_CLUSTER_KEY": key or self.key, "PPOFLOW_TEST_TAG": self.tag}
         env.pop("PPOFLOW_CLUSTER_KEY_FILE", None)
-        cmd = [sys.executable, "-m", "ppoflow.flows.cli", "agent", "--driver", self.driver]
+        cmd = [sys.executable, "-m", "ppoflow.cli", "agent", "--driver", self.driver]
         cmd += ["--node-rank", str(node), "--advertise-addr", "127.0.0.1", *args]
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

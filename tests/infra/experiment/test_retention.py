@@ -78,7 +78,7 @@ def test_retention_keeps_exactly_what_kept_manifests_reference(
 
 
 def test_cli_status_lists_checkpoint_sizes_and_rollback_reports(tmp_path, capsys):
-    from ppoflow.flows.cli import main
+    from ppoflow.cli.main import main
 
     paths = fake_experiment(str(tmp_path), 4, one_step=False, extra_dirs=0)
     apply_retention(

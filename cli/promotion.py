@@ -1,63 +1,27 @@
-"""Promotion, the human side: ``ppoflow promote EXPERIMENT --iteration N`` (or ``--rollback``),
-and the export of an iteration's policy that promotion publishes (the retraining flow's too).
+"""Promotion, the human side: ``ppoflow promote EXPERIMENT --iteration N`` (or ``--rollback``).
 
     ppoflow promote runs/exp --iteration 12      # publish iteration 12 at runs/exp/promoted
     ppoflow promote runs/exp --rollback          # the promotion before the current one, again
     ppoflow promote runs/exp                     # print the current promotion and the log
 
-The record and layout are :mod:`ppoflow.infra.experiment.promotion`'s.
+The record and layout are :mod:`ppoflow.infra.experiment.promotion`'s; the policy it publishes is
+written by :func:`ppoflow.flows.export.export_iteration` (the retraining flow's too).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import uuid
-from collections.abc import Callable
 from typing import Any
 
-from ppoflow.flows.commands import CLIError, experiment_config, read_state
+from ppoflow.cli.commands import CLIError, experiment_config, read_state
 
-__all__ = ["export_iteration", "cmd_promote", "add_promote_command"]
-
-
-def export_iteration(cfg: Any, paths: Any, n: int, out_dir: str, say: Callable[[str], None] = print) -> str:
-    """Write the actor of committed iteration ``n`` of the experiment at ``paths`` (``cfg``: its
-    config) as a Hugging Face directory at local ``out_dir`` (a state that is not a snapshot is
-    rebuilt by replay first)."""
-    from ppoflow.infra.checkpoint.hf_export import export_hf
-    from ppoflow.infra.checkpoint.sharded import is_complete
-    from ppoflow.infra.data import storage
-    from ppoflow.infra.experiment.manifest import read_manifest
-
-    manifest = read_manifest(paths)
-    if manifest is None or n > manifest.iteration or n < 0:
-        last = None if manifest is None else manifest.iteration
-        raise CLIError(f"iteration {n} is not committed (the last committed iteration is {last})")
-    source = (
-        manifest.to_json() if n == manifest.iteration else storage.read_json(paths.file(n, "manifest.json"))
-    )
-    checkpoint = paths.url(source["actor_checkpoint"])
-    base = manifest.identity.get("model.path")
-    if not base or not os.path.isdir(base):
-        raise CLIError(
-            f"the experiment's base model {base!r} is not a local directory; export copies config and tokenizer from it"
-        )
-    scratch = None
-    try:
-        if not is_complete(checkpoint):
-            from ppoflow.tasks.run.materialize import materialize_state
-
-            scratch = storage.join(paths.root, "scratch", f"promote-{uuid.uuid4().hex[:12]}")
-            checkpoint = materialize_state(cfg, "actor", checkpoint, storage.join(scratch, "actor"), say=say)
-        return export_hf(checkpoint, out_dir, base)
-    finally:
-        if scratch is not None and storage.exists(scratch):
-            storage.rm(scratch, recursive=True)
+__all__ = ["cmd_promote", "add_promote_command"]
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
+    from ppoflow.flows.export import export_iteration
+    from ppoflow.infra.config import ConfigError
     from ppoflow.infra.experiment.promotion import (
         PromotionError,
         current_promotion,
@@ -100,7 +64,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
                     f"  #{r['seq']} {r['action']:<8} iteration {r['iteration']}  value {r.get('value')}  {r['at']}"
                 )
             return 0
-    except PromotionError as err:
+    except (PromotionError, ConfigError) as err:
         raise CLIError(str(err)) from None
     print(f"{promoted_url(paths)} -> {record['model']}: {promotion_line(record)}")
     return 0

@@ -18,7 +18,7 @@ that catches everything, the signal was swallowed and the run went on to commit.
 - :func:`exit_while_starting`, for the start of a command, before it holds anything: the signal
   prints one line and ends the process at once (``os._exit``, status 143 or 130). Nothing needs
   releasing yet; the local Prefect server's process ends with its parent
-  (``ppoflow.flows.local_api``).
+  (``ppoflow.cli.local_api``).
 - :func:`install_stop_handlers`, for the rest: SIGTERM raises :class:`Terminated` and Ctrl-C
   ``KeyboardInterrupt``, except in the middle of an import: then the signal is re-sent to this
   process 0.1 s later, until it lands outside one.

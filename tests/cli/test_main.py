@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ppoflow.flows.cli import main
+from ppoflow.cli.main import main
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -128,6 +128,16 @@ def test_run_continues_a_copy_of_the_experiment(demo, capsys, tmp_path):
     code, out, err = run_cli(capsys, "run", cfg_path, "--iterations", "1", "--set", f"storage.root={root}")
     assert code == 0, err
     assert "iteration    3 |" in out and "iteration 1:" in out and "iteration 3:" in out
+    # the way on, with the run's override: the config file alone would train the original experiment
+    assert f"ppoflow run {cfg_path} --iterations 20 --set storage.root={root}" in out
+    line = next(x for x in out.splitlines() if "deployment run ppo/iteration" in x)
+    suggested = line.split("-p config=")[1].split()[0]
+    assert suggested.startswith(os.path.join(root, "larger-digit", "configs")), line
+    assert "--set overrides" in line
+    from ppoflow.infra.config import load_config
+
+    assert load_config(suggested).storage.experiment_url == os.path.join(root, "larger-digit")
+    assert load_config(cfg_path).storage.experiment_url != os.path.join(root, "larger-digit")
     code, out, _ = run_cli(capsys, "status", os.path.join(root, "larger-digit"), "--json")
     assert json.loads(out)["manifest"]["iteration"] == 3
 

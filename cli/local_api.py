@@ -6,7 +6,7 @@ Prefect's answer to a missing ``PREFECT_API_URL`` is a temporary server that it 
 behind (holding the database). So the CLI starts one itself, through Prefect's public command
 and settings only:
 
-- ``python -m ppoflow.flows.local_api PARENT_PID LOG_PATH --port P`` runs Prefect's console
+- ``python -m ppoflow.cli.local_api PARENT_PID LOG_PATH --port P`` runs Prefect's console
   script, ``prefect server start --host 127.0.0.1 --port P --no-ui --no-scheduler
   --no-late-runs --analytics-off`` (the scheduler stays off: a run's server must not schedule
   the deployments it finds in the database), in a session of its own, with a thread that
@@ -102,7 +102,7 @@ class LocalServer:
             fd, self.log_path = tempfile.mkstemp(prefix="ppoflow-prefect-server-", suffix=".log")
             try:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "ppoflow.flows.local_api", str(os.getpid()), self.log_path]
+                    [sys.executable, "-m", "ppoflow.cli.local_api", str(os.getpid()), self.log_path]
                     + ["--port", str(port)],
                     env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
                     stdin=subprocess.DEVNULL,
@@ -230,7 +230,7 @@ def _exit_with_parent(parent: int, log_path: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m ppoflow.flows.local_api PARENT_PID LOG_PATH --port P``: Prefect's ``prefect
+    """``python -m ppoflow.cli.local_api PARENT_PID LOG_PATH --port P``: Prefect's ``prefect
     server start`` until told to stop, or until the parent process is gone."""
     from importlib.metadata import entry_points
 

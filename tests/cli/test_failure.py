@@ -1,13 +1,15 @@
-"""The failure block (``ppoflow.flows.failure``) for each kind of error, without running a flow:
+"""The failure block (``ppoflow.cli.failure``) for each kind of error, without running a flow:
 what the user is told the cause is, where the experiment stands, and what to do next."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
+from prefect import flow, task
 
-from ppoflow.flows.failure import cause_text, print_failure
+from ppoflow.cli.failure import cause_text, print_failure
 from ppoflow.infra.checkpoint.sharded import (
     CorruptCheckpointError,
     IncompleteCheckpointError,
@@ -17,6 +19,7 @@ from ppoflow.infra.data.prompts import DataError
 from ppoflow.infra.experiment.lock import ExperimentLock
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.remote.errors import RankFailure, error_types
+from ppoflow.tasks.step import TASK_OPTIONS
 from tests.support.experiments import commit_tiny_iterations
 
 RERUN = "ppoflow run exp.yaml --iterations 2"
@@ -112,3 +115,47 @@ def test_long_causes_are_cut():
     lines = text.splitlines()
     assert len(lines) == 25 and lines[-1].strip() == "... (the rest is in the log)"
     assert cause_text(None) == "unknown (see the log)"
+
+
+def _full(path: str) -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+
+@task(name="evaluate", task_run_name="evaluate-1", **TASK_OPTIONS)
+def _evaluate_on_a_full_disk(path: str) -> dict:
+    raise _full(path)
+
+
+@task(name="commit", task_run_name="commit-1", **TASK_OPTIONS)
+def _commit(evaluation: dict) -> int:
+    return 1
+
+
+@flow(name="full-disk-in-evaluate")
+def _iteration(path: str) -> int:
+    """The shape of an iteration's end: the commit takes the evaluation's output, so when the
+    evaluation fails the commit never runs, and its result is asked for."""
+    evaluated = _evaluate_on_a_full_disk.submit(path)
+    return _commit.submit(evaluated).result()
+
+
+def test_a_task_that_waited_on_a_failed_one_is_not_the_cause(cfg, prefect_harness):
+    """Prefect leaves a task whose input failed PENDING; the flow then fails with "UnfinishedRun:
+    Run is in PENDING state", which says nothing. The block names the failed task's own error
+    (here a full disk met by the evaluation) and its way out, as when it fails the flow itself."""
+    from prefect.exceptions import UnfinishedRun
+
+    url = os.path.join(cfg.storage.experiment_url, "iterations", "000001", "eval", "val", "generations.arrow")
+    state = _iteration(url, return_state=True)
+    exc = state.result(raise_on_failure=False)
+    assert isinstance(exc, UnfinishedRun)  # what the flow itself says
+    lines: list[str] = []
+    run = {"exception": exc, "flow_run_id": str(state.state_details.flow_run_id), "wall_s": 3.0}
+    print_failure(cfg, run, rerun=RERUN, out=lines.append)
+    text = "\n".join(lines)
+    assert (
+        "ppoflow: the run failed in task evaluate-1 (1 attempt, not retried: a retry cannot fix this)" in text
+    )
+    assert f"  cause  OSError: [Errno 28] No space left on device: '{url}'" in text
+    assert f"  next   free space where the experiment is stored ({cfg.storage.experiment_url}" in text
+    assert "UnfinishedRun" not in text and "PENDING" not in text

@@ -9,6 +9,10 @@ One block, no traceback (``--verbose`` adds it), then the command exits non-zero
       log    prefect flow-run logs 6c1f...   (every task's log, the ranks' output included)
       next   fix the file or field named above, then run: ppoflow run x.yaml --iterations 2
 
+The cause is the flow's error, or, when that only says that a task never ran (Prefect's
+``UnfinishedRun``: the task waited on the output of a task that failed), the failed task's error
+as the Prefect API recorded it.
+
 :func:`terminal` keeps Prefect's own console output to warnings, without the engine's failure
 reports (this block replaces them) and the event and log workers' shutdown notes.
 """
@@ -20,6 +24,7 @@ import datetime
 import logging
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ppoflow.infra.checkpoint.sharded import CheckpointError
@@ -29,7 +34,7 @@ from ppoflow.infra.experiment.lock import ExperimentLocked, LeaseExpired
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.preflight import rollback_hint
 from ppoflow.infra.remote.errors import RankFailure
-from ppoflow.tasks.step import cause_text, is_permanent, storage_full
+from ppoflow.tasks.step import TASK_RETRIES, cause_text, is_permanent, storage_full
 
 __all__ = [
     "print_failure",
@@ -41,10 +46,19 @@ __all__ = [
 ]
 
 
-def _failed_task(flow_run_id: str | None) -> tuple[str | None, int]:
-    """(name, attempts) of the flow run's failed task, from the Prefect API; (None, 0) if none."""
+@dataclass(frozen=True)
+class FailedTask:
+    """The flow run's failed task as the Prefect API recorded it."""
+
+    name: str
+    attempts: int
+    message: str  # its final state's message: "Task run encountered an exception OSError: ..."
+
+
+def _failed_task(flow_run_id: str | None) -> FailedTask | None:
+    """The flow run's failed task (the last to fail), from the Prefect API; None if none."""
     if not flow_run_id:
-        return None, 0
+        return None
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -54,13 +68,43 @@ def _failed_task(flow_run_id: str | None) -> tuple[str | None, int]:
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
             )
     except Exception:  # noqa: BLE001 - the block is printed without it
-        return None, 0
+        return None
     failed = [r for r in runs if r.state is not None and r.state.is_failed()]
     if not failed:
-        return None, 0
+        return None
     never = datetime.datetime.min.replace(tzinfo=datetime.UTC)  # a run with no time at all
     last = max(failed, key=lambda r: r.end_time or r.start_time or r.expected_start_time or never)
-    return last.name, int(last.run_count or 1)
+    message = (last.state.message if last.state is not None else None) or ""
+    return FailedTask(last.name, int(last.run_count or 1), message)
+
+
+class TaskFailure(Exception):
+    """A failed task's error as its recorded state tells it (type name and message): the cause
+    shown when the flow's own error only says that a task which waited on it never ran."""
+
+    def __init__(self, task: FailedTask):
+        text = task.message.removeprefix(_PREFECT_PREFIX).strip()
+        self.kind, _, message = text.partition(": ")
+        super().__init__(message or text)
+        self.task = task
+
+
+_PREFECT_PREFIX = "Task run encountered an exception"
+
+
+def _stands_for_a_failed_task(exc: BaseException | None) -> bool:
+    """True when ``exc`` names no cause of its own: Prefect's ``UnfinishedRun`` (a task whose
+    input was a failed task's output never ran, and its result was asked for)."""
+    from prefect.exceptions import UnfinishedRun
+
+    return exc is None or isinstance(exc, UnfinishedRun)
+
+
+def _cause(exc: BaseException | None) -> str:
+    text = cause_text(exc)
+    if isinstance(exc, TaskFailure) and exc.kind:
+        text = exc.kind + text.removeprefix(type(exc).__name__)
+    return text
 
 
 def committed(cfg: ExperimentConfig) -> int | None:
@@ -95,9 +139,10 @@ def _state_line(cfg: ExperimentConfig, n: int | None, before: int | None) -> str
     )
 
 
-def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: str) -> str:
-    """What to do about ``exc``: free the storage, wait for the lock's owner, go back to a good
-    checkpoint, fix the input (a deterministic error), or just run again (anything a retry may fix)."""
+def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: str, permanent: bool) -> str:
+    """What to do about ``exc`` (``permanent``: a retry cannot fix it): free the storage, wait for
+    the lock's owner, go back to a good checkpoint, fix the input (a deterministic error), or just
+    run again (anything a retry may fix)."""
     if storage_full(exc):
         return (
             f"free space where the experiment is stored ({ExperimentPaths.of(cfg).root}: the "
@@ -112,7 +157,7 @@ def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: 
         )
     if isinstance(exc, ExperimentLocked):
         return f"wait for the run named above to end (or cancel it), then run: {rerun}"
-    if exc is None or not is_permanent(exc):
+    if exc is None or not permanent:
         return (
             f"run the same command again: {rerun}\n         it resumes at the first unfinished task "
             "(finished tasks' outputs are reused) and commits what an uninterrupted run would"
@@ -123,7 +168,7 @@ def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: 
 
 
 def _log_hint(flow_run_id: str | None) -> str:
-    from ppoflow.flows.console import command
+    from ppoflow.cli.console import command
 
     if not flow_run_id:
         return "the Prefect UI (prefect server start) lists the run's tasks and their logs"
@@ -143,20 +188,28 @@ def print_failure(
 ) -> None:
     """The error block of a failed run (module docstring); ``run`` is ``run_with_progress``'s dict."""
     exc = run.get("exception")
-    task, attempts = _failed_task(run.get("flow_run_id"))
-    where = f" in task {task}" if task else ""
-    if task:
-        retried = "not retried: a retry cannot fix this" if attempts == 1 and is_permanent(exc) else None
-        where += f" ({attempts} attempt{'s' if attempts != 1 else ''}" + (f", {retried})" if retried else ")")
+    failed = _failed_task(run.get("flow_run_id"))
+    if failed is not None and failed.message and _stands_for_a_failed_task(exc):
+        exc = TaskFailure(failed)
+    if isinstance(exc, TaskFailure):  # permanent when a task that has retries was not retried
+        permanent = exc.task.attempts == 1 and TASK_RETRIES > 0
+    else:
+        permanent = is_permanent(exc)
+    where = ""
+    if failed is not None:
+        attempts = failed.attempts
+        retried = "not retried: a retry cannot fix this" if attempts == 1 and permanent else None
+        where = f" in task {failed.name} ({attempts} attempt{'s' if attempts != 1 else ''}"
+        where += f", {retried})" if retried else ")"
     n = committed(cfg)
     state = _state_line(cfg, n, run.get("committed_before"))
     out("")
     out(f"ppoflow: the run failed{where} after {run.get('wall_s', 0.0):.0f} s")
-    out(f"  cause  {cause_text(exc)}")
+    out(f"  cause  {_cause(exc)}")
     if state:
         out(f"  state  {state}")
     out(f"  log    {_log_hint(run.get('flow_run_id'))}")
-    out(f"  next   {_next_step(exc, cfg, max(n or 0, 0), rerun)}")
+    out(f"  next   {_next_step(exc, cfg, max(n or 0, 0), rerun, permanent)}")
     if verbose and exc is not None:
         out("".join(traceback.format_exception(exc)).rstrip())
 

@@ -12,9 +12,9 @@
 ``EXPERIMENT`` is an experiment's URL (``<storage.root>/<storage.experiment>``, any fsspec URL or
 path) or the YAML config of one. ``run`` and ``demo`` run the flow in this process: against the
 Prefect server in ``PREFECT_API_URL`` if set, else a local one that ends with this process
-however it ends (``ppoflow.flows.local_api``; runs then show in the UI of ``prefect server start``
+however it ends (``ppoflow.cli.local_api``; runs then show in the UI of ``prefect server start``
 on this machine). Both print one line per committed iteration, Prefect's warnings, and at
-the end a summary, or on failure one error block (``ppoflow.flows.failure``); ``--verbose`` adds
+the end a summary, or on failure one error block (``ppoflow.cli.failure``); ``--verbose`` adds
 Prefect's and the ranks' logs and the traceback.
 
 Exit status: 0 success, 1 a failed run or operation, 2 a bad command line or config, 130/143 on
@@ -32,8 +32,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
-from ppoflow.flows import commands, promotion
-from ppoflow.flows.commands import CLIError
+from ppoflow.cli import commands, promotion
+from ppoflow.cli.commands import CLIError
 
 __all__ = ["main", "build_parser", "CLIError"]
 
@@ -123,7 +123,7 @@ def _add_run_commands(sub: Any) -> None:
 
 
 def _add_experiment_commands(sub: Any) -> None:
-    """The commands that read or change an experiment on storage (:mod:`ppoflow.flows.commands`)."""
+    """The commands that read or change an experiment on storage (:mod:`ppoflow.cli.commands`)."""
     p = sub.add_parser("status", help="print an experiment's manifest and its last metrics")
     p.add_argument("experiment", help="experiment URL/path, or its YAML config")
     p.add_argument("--json", action="store_true", help="print {manifest, metrics, checkpoints} as JSON")
@@ -157,7 +157,7 @@ def _add_experiment_commands(sub: Any) -> None:
         "--to", dest="to", type=_positive, required=True, help="the committed iteration to go back to"
     )
 
-    from ppoflow.flows.promotion import add_promote_command
+    from ppoflow.cli.promotion import add_promote_command
 
     add_promote_command(sub, _positive)
 
@@ -197,7 +197,7 @@ def _rerun(args: argparse.Namespace) -> str:
     """The command line that runs this command again (what the failure screen suggests)."""
     import shlex
 
-    from ppoflow.flows.console import command
+    from ppoflow.cli.console import command
 
     if args.command == "demo":
         return f"{command('ppoflow')} demo --storage {shlex.quote(args.storage)}"
@@ -209,10 +209,10 @@ def _rerun(args: argparse.Namespace) -> str:
 def _interrupts(args: argparse.Namespace, cfg: Any) -> Iterator[None]:
     """From here on SIGTERM and Ctrl-C raise, so that the run's cleanup runs; on either, say what
     was left behind (the flow's cleanup already ran), then go on exiting. The run's heavy imports
-    happen first, while either still ends the process at once (``flows.signals``)."""
+    happen first, while either still ends the process at once (``infra.signals``)."""
     import ppoflow.flows.ppo  # noqa: F401 - torch, Prefect, the tasks: imported before signals raise
-    from ppoflow.flows.failure import committed, print_interrupted
-    from ppoflow.flows.signals import Terminated, install_stop_handlers
+    from ppoflow.cli.failure import committed, print_interrupted
+    from ppoflow.infra.signals import Terminated, install_stop_handlers
 
     started, before = time.time(), committed(cfg)
     install_stop_handlers()
@@ -241,22 +241,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         raise CLIError(str(err), code=2) from None
     _prepare_run()
-    from ppoflow.flows.console import print_summary, run_with_progress
-    from ppoflow.flows.failure import print_failure, terminal
+    from ppoflow.cli.console import print_summary, run_with_progress
+    from ppoflow.cli.failure import print_failure, terminal
 
     with terminal(args.verbose), _interrupts(args, cfg), _prefect_api():
         result = run_with_progress(cfg, args.iterations)
         if not result["ok"]:  # while the API is up: the block reads the failed task's attempts from it
             print_failure(cfg, result, rerun=_rerun(args), verbose=args.verbose, out=_err)
             return 1
-    print_summary(cfg, result, config_path=args.config)
+    print_summary(cfg, result, config_path=args.config, overrides=args.overrides)
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from ppoflow.cli.demo import run_demo
+    from ppoflow.cli.failure import terminal
     from ppoflow.demo.experiment import DEFAULT_SPEC, demo_config, local_dir
-    from ppoflow.flows.demo import run_demo
-    from ppoflow.flows.failure import terminal
 
     _prepare_run()
     cfg = demo_config(local_dir(args.storage), DEFAULT_SPEC)
@@ -270,8 +270,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     cfg = commands.experiment_config(args.experiment)
     _prepare_run()
+    from ppoflow.cli.failure import terminal
     from ppoflow.flows.evaluate import evaluate, target_of
-    from ppoflow.flows.failure import terminal
     from ppoflow.infra.experiment.metrics import evaluation_line
 
     files = list(args.files or cfg.data.val_files)
@@ -327,7 +327,7 @@ def _prepare_run() -> None:
     background, when one is needed (no ``PREFECT_API_URL``): its start-up overlaps the run's
     imports and checks. No usage telemetry (offline machines log an error for it each run)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from ppoflow.flows.local_api import local_server
+    from ppoflow.cli.local_api import local_server
 
     server = local_server()
     if server is not None:
@@ -337,9 +337,9 @@ def _prepare_run() -> None:
 @contextlib.contextmanager
 def _prefect_api() -> Iterator[None]:
     """The Prefect API the run's flows talk to: ``PREFECT_API_URL``'s, or the local server of
-    :mod:`ppoflow.flows.local_api`, stopped at the end of the block (the flow has recorded its
+    :mod:`ppoflow.cli.local_api`, stopped at the end of the block (the flow has recorded its
     final state by then, whatever ended it)."""
-    from ppoflow.flows.local_api import local_server
+    from ppoflow.cli.local_api import local_server
 
     server = local_server()
     if server is None:
@@ -354,12 +354,14 @@ def _prefect_api() -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ppoflow`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    if args.command in ("demo", "run"):
-        from ppoflow.flows.signals import exit_while_starting
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["demo"], ["run"]):
+        from ppoflow.infra.signals import exit_while_starting
 
-        # before the heavy imports: until the run holds something, SIGTERM or Ctrl-C ends it at once
-        exit_while_starting(args.command)
+        # before any heavy import (the parser's own, the config's: a second or more on a busy
+        # machine): until the run holds something, SIGTERM or Ctrl-C ends it at once
+        exit_while_starting(argv[0])
+    args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except CLIError as err:

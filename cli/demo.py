@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ppoflow.cli.console import command, print_summary, run_with_progress
+from ppoflow.cli.failure import print_failure
 from ppoflow.demo.experiment import (
     CONTINUE_ITERATIONS,
     DEFAULT_ITERATIONS,
@@ -21,8 +23,6 @@ from ppoflow.demo.experiment import (
     local_dir,
     prepare,
 )
-from ppoflow.flows.console import command, print_summary, run_with_progress
-from ppoflow.flows.failure import print_failure
 
 __all__ = ["run_demo"]
 
@@ -38,7 +38,7 @@ def run_demo(
 
     ``iterations`` None: :data:`DEFAULT_ITERATIONS` on a new experiment, :data:`CONTINUE_ITERATIONS`
     more on one that has already run. Returns :func:`run_with_progress`'s dict. A failed run
-    prints the error block of ``ppoflow.flows.failure`` (with the traceback when ``verbose``).
+    prints the error block of ``ppoflow.cli.failure`` (with the traceback when ``verbose``).
     """
     from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 

@@ -1,5 +1,5 @@
 """The commands that read or change an experiment on storage without running a flow:
-``status``, ``export-hf``, ``rollback``, ``tensorboard`` (the parser is in :mod:`ppoflow.flows.cli`)."""
+``status``, ``export-hf``, ``rollback``, ``tensorboard`` (the parser is in :mod:`ppoflow.cli.main`)."""
 
 from __future__ import annotations
 

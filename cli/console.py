@@ -3,26 +3,28 @@
 ``ppoflow run`` and ``ppoflow demo`` run the ``ppo`` flow in this process through
 :func:`run_with_progress` (which polls the experiment's manifest and prints ``headline_line``
 for each new iteration) and then print :func:`print_summary`, or on failure
-``ppoflow.flows.failure.print_failure``'s error block.
+``ppoflow.cli.failure.print_failure``'s error block.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.metrics import evaluation_line, headline, headline_line
 
-__all__ = ["run_with_progress", "print_summary", "command"]
+__all__ = ["run_with_progress", "print_summary", "deployment_config", "command"]
 
 
 class _Progress(threading.Thread):
-    """Prints ``headline_line`` for each iteration the flow commits (polls the manifest)."""
+    """Prints ``headline_line`` for each iteration the flow commits (polls the manifest), and a
+    note when nothing was committed for a while (:meth:`note`)."""
 
     def __init__(
         self, cfg: ExperimentConfig, out: Callable[[str], None], poll_s: float = 0.5, quiet_s: float = 90.0
@@ -36,13 +38,22 @@ class _Progress(threading.Thread):
         self.zero_shown = False
         self.shown = 0
         self.shown = self._committed()  # iterations committed before this run are not shown
+        self.before = self.shown
         self.last_news = time.monotonic()
+        self.notes = 0  # notes printed since the last news
+        self.next_note_s = quiet_s  # when the next one is due, in seconds after the last news
 
     def _committed(self) -> int:
         try:
             return int(storage.read_json(self.paths.manifest)["iteration"])
         except (OSError, ValueError, KeyError):  # not there yet, or a transient read error: next poll
             return self.shown
+
+    @property
+    def starting(self) -> bool:
+        """True until the run commits its first iteration: the groups start, the models load, and
+        on a GPU the first iteration also compiles and captures vLLM's graphs."""
+        return self.shown == self.before
 
     def poll(self) -> None:
         if self.shown == 0 and not self.zero_shown:  # a new experiment's base policy, evaluated
@@ -63,18 +74,34 @@ class _Progress(threading.Thread):
             self.out(headline_line(n, metrics))
             self.shown = n
             self.last_news = time.monotonic()
+            self.notes, self.next_note_s = 0, self.quiet_s
 
     def run(self) -> None:
         while not self.stop_event.wait(self.poll_s):
             self.poll()
-            if time.monotonic() - self.last_news > self.quiet_s:
-                self.out(self.quiet_line())
-                self.last_news = time.monotonic()
+            line = self.note(time.monotonic())
+            if line is not None:
+                self.out(line)
 
-    def quiet_line(self) -> str:
-        """What the run is waiting for when nothing was committed for ``quiet_s``: the tasks of the
-        next iteration that finished (their receipts), or none yet."""
+    def note(self, now: float) -> str | None:
+        """The note due at ``now`` (a ``time.monotonic()``), or None. While the run starts the
+        notes say what is happening, at a rising interval (``quiet_s``, then twice as long as the
+        interval before: 90 s, 270 s, 630 s, ...); once it has committed, a silence of ``quiet_s``
+        since the last commit gets a note naming what the next iteration has finished, every
+        ``quiet_s``."""
+        quiet = now - self.last_news
+        if quiet < self.next_note_s:
+            return None
+        self.notes += 1
+        self.next_note_s += self.quiet_s * (2**self.notes if self.starting else 1)
+        return self.quiet_line(quiet)
+
+    def quiet_line(self, quiet_s: float | None = None) -> str:
+        """What the run is waiting for after ``quiet_s`` (default: ``self.quiet_s``) without a
+        commit: while it starts, what starting is; later the tasks of the next iteration that
+        finished (their receipts), or none yet."""
         n = self.shown + 1
+        quiet = self.quiet_s if quiet_s is None else quiet_s
         try:
             done = [
                 name.removesuffix(".json")
@@ -82,12 +109,22 @@ class _Progress(threading.Thread):
             ]
         except (OSError, ValueError):  # no task of it finished yet (or a transient read error)
             done = []
-        head = f"... no iteration committed for {self.quiet_s:.0f} s: iteration {n}"
-        if not done:
+        if self.starting:
+            head = f"... {quiet:.0f} s into the run: iteration {n}, its first,"
+            if not done:
+                return (
+                    f"{head} is starting: the worker groups start and load their models (on a GPU "
+                    "vLLM also compiles and captures its graphs, a minute or more once per run), "
+                    "unless the run waits for this machine's device slots (a warning above then "
+                    "names the run that holds them)"
+                )
             return (
-                f"{head} has no finished task yet: still starting, or waiting for this machine's "
-                "device slots (a warning above names the run that holds them)"
+                f"{head} has finished {', '.join(done)}; its next task is running (a worker "
+                "group's first task also starts it)"
             )
+        head = f"... no iteration committed for {quiet:.0f} s: iteration {n}"
+        if not done:
+            return f"{head} has no finished task yet (the Prefect UI shows the running task)"
         return (
             f"{head} has finished {', '.join(done)}; waiting for its next task or for its "
             "checkpoints' background writes (the Prefect UI shows the running task)"
@@ -145,7 +182,7 @@ def command(name: str) -> str:
 
 
 def _ui_hint(flow_run_id: str | None) -> list[str]:
-    from ppoflow.flows.local_api import local_server
+    from ppoflow.cli.local_api import local_server
 
     api = os.environ.get("PREFECT_API_URL", "").rstrip("/")
     path = f"/runs/flow-run/{flow_run_id}" if flow_run_id else "/runs"
@@ -178,15 +215,50 @@ def trend_lines(trend: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def deployment_config(
+    cfg: ExperimentConfig, config_path: str | None, overrides: Sequence[str] = (), recorded: str | None = None
+) -> tuple[str | None, str]:
+    """What ``prefect deployment run ppo/iteration -p config=...`` should be given to continue this
+    experiment, and a note: ``(value or None, note)``. The deployment's flow runs in another
+    process, in the working directory of ``prefect deploy``: a local path is given absolute; a run
+    with ``--set`` overrides is continued from the config the experiment recorded (``recorded``:
+    its URL), which holds them; a config in ``memory://`` cannot be read there (None)."""
+    source = config_path
+    note = ""
+    if overrides or source is None:
+        source = recorded
+        if source is not None and overrides:
+            note = "  (this run's config with its --set overrides, as the experiment recorded it)"
+    if source is None:
+        return None, "the experiment records no config: give the deployment your config's path or URL"
+    protocol = storage.protocol_of(source)
+    if protocol == "memory":
+        return None, (
+            f"the config is in memory ({source}), which a deployment's process cannot read: save it "
+            "to a file or object storage and give that"
+        )
+    if protocol == "file":
+        source = os.path.abspath(source.removeprefix("file://"))
+    root = cfg.storage.root
+    if storage.protocol_of(root) == "file" and not os.path.isabs(root.removeprefix("file://")):
+        note += (
+            f"  (storage.root {root!r} is relative: the deployment resolves it in the directory "
+            "`prefect deploy` ran in)"
+        )
+    return source, note
+
+
 def print_summary(
     cfg: ExperimentConfig,
     run: dict[str, Any],
     config_path: str | None = None,
     wall_s: float | None = None,
     out: Callable[[str], None] = print,
+    overrides: Sequence[str] = (),
 ) -> None:
     """Where the experiment lives, its reward trend, the plot, and the commands to go on (after a
-    successful run; a failed one gets ``ppoflow.flows.failure.print_failure`` instead)."""
+    successful run; a failed one gets ``ppoflow.cli.failure.print_failure`` instead). ``config_path``
+    and ``overrides``: the config file and the ``--set KEY=VALUE`` items the run was given."""
     from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 
     paths = ExperimentPaths.of(cfg)
@@ -208,12 +280,20 @@ def print_summary(
     )
     for line in _ui_hint(run.get("flow_run_id")):
         out(line)
-    cfg_arg = config_path or "<config.yaml>"
-    out(f"continue training: {ppoflow} run {cfg_arg} --iterations 20")
-    out(
-        f"   or deployment:  {prefect} deploy -n iteration && {prefect} deployment run ppo/iteration "
-        "-p iterations=20   (docs/deployments.md)"
-    )
+    cfg_arg = shlex.quote(config_path) if config_path else "<config.yaml>"
+    sets = "".join(f" --set {shlex.quote(item)}" for item in overrides)
+    out(f"continue training: {ppoflow} run {cfg_arg} --iterations 20{sets}")
+    recorded = manifest.config_history[-1]["config"] if manifest and manifest.config_history else None
+    source, note = deployment_config(cfg, config_path, overrides, paths.url(recorded) if recorded else None)
+    deploy = f"{prefect} deploy -n iteration && {prefect} deployment run ppo/iteration"
+    if source is None:
+        out(f"   or deployment:  {deploy} -p config=<path or URL> -p iterations=20   (docs/deployments.md)")
+        out(f"                   {note}")
+    else:
+        out(
+            f"   or deployment:  {deploy} -p config={shlex.quote(source)} -p iterations=20   "
+            f"(docs/deployments.md){note}"
+        )
     out(
         f"export the policy: {ppoflow} export-hf {paths.root} {os.path.join(os.path.dirname(paths.root), 'export')}"
     )
