@@ -187,25 +187,34 @@ def _next_data_side(ctx: RunContext, n: int, start: Start, data: _Data) -> Start
 
 class _Commits:
     """The run's submitted commits, reported in order as each lands (``on_commit(manifest,
-    metrics)`` in the flow's thread); a failed commit raises where it is reported."""
+    metrics)`` in the flow's thread); a failed commit raises where it is reported. A commit also
+    takes futures of other tasks as inputs (the iteration's evaluation): when one of them fails, the
+    commit never runs (Prefect leaves it pending), so that input's own error is what is raised."""
 
     def __init__(self, ctx: RunContext, manifest: Manifest, on_commit: Any):
         self.ctx, self.on_commit = ctx, on_commit
-        self.pending: list[PrefectFuture[Manifest]] = []
+        self.pending: list[tuple[PrefectFuture[Manifest], list[PrefectFuture[Any]]]] = []
         self.last: tuple[Manifest, dict[str, Any]] = (manifest, {})
 
-    def add(self, future: PrefectFuture[Manifest]) -> None:
-        self.pending.append(future)
+    def add(self, future: PrefectFuture[Manifest], inputs: list[PrefectFuture[Any]]) -> None:
+        self.pending.append((future, inputs))
 
     @staticmethod
-    def _finished(future: PrefectFuture[Manifest]) -> bool:
+    def _finished(future: PrefectFuture[Any]) -> bool:
         future.wait(timeout=0)  # records the final state once the task returned
         return future.state.is_final()
 
+    def _landed(self, entry: tuple[PrefectFuture[Manifest], list[PrefectFuture[Any]]]) -> bool:
+        future, inputs = entry
+        return self._finished(future) or any(self._finished(f) and f.state.is_failed() for f in inputs)
+
     def report(self, block: bool) -> None:
         """Report the commits that landed (with ``block``: all of them, waiting)."""
-        while self.pending and (block or self._finished(self.pending[0])):
-            done = self.pending.pop(0).result()  # raises if the commit failed: the run stops here
+        while self.pending and (block or self._landed(self.pending[0])):
+            future, inputs = self.pending.pop(0)
+            for f in inputs:
+                f.result()  # a failed input raises its own error (the commit never ran)
+            done = future.result()  # raises if the commit failed: the run stops here
             self.last = (done, storage.read_json(self.ctx.paths.file(done.iteration, "metrics.json")))
             self.on_commit(*self.last)
 
@@ -215,7 +224,10 @@ class _Commits:
         that stopped the run is the one raised."""
         if not self.pending:
             return
-        wait(self.pending)
+        for future, inputs in self.pending:
+            wait(inputs)
+            if not any(f.state.is_failed() for f in inputs):
+                wait([future])
         try:
             self.report(block=True)
         except Exception as exc:  # noqa: BLE001 - see the docstring
@@ -257,7 +269,7 @@ def run_iterations(
                 start.rollout_record(),
                 evaluation=evaluated,
             )
-            commits.add(previous)
+            commits.add(previous, [evaluated] if evaluated is not None else [])
             data = upcoming
             commits.report(block=False)
         commits.report(block=True)
