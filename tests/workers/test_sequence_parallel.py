@@ -64,7 +64,9 @@ def smol_heads(tmp_path_factory) -> str:
     """A critic base with SmolLM2's head layout: 9 query heads, 3 key-value heads (head_dim 32)."""
     from ppoflow.demo.tiny_models import save_tiny_model
 
-    return save_tiny_model(str(tmp_path_factory.mktemp("smol")), seed=3, hidden_size=288, num_heads=9, num_kv_heads=3)
+    return save_tiny_model(
+        str(tmp_path_factory.mktemp("smol")), seed=3, hidden_size=288, num_heads=9, num_kv_heads=3
+    )
 
 
 def _actor_run(cfg, nprocs: int, batch: dict, tmp, tag: str, role: str, prompts_url: str | None = None):
@@ -104,7 +106,9 @@ def _check_actor(tiny, cfg, out, batch, dp: int, label: str) -> None:
     want = reference_actor_update(tiny["dir"], batch, cfg, groups)
     diff = max_weight_diff(load_full_state_dict(out["ckpt"]), want)
     moved = max((want[k] - hf.state_dict()[k]).abs().max().item() for k in want)
-    print(f"\n{label}: " + ", ".join(f"{k} err {v:.2e}" for k, v in errs.items()) + f", weight diff {diff:.2e}")
+    print(
+        f"\n{label}: " + ", ".join(f"{k} err {v:.2e}" for k, v in errs.items()) + f", weight diff {diff:.2e}"
+    )
     assert max(errs.values()) < LOGPROB_TOL, errs
     assert moved > 1e-3 and diff < WEIGHT_TOL, (moved, diff)
 
@@ -166,6 +170,8 @@ def test_sp_critic_matches_single_process(tiny, smol_heads, nprocs):
     assert v_err < LOGPROB_TOL and (values[~mask] == 0).all(), v_err
     assert metrics[0]["critic/optimizer_steps"] == 2
     groups = mini_batch_groups(16, 1, cfg.critic.ppo_mini_batch_size * cfg.rollout.n, 1)
-    diff = max_weight_diff(load_full_state_dict(ckpt), reference_critic_update(smol_heads, batch, cfg, groups))
+    diff = max_weight_diff(
+        load_full_state_dict(ckpt), reference_critic_update(smol_heads, batch, cfg, groups)
+    )
     print(f"\nsp {nprocs} critic (9/3 heads): value err {v_err:.2e}, weight diff {diff:.2e}")
     assert diff < WEIGHT_TOL
