@@ -44,7 +44,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling vllm_reference
 
-from vllm_reference import SHAPES, _engine_facts, build_model_dir  # noqa: E402
+from vllm_reference import SHAPES, _engine_facts, build_model_dir
 
 MODES = ("lockstep", "cut", "refill")
 
@@ -104,7 +104,7 @@ def run_requests(engine, prompts, lengths: list[int], first_id: int, stop_share:
     t0 = time.perf_counter()
     finished: dict[str, float] = {}
     produced: dict[str, int] = {}
-    need = math.ceil(stop_share * len(ids)) if stop_share else len(ids)
+    need = done_before_tail(len(ids), stop_share) if stop_share else len(ids)
     while engine.has_unfinished_requests() and len(finished) < need:
         for out in engine.step():
             produced[out.request_id] = len(out.outputs[0].token_ids)
@@ -121,12 +121,17 @@ def run_requests(engine, prompts, lengths: list[int], first_id: int, stop_share:
     }
 
 
+def done_before_tail(count: int, quantile: float) -> int:
+    """How many of ``count`` sequences finish before the slowest ``1 - quantile`` (at least one
+    sequence is in the tail: of 8, the slowest; of 256, the slowest 13)."""
+    return max(1, count - math.ceil((1 - quantile) * count - 1e-9))
+
+
 def tail_share(done_s: list[float], wall_s: float, quantile: float) -> float:
-    """Share of the wall time after ``quantile`` of the sequences finished."""
+    """Share of the wall time after all but the slowest ``1 - quantile`` of the sequences finished."""
     if not done_s or wall_s <= 0:
         return float("nan")
-    k = max(0, math.ceil(quantile * len(done_s)) - 1)
-    return (wall_s - done_s[k]) / wall_s
+    return (wall_s - done_s[done_before_tail(len(done_s), quantile) - 1]) / wall_s
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -134,7 +139,6 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
     from vllm import LLM
-
     from vllm_reference import _prompts
 
     gpu = torch.cuda.is_available()

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 H, V, CHUNK = 64, 16384, 256
 MIB = 2**20
 
-SCRIPT = r"""
+SCRIPT = rf"""
 import json, resource, sys
 import torch
 from ppoflow.workers.lm_head import chunked_log_probs
@@ -60,7 +60,7 @@ run(hidden, labels)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 assert hidden.grad is not None and head.weight.grad is not None
 print(json.dumps({{"added_kib": after - before}}))
-""".format(H=H, V=V, CHUNK=CHUNK)
+"""
 
 
 def added_mib(n: int, impl: str) -> float:
