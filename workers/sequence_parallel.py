@@ -153,8 +153,8 @@ class SequenceParallel:
     def build(cls, size: int, device_type: str = "cpu", section: str = "actor") -> SequenceParallel:
         """The layout of this rank for ``size`` (collective over the world when size > 1: every
         rank builds the mesh). Without torch.distributed, size must be 1."""
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        rank = dist.get_rank() if world > 1 or (dist.is_available() and dist.is_initialized()) else 0
+        initialized = dist.is_available() and dist.is_initialized()
+        world, rank = (dist.get_world_size(), dist.get_rank()) if initialized else (1, 0)
         check_sequence_parallel(size, world, section)
         if size == 1:
             return cls(size=1, rank=0, dp_rank=rank, dp_size=world)
