@@ -173,8 +173,11 @@ def auto_kv_cache_bytes(
     return want if cap is None else max(min(want, cap), min(2**30, cap))
 
 
-def kv_cap_bytes(gpu_memory_utilization: float, device_bytes: int) -> int:
-    """The most the auto KV cache takes: ``KV_SHARE_OF_BUDGET`` of the engine's share of the device."""
+def kv_cap_bytes(gpu_memory_utilization: float, device_bytes: int | None = None) -> int:
+    """The most the auto KV cache takes: ``KV_SHARE_OF_BUDGET`` of the engine's share of the device
+    (``device_bytes``; None: the current CUDA device's memory)."""
+    if device_bytes is None:
+        device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     return int(KV_SHARE_OF_BUDGET * gpu_memory_utilization * device_bytes)
 
 

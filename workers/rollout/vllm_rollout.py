@@ -202,17 +202,13 @@ class VLLMRollout(Rollout):
         self, model_path: str, trust_remote_code: bool, dtype: str, sequences: int | None
     ) -> int | None:
         """The GPU KV budget of ``rollout.kv_cache_gib: auto``: this engine's share of the batch
-        (``sequences``, at most ``max_num_seqs``) at full length, at most ``kv_cap_bytes`` of the
-        device (long responses); None on CPU or for other settings."""
+        (``sequences``, at most ``max_num_seqs``) at full length, capped; None on CPU or for other settings."""
         config = self.config
         if self.cpu or config.kv_cache_gib != "auto":
             return None
-        seqs = config.engine_seqs(sequences)
-        if sequences:
-            seqs = min(seqs, sequences)
+        seqs = min(config.engine_seqs(sequences), sequences or config.engine_seqs(sequences))
         per_token = kv_bytes_per_token(model_path, trust_remote_code, dtype, self.tp_size)
-        device = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        cap = kv_cap_bytes(config.gpu_memory_utilization, device)
+        cap = kv_cap_bytes(config.gpu_memory_utilization)
         return auto_kv_cache_bytes(per_token, seqs, config.prompt_length + config.response_length, cap=cap)
 
     @property
