@@ -12,6 +12,9 @@ update's MFU (on GPU) and the share of the iteration spent outside model compute
         --prompts 256 --prompt-len 512 --response-len 256 --micro-batch 32 \\
         --log-prob-micro-batch 32 --reference-tokens-per-s 36819                       # one H200
     ... --mean-response-len 128 [--dynamic-bsz]          # uneven responses, padded or packed
+    ... --response-len 8192 --dynamic-bsz --max-token-len 16896 --log-prob-max-token-len 33792 \
+        --recompute --gpu-memory-utilization 0.5            # long responses (docs/gpus.md's guide)
+    ... --dynamic-bsz --sp 2 --ranks 2                   # sequence parallel (Ulysses) updates
 
 Uneven responses: a random-weight model samples close to uniformly over its vocabulary, so it
 almost never stops. ``--mean-response-len L`` gives the model ``V / L`` extra stop tokens (in its
@@ -112,6 +115,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--dynamic-bsz", action="store_true", help="packed token-budget micro-batches")
     p.add_argument("--max-token-len", type=int, default=None, help="tokens per update micro-batch per rank")
+    p.add_argument(
+        "--log-prob-max-token-len",
+        type=int,
+        default=None,
+        help="tokens per log-prob/values micro-batch per rank (default: log-prob micro-batch x row)",
+    )
+    p.add_argument(
+        "--sp",
+        type=int,
+        default=1,
+        help="sequence_parallel_size of the actor, reference and critic (needs --dynamic-bsz)",
+    )
     p.add_argument("--compile", action="store_true", help="model.use_torch_compile")
     p.add_argument("--iters", type=int, default=2, help="warm iterations timed (after one warm-up)")
     p.add_argument(
@@ -256,12 +271,17 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
     bf16 = (getattr(args, "trainer_dtype", None) or ("bf16" if cuda else "fp32")) == "bf16"
     fsdp = {"param_dtype": "bfloat16", "reduce_dtype": "float32"} if bf16 else {}
     row = args.prompt_len + args.response_len
+    sp = getattr(args, "sp", 1)
+    per_rank_row = -(-row // sp)  # a row split over an sp group
     budget = args.max_token_len or args.micro_batch * row
     packing = {
         "use_dynamic_bsz": args.dynamic_bsz,
-        "ppo_max_token_len_per_gpu": max(budget, row),
+        "ppo_max_token_len_per_gpu": max(budget, per_rank_row),
+        "sequence_parallel_size": sp,
     }
-    log_prob_budget = max(args.log_prob_micro_batch * row, row)
+    log_prob_budget = max(
+        getattr(args, "log_prob_max_token_len", None) or args.log_prob_micro_batch * row, per_rank_row
+    )
     config = {
         "model": {
             "path": model_dir,

@@ -30,6 +30,14 @@ and the rollout gathers its TP group's chunks into one engine batch (see
 ``ppoflow.workers.rollout.vllm_rollout``), so the old log-probs, the reference log-probs and the
 PPO update all run data-parallel over every rank.
 
+Sequence parallelism (``actor.sequence_parallel_size`` = sp > 1; the reference's must match in a
+worker that holds both): the ranks form ``world / sp`` groups of sp consecutive ranks
+(``ppoflow.workers.sequence_parallel``); ``init_model`` sets ``dp_rank = rank // sp``,
+``dp_size = world / sp`` and only the group's first rank returns DataProtos, so the ranks of a
+group get the same rows and split each packed micro-batch's tokens between them. Generation
+still uses every rank: each rank of a group samples 1/sp of the group's prompts and the group
+gathers the rollouts before the old log-probs.
+
 On CUDA the methods report the rank's peak memory per phase (``perf/mem/*_gib``,
 ``ppoflow.workers.device_memory``) and the engine's wake/push/sleep seconds.
 """
@@ -55,6 +63,7 @@ from ppoflow.workers.lora import adapters_off, with_adapters
 from ppoflow.workers.modeling import PolicyLM
 from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
 from ppoflow.workers.rollout.episodes import EPISODE_METRIC_RULES
+from ppoflow.workers.sequence_parallel import SequenceParallel
 from ppoflow.workers.worker_setup import parse_worker_config
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
@@ -78,6 +87,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         self.tokenizer: Any = None
         self._meshes: dict[int, Any] = {}
         self._ref_is_base = False
+        self.sp = SequenceParallel(size=1, rank=0, dp_rank=self.dp_rank, dp_size=self.dp_size)
         self._init_checkpoints()
 
     # ------------------------------------------------------------------ building
@@ -103,6 +113,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
                 chunk_size=actor.logprob_chunk_size,
                 head_impl=actor.logprob_head,
                 compiled_head=self.cfg.model.use_torch_compile,
+                sequence_parallel=self.sp,
             ),
             actor.lora if adapters else None,
         )
@@ -124,6 +135,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             "gradient_checkpointing": bool(module.hf_model.is_gradient_checkpointing),
             "param_offload": fsdp_cfg.param_offload,
             "attn_implementation": module.hf_model.config._attn_implementation,
+            "sequence_parallel": self.sp.describe(module.hf_model.config),
         }
         return module, info
 
@@ -188,6 +200,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         cfg = self.cfg
         seed_rngs(cfg.seed)
         info: dict[str, Any] = {"rank": self.rank, "role": self.role}
+        self._set_layout()
         common: dict[str, Any] = dict(
             rollout_n=cfg.rollout.n,
             dp_size=self.dp_size,
@@ -231,6 +244,31 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         info["init_s"] = round(time.perf_counter() - t0, 3)
         return info
 
+    def _set_layout(self) -> None:
+        """The sequence-parallel layout of the actor (or the reference alone) and the data layout
+        it implies (see the module docstring); ValueError when the actor and the reference of
+        this worker ask for different sizes (the worker has one data layout)."""
+        actor_sp = self.cfg.actor.sequence_parallel_size
+        ref_sp = self.cfg.ref.sequence_parallel_size or actor_sp
+        if self.is_ref and (self.is_actor or self.is_rollout) and ref_sp != actor_sp:
+            raise ValueError(
+                f"ref.sequence_parallel_size={ref_sp} differs from actor.sequence_parallel_size="
+                f"{actor_sp}, but role {self.role!r} holds both on the same ranks: set them equal "
+                "(or leave ref.sequence_parallel_size unset)"
+            )
+        size, section = (actor_sp, "actor") if self.is_actor or self.is_rollout else (ref_sp, "ref")
+        self.sp = SequenceParallel.build(size, self.device.type, section)
+        self.dp_rank, self.dp_size = self.sp.dp_rank, self.sp.dp_size
+        self.is_output_rank = self.sp.rank == 0
+
+    def _generate(self, rollout: Any, prompts: DataProto) -> DataProto:
+        """The engine's rollout of ``prompts``; sequence parallel: this rank samples its 1/sp of
+        the group's prompts and the group gathers the rollouts (every rank holds them all)."""
+        if not self.sp.on:
+            return rollout.generate_sequences(prompts)
+        mine = prompts.chunk(self.sp.size)[self.sp.rank]
+        return self.sp.gather_proto(rollout.generate_sequences(mine))
+
     def _need(self, what: str) -> Any:
         """The actor / ref / rollout, or a clear error naming the role that lacks it."""
         obj = getattr(self, what)
@@ -251,7 +289,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         manager = self.sharding_manager
         with manager:  # pushes the actor's weights into the engine if they changed
             with PeakMemory(self.device) as gen_mem:
-                out = rollout.generate_sequences(prompts)
+                out = self._generate(rollout, prompts)
             pool = engine_pool_bytes()
         out.meta_info.setdefault("temperature", self.cfg.rollout.temperature)
         metrics = out.meta_info.setdefault("metrics", {})
@@ -282,7 +320,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         rollout = self._need("rollout")
         manager = self.sharding_manager
         with manager:
-            out = rollout.generate_sequences(prompts)
+            out = self._generate(rollout, prompts)
         out.meta_info.setdefault("metrics", {})["rollout/weight_sync_s"] = manager.last_sync_s
         return out
 

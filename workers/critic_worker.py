@@ -5,6 +5,11 @@ token-classification model (no head dropout) loaded from ``critic.model``, or fr
 base model (a causal LM checkpoint: the ``score`` head then starts from ``cfg.seed``).
 
     init_model()                      ONE_TO_ALL        -> per-rank {mesh, params, seconds}
+
+``critic.sequence_parallel_size`` = sp > 1: groups of sp consecutive ranks get the same rows and
+split each packed micro-batch's tokens (``ppoflow.workers.sequence_parallel``); ``init_model``
+sets ``dp_rank``/``dp_size`` and the output ranks accordingly.
+
     compute_values(data)              DP_COMPUTE_PROTO  -> "values" (B, R)
     update_critic(data)               DP_COMPUTE_PROTO  -> metrics dict (same on every rank)
     save_checkpoint(url, extra=None, background=False, weights_only=False)
@@ -16,6 +21,7 @@ base model (a causal LM checkpoint: the ``score`` head then starts from ``cfg.se
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from typing import Any
@@ -31,6 +37,7 @@ from ppoflow.workers.fsdp_utils import build_fsdp_model, build_mesh, mesh_info
 from ppoflow.workers.lora import with_adapters
 from ppoflow.workers.modeling import ValueModel
 from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
+from ppoflow.workers.sequence_parallel import SequenceParallel
 from ppoflow.workers.worker_setup import parse_worker_config
 
 __all__ = ["CriticWorker"]
@@ -53,11 +60,15 @@ class CriticWorker(CheckpointMethods, Worker):
         cfg = self.cfg
         seed_rngs(cfg.seed)
         model_cfg = cfg.critic_model
+        sp = SequenceParallel.build(cfg.critic.sequence_parallel_size, self.device.type, "critic")
+        self.dp_rank, self.dp_size, self.is_output_rank = sp.dp_rank, sp.dp_size, sp.rank == 0
         mesh = build_mesh(cfg.critic.fsdp, self.world_size, self.device.type)
         module = build_fsdp_model(
             model_cfg,
             "token_classification",
-            with_adapters(ValueModel, cfg.critic.lora),  # LoRA: adapters + the value head trained
+            with_adapters(
+                functools.partial(ValueModel, sequence_parallel=sp), cfg.critic.lora
+            ),  # LoRA: adapters + the value head trained
             mesh,
             cfg.critic.fsdp,
             self.device,
@@ -82,6 +93,7 @@ class CriticWorker(CheckpointMethods, Worker):
             "gradient_checkpointing": bool(hf.is_gradient_checkpointing),
             "param_offload": cfg.critic.fsdp.param_offload,
             "optimizer": optimizer_kernel(optimizer),
+            "sequence_parallel": sp.describe(hf.config),
         }
         return {
             "rank": self.rank,

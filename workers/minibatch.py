@@ -13,6 +13,12 @@ With ``use_dynamic_bsz`` a micro-batch is not a fixed number of rows but as many
 ``ppo_max_token_len_per_gpu`` real tokens (``log_prob_max_token_len_per_gpu`` for log-probs), and it
 runs packed: the padding is dropped before the model (``ppoflow.workers.packing``). The weighting
 above does not depend on how rows are split, so the update is the same step.
+
+Sequence parallel (a module with a ``sequence_parallel`` layout of size sp): the sp ranks of a
+group hold the same rows, a packed micro-batch holds up to ``sp x`` the per-GPU token budget
+(each rank runs 1/sp of its tokens), and the global counts above count the group's rows sp
+times, which the gathered outputs' gradient (sp times the loss's on each rank) makes exact
+(``ppoflow.workers.sequence_parallel``).
 """
 
 from __future__ import annotations
@@ -180,6 +186,8 @@ class MiniBatchTrainer:
         self.rollout_n = rollout_n
         self.grad_scale = world_size()
         self.packed = bool(config.use_dynamic_bsz)
+        layout = getattr(module, "sequence_parallel", None)
+        self.sp_size = layout.size if layout is not None else 1
 
     @property
     def mini_batch_size(self) -> int:
@@ -197,7 +205,12 @@ class MiniBatchTrainer:
         self.module.eval()
         batch = {k: data.batch[k] for k in (*MODEL_INPUTS, "response_mask") if k in data.batch}
         groups = micro_batches(
-            torch.arange(len(data)), batch["attention_mask"], size, max_tokens, self.device, field
+            torch.arange(len(data)),
+            batch["attention_mask"],
+            size,
+            None if max_tokens is None else max_tokens * self.sp_size,
+            self.device,
+            field,
         )
         for rows in groups:
             yield rows, to_device(batch, rows, self.device)
@@ -234,7 +247,7 @@ class MiniBatchTrainer:
             rows,
             batch["attention_mask"],
             cfg.ppo_micro_batch_size_per_gpu,
-            cfg.ppo_max_token_len_per_gpu if self.packed else None,
+            cfg.ppo_max_token_len_per_gpu * self.sp_size if self.packed else None,
             self.device,
             f"{self.section}.ppo_max_token_len_per_gpu",
         )

@@ -14,6 +14,11 @@ With ``packed=True`` the padding is dropped before the model runs: the real toke
 micro-batch go through it as one row (``ppoflow.workers.packing``; the HF model must use the
 ``ppoflow_varlen`` attention) and only the states the outputs need are gathered from it.
 
+With a ``sequence_parallel`` layout of size sp > 1 (``ppoflow.workers.sequence_parallel``) a
+packed forward is split across the ranks of the group: each runs the model and the head on its
+1/sp of the packed row's tokens, and the (N,) outputs are gathered so every rank of the group
+returns the whole micro-batch's. Padded forwards are not split (they raise).
+
 The policy never builds the (B, T, V) logits tensor: log-probs (and entropy) come from the final
 hidden states in chunks of ``chunk_size`` tokens; with gradients enabled each chunk runs under
 activation checkpointing, so backward recomputes that chunk's logits instead of keeping them.
@@ -31,6 +36,8 @@ from ppoflow.workers.packing import checked_index, pack, packed_hidden
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from ppoflow.workers.sequence_parallel import SequenceParallel
 
 __all__ = ["HFRoot", "PolicyLM", "ValueModel", "base_hidden", "one_label", "chunked_log_probs", "HEAD_IMPLS"]
 
@@ -76,6 +83,36 @@ def _masked_response_hidden(
     return packed_hidden(base, rows)[checked_index(index, "the state before a response token")]
 
 
+def _split_response_hidden(
+    base: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    mask: torch.Tensor,
+    sp: SequenceParallel,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence parallel: ``(hidden (n, H), mine (N,) bool)``: of the N states predicting the
+    response tokens where ``mask`` is true, the n that lie in this rank's slice of the packed row
+    (``mine`` marks which); collective over the sp group."""
+    rows = pack(input_ids, attention_mask, position_ids)
+    index = checked_index(rows.index[:, -mask.shape[1] - 1 : -1][mask], "the state before a response token")
+    hidden, lo = sp.packed_hidden(base, rows)
+    mine = (index >= lo) & (index < lo + hidden.shape[0])
+    return hidden[index[mine] - lo], mine
+
+
+def _no_padded_split(sp: SequenceParallel | None, packed: bool) -> bool:
+    """Whether this forward is split across an sp group; ValueError for a padded one that should be."""
+    if sp is None or not sp.on:
+        return False
+    if not packed:
+        raise ValueError(
+            "sequence parallelism splits packed micro-batches only: set use_dynamic_bsz=true "
+            "(and the reference's log_prob_use_dynamic_bsz) with sequence_parallel_size > 1"
+        )
+    return True
+
+
 def one_label(hf_model: PreTrainedModel, role: str) -> None:
     """ValueError unless the HF model has a one-label head (``role`` names the model in it)."""
     if getattr(hf_model.config, "num_labels", 1) != 1:
@@ -119,6 +156,7 @@ class PolicyLM(HFRoot):
         chunk_size: int = DEFAULT_CHUNK,
         head_impl: str = "checkpoint",
         compiled_head: bool = False,
+        sequence_parallel: SequenceParallel | None = None,
     ):
         for attr in ("final_logit_softcapping", "logit_scale"):
             if getattr(hf_model.config, attr, None) not in (None, 1.0):
@@ -126,6 +164,7 @@ class PolicyLM(HFRoot):
         super().__init__(hf_model)
         self.lm_head = hf_model.get_output_embeddings()
         self.chunk_size, self.head_impl, self.compiled_head = chunk_size, head_impl, compiled_head
+        self.sequence_parallel = sequence_parallel
 
     def forward(
         self,
@@ -151,11 +190,21 @@ class PolicyLM(HFRoot):
             ``{"log_probs": (B, R)}`` (+ ``"entropy": (B, R)`` with ``with_entropy``), float32.
         """
         mask = torch.ones_like(responses, dtype=torch.bool) if response_mask is None else response_mask.bool()
-        hidden = _masked_response_hidden(self.base, input_ids, attention_mask, position_ids, mask, packed)
+        sp = self.sequence_parallel
+        labels = responses[mask]
+        split = _no_padded_split(sp, packed)
+        if split:
+            assert sp is not None
+            hidden, mine = _split_response_hidden(
+                self.base, input_ids, attention_mask, position_ids, mask, sp
+            )
+            labels = labels[mine]
+        else:
+            hidden = _masked_response_hidden(self.base, input_ids, attention_mask, position_ids, mask, packed)
         lp, ent = chunked_log_probs(
             hidden,
             self.lm_head,
-            responses[mask],
+            labels,
             temperature,
             with_entropy,
             entropy_grad,
@@ -163,6 +212,10 @@ class PolicyLM(HFRoot):
             self.head_impl,
             self.compiled_head,
         )
+        if split:  # sequence parallel: every rank of the group gets the whole micro-batch's
+            assert sp is not None
+            both = sp.gather(torch.stack([lp, ent], -1) if ent is not None else lp.unsqueeze(-1), mine)
+            lp, ent = both[:, 0], (both[:, 1] if ent is not None else None)
         out = {"log_probs": _scatter(lp, mask)}
         if with_entropy:
             assert ent is not None  # chunked_log_probs computes it with with_entropy
@@ -178,7 +231,7 @@ class ValueModel(HFRoot):
     The head's dropout is not applied (the critic is deterministic).
     """
 
-    def __init__(self, hf_model: PreTrainedModel):
+    def __init__(self, hf_model: PreTrainedModel, sequence_parallel: SequenceParallel | None = None):
         one_label(hf_model, "a critic")
         head_name = next(
             (n for n in ("score", "classifier") if isinstance(getattr(hf_model, n, None), nn.Module)), None
@@ -190,6 +243,7 @@ class ValueModel(HFRoot):
         super().__init__(hf_model)
         self.head_name = head_name
         setattr(self, head_name, getattr(hf_model, head_name))
+        self.sequence_parallel = sequence_parallel
 
     def forward(
         self,
@@ -206,6 +260,15 @@ class ValueModel(HFRoot):
         ``response_mask`` (default: the response part of ``attention_mask``) is set, 0 elsewhere.
         """
         head = getattr(self, self.head_name)
+        sp = self.sequence_parallel
+        if _no_padded_split(sp, packed):
+            assert sp is not None
+            mask = attention_mask[:, -response_length:] if response_mask is None else response_mask
+            mask = mask.bool()
+            hidden, mine = _split_response_hidden(
+                self.base, input_ids, attention_mask, position_ids, mask, sp
+            )
+            return _scatter(sp.gather(head(hidden).squeeze(-1).float(), mine), mask)
         if not packed:
             hidden = _response_hidden(self.base, input_ids, attention_mask, position_ids, response_length)
             return head(hidden).squeeze(-1).float()

@@ -50,6 +50,7 @@ __all__ = [
     "checked_index",
     "use_varlen_attention",
     "varlen_attention_forward",
+    "packed_attention",
     "first_fit_decreasing",
     "split_to_count",
     "token_budget_micro_batches",
@@ -189,11 +190,14 @@ def varlen_attention_forward(
     cu_seq_lens_k: torch.Tensor | None = None,
     max_length_q: int | None = None,
     max_length_k: int | None = None,
+    ppoflow_sp: Any = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function (``AttentionInterface``): query (B, Hq, T, D), key/value
     (B, Hkv, T, D) -> (B, T, Hq, D). Packed (``cu_seq_lens_q`` given, B = 1): causal attention
-    inside each segment. Otherwise transformers' ``sdpa`` unchanged."""
+    inside each segment. Otherwise transformers' ``sdpa`` unchanged. ``ppoflow_sp`` (a
+    ``ppoflow.workers.sequence_parallel.SequenceParallel``, passed through the model's forward):
+    the row is this rank's slice of a packed row, attention runs Ulysses-style over the group."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if cu_seq_lens_q is None:
@@ -211,25 +215,44 @@ def varlen_attention_forward(
         raise NotImplementedError("packed attention with attention dropout (set attention_dropout=0)")
     if query.shape[0] != 1:
         raise ValueError(f"a packed attention call takes one packed row, got batch {query.shape[0]}")
+    max_len = int(max_length_q or query.shape[2])
+    if ppoflow_sp is not None:  # Ulysses: this rank's tokens, the whole row's segments
+        return ppoflow_sp.attention(
+            query, key, value, cu_seq_lens_q, max_len, scaling, packed_attention
+        ), None
+    return packed_attention(query, key, value, cu_seq_lens_q, max_len, scaling), None
+
+
+def packed_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_len: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Causal attention inside each segment of one packed row: query (1, Hq, T, D), key/value
+    (1, Hkv, T, D) -> (1, T, Hq, D). FlashAttention varlen where it runs (CUDA, bf16/fp16), else
+    SDPA per segment."""
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
-    out = _flash_varlen(q.contiguous(), k, v, cu_seq_lens_q, int(max_length_q or q.shape[0]), scaling)
-    if out is None:
-        gqa = key.shape[1] != query.shape[1]
-        bounds = cu_seq_lens_q.tolist()
-        parts = [
-            F.scaled_dot_product_attention(
-                query[:, :, s:e],
-                key[:, :, s:e],
-                value[:, :, s:e],
-                is_causal=True,
-                scale=scaling,
-                enable_gqa=gqa,
-            )
-            for s, e in zip(bounds[:-1], bounds[1:])
-            if e > s
-        ]
-        return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
-    return out.unsqueeze(0), None
+    out = _flash_varlen(q.contiguous(), k, v, cu_seqlens, max_len, scaling)
+    if out is not None:
+        return out.unsqueeze(0)
+    gqa = key.shape[1] != query.shape[1]
+    bounds = cu_seqlens.tolist()
+    parts = [
+        F.scaled_dot_product_attention(
+            query[:, :, s:e],
+            key[:, :, s:e],
+            value[:, :, s:e],
+            is_causal=True,
+            scale=scaling,
+            enable_gqa=gqa,
+        )
+        for s, e in zip(bounds[:-1], bounds[1:])
+        if e > s
+    ]
+    return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
 
 
 def _register() -> None:

@@ -176,27 +176,69 @@ class ExperimentConfig(Section):
         return length if length is not None else max(1, self.rollout.response_length // 5)
 
     @model_validator(mode="after")
+    def _check_sequence_parallel(self) -> ExperimentConfig:
+        """``sequence_parallel_size`` divides the ranks and splits packed micro-batches only."""
+        n = self.resources.nprocs
+        ref_sp = self.ref.sequence_parallel_size or self.actor.sequence_parallel_size
+        ref_packed = self.ref.log_prob_use_dynamic_bsz
+        ref_packed = self.actor.use_dynamic_bsz if ref_packed is None else ref_packed
+        sections = [
+            ("actor", self.actor.sequence_parallel_size, self.actor.use_dynamic_bsz, "actor.use_dynamic_bsz"),
+            ("ref", ref_sp, ref_packed, "ref.log_prob_use_dynamic_bsz"),
+        ]
+        if self.critic.enable:
+            sections.append(
+                (
+                    "critic",
+                    self.critic.sequence_parallel_size,
+                    self.critic.use_dynamic_bsz,
+                    "critic.use_dynamic_bsz",
+                )
+            )
+        for name, size, packed, packed_field in sections:
+            if n % size:
+                raise ValueError(f"{name}.sequence_parallel_size={size} must divide resources.nprocs={n}")
+            if size > 1 and not packed:
+                raise ValueError(
+                    f"{name}.sequence_parallel_size={size} splits packed micro-batches only: set "
+                    f"{packed_field}=true"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _check_token_budgets(self) -> ExperimentConfig:
-        """With use_dynamic_bsz every token budget must hold the longest rollout row."""
+        """With use_dynamic_bsz every token budget must hold the longest rollout row (with
+        sequence parallelism: sequence_parallel_size budgets, one per rank of a group)."""
         longest = self.rollout.prompt_length + self.rollout.response_length
-        budgets: list[tuple[str, int | None]] = []
+        actor_sp = self.actor.sequence_parallel_size
+        ref_sp = self.ref.sequence_parallel_size or actor_sp
+        critic_sp = self.critic.sequence_parallel_size
+        budgets: list[tuple[str, int | None, int]] = []
         if self.actor.use_dynamic_bsz:
-            budgets.append(("actor.ppo_max_token_len_per_gpu", self.actor.ppo_max_token_len_per_gpu))
+            budgets.append(
+                ("actor.ppo_max_token_len_per_gpu", self.actor.ppo_max_token_len_per_gpu, actor_sp)
+            )
         if self.actor.use_dynamic_bsz or self.ref.log_prob_use_dynamic_bsz:
             budgets.append(
-                ("actor.log_prob_max_token_len_per_gpu", self.actor.log_prob_max_token_len_per_gpu)
+                ("actor.log_prob_max_token_len_per_gpu", self.actor.log_prob_max_token_len_per_gpu, actor_sp)
             )
-            budgets.append(("ref.log_prob_max_token_len_per_gpu", self.ref.log_prob_max_token_len_per_gpu))
-        if self.critic.enable and self.critic.use_dynamic_bsz:
-            budgets.append(("critic.ppo_max_token_len_per_gpu", self.critic.ppo_max_token_len_per_gpu))
             budgets.append(
-                ("critic.forward_max_token_len_per_gpu", self.critic.forward_max_token_len_per_gpu)
+                ("ref.log_prob_max_token_len_per_gpu", self.ref.log_prob_max_token_len_per_gpu, ref_sp)
             )
-        for name, budget in budgets:
-            if budget is not None and budget < longest:
+        if self.critic.enable and self.critic.use_dynamic_bsz:
+            budgets.append(
+                ("critic.ppo_max_token_len_per_gpu", self.critic.ppo_max_token_len_per_gpu, critic_sp)
+            )
+            budgets.append(
+                ("critic.forward_max_token_len_per_gpu", self.critic.forward_max_token_len_per_gpu, critic_sp)
+            )
+        for name, budget, sp in budgets:
+            if budget is not None and budget * sp < longest:
+                need = -(-longest // sp)
+                split = f" / sequence_parallel_size {sp}" if sp > 1 else ""
                 raise ValueError(
                     f"{name}={budget} is smaller than the longest row: rollout.prompt_length + "
-                    f"rollout.response_length = {longest} tokens; raise it to at least {longest}"
+                    f"rollout.response_length = {longest} tokens{split}; raise it to at least {need}"
                 )
         return self
 

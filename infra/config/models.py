@@ -175,6 +175,13 @@ class ActorConfig(Section):
         ge=1,
         description="with use_dynamic_bsz: tokens per log-prob micro-batch; None = ppo_max_token_len_per_gpu",
     )
+    sequence_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Ulysses sequence parallelism: groups of this many ranks split each packed "
+        "micro-batch's tokens (needs use_dynamic_bsz; must divide resources.nprocs; the token "
+        "budgets stay per GPU, a micro-batch holds this many times them). 1 = off",
+    )
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
@@ -200,6 +207,11 @@ class RefConfig(Section):
     log_prob_use_dynamic_bsz: bool | None = Field(None, description="None = actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int | None = Field(
         None, ge=1, description="None = the actor's log-prob token budget"
+    )
+    sequence_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        description="None = actor.sequence_parallel_size (a reference on the actor's ranks must use it)",
     )
     fsdp: FSDPConfig = Field(default_factory=lambda: FSDPConfig(param_offload=False))
 
@@ -228,6 +240,13 @@ class CriticConfig(Section):
         None,
         ge=1,
         description="with use_dynamic_bsz: tokens per values micro-batch; None = ppo_max_token_len_per_gpu",
+    )
+    sequence_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Ulysses sequence parallelism: groups of this many ranks split each packed "
+        "micro-batch's tokens (needs use_dynamic_bsz; must divide resources.nprocs; the token "
+        "budgets stay per GPU, a micro-batch holds this many times them). 1 = off",
     )
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)

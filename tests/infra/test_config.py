@@ -167,3 +167,38 @@ def test_plain_names_pass_and_the_form_knows_the_rule():
     schema = ExperimentConfig.model_json_schema()["$defs"]["StorageConfig"]["properties"]["experiment"]
     assert schema["pattern"] == f"^{NAME_PATTERN}$"  # the Prefect UI's form checks it too
     assert re.fullmatch(schema["pattern"], "exp") and not re.fullmatch(schema["pattern"], "../exp")
+
+
+def test_sequence_parallel_checks_name_the_field_and_the_fix():
+    packed = {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 48}
+    base = {"resources": {"nprocs": 4}, "rollout": {"prompt_length": 32, "response_length": 64}}
+    ok = parse_config(
+        _with(
+            **base,
+            actor={**packed, "sequence_parallel_size": 2},
+            critic={**packed, "sequence_parallel_size": 4},
+        )
+    )
+    assert ok.actor.sequence_parallel_size == 2 and ok.ref.sequence_parallel_size is None
+    cases = [
+        ({"actor": {**packed, "sequence_parallel_size": 3}}, "actor.sequence_parallel_size=3 must divide"),
+        ({"actor": {"sequence_parallel_size": 2}}, "set actor.use_dynamic_bsz=true"),
+        (
+            {"actor": {**packed, "sequence_parallel_size": 2}, "ref": {"log_prob_use_dynamic_bsz": False}},
+            "set ref.log_prob_use_dynamic_bsz=true",
+        ),
+        # a 96-token row over 2 ranks needs 48 tokens per GPU
+        (
+            {"actor": {**packed, "ppo_max_token_len_per_gpu": 47, "sequence_parallel_size": 2}},
+            "actor.ppo_max_token_len_per_gpu=47 is smaller than the longest row: rollout.prompt_length "
+            "+ rollout.response_length = 96 tokens / sequence_parallel_size 2; raise it to at least 48",
+        ),
+        (
+            {"actor": {**packed, "sequence_parallel_size": 2}, "critic": packed},
+            "critic.ppo_max_token_len_per_gpu=48 is smaller",
+        ),
+    ]
+    for sections, needle in cases:
+        with pytest.raises(ConfigError) as err:
+            parse_config(_with(**{**base, **sections}))
+        assert needle in str(err.value), (needle, str(err.value))

@@ -154,12 +154,31 @@ def kv_bytes_per_token(model_path: str, trust_remote_code: bool, dtype: str, tp_
     return 2 * text.num_hidden_layers * max(1, kv_heads // tp_size) * head_dim * elem
 
 
-def auto_kv_cache_bytes(per_token: int, sequences: int, max_model_len: int, block: int = 16) -> int:
+KV_SHARE_OF_BUDGET = 0.75  # of gpu_memory_utilization x device memory; the rest: weights, activations, graphs
+
+
+def auto_kv_cache_bytes(
+    per_token: int, sequences: int, max_model_len: int, block: int = 16, cap: int | None = None
+) -> int:
     """The KV cache for ``sequences`` sequences of up to ``max_model_len`` tokens held at once (whole
     ``block``-token blocks, one spare block each), +25%, at least 1 GiB. Sized to the batch, the
-    engine skips vLLM's memory profiling, which other processes on the GPU can upset."""
+    engine skips vLLM's memory profiling, which other processes on the GPU can upset.
+
+    ``cap`` (bytes, see :func:`kv_cap_bytes`) bounds it: at reasoning lengths (a batch of 16k-token
+    rows) "every sequence at full length at once" outgrows the device, while the engine needs far
+    less — the cache is paged, most responses of a long-tailed batch are short, and when it is
+    full the scheduler runs fewer sequences at once instead of failing."""
     blocks = -(-max_model_len // block) + 1
-    return max(2**30, int(1.25 * sequences * blocks * block * per_token))
+    want = max(2**30, int(1.25 * sequences * blocks * block * per_token))
+    return want if cap is None else max(min(want, cap), min(2**30, cap))
+
+
+def kv_cap_bytes(gpu_memory_utilization: float, device_bytes: int | None = None) -> int:
+    """The most the auto KV cache takes: ``KV_SHARE_OF_BUDGET`` of the engine's share of the device
+    (``device_bytes``; None: the current CUDA device's memory)."""
+    if device_bytes is None:
+        device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return int(KV_SHARE_OF_BUDGET * gpu_memory_utilization * device_bytes)
 
 
 def start_engine(kwargs: dict[str, Any], *, cpu: bool, tp_size: int, distributed: bool) -> tuple[Any, float]:

@@ -61,6 +61,7 @@ from ppoflow.workers.rollout.vllm_engine import (
     engine_kwargs_for,
     is_cpu_platform,
     kv_bytes_per_token,
+    kv_cap_bytes,
     sampled_log_probs,
     set_engine_env,
     start_engine,
@@ -201,15 +202,14 @@ class VLLMRollout(Rollout):
         self, model_path: str, trust_remote_code: bool, dtype: str, sequences: int | None
     ) -> int | None:
         """The GPU KV budget of ``rollout.kv_cache_gib: auto``: this engine's share of the batch
-        (``sequences``, at most ``max_num_seqs``) at full length; None on CPU or for other settings."""
+        (``sequences``, at most ``max_num_seqs``) at full length, capped; None on CPU or for other settings."""
         config = self.config
         if self.cpu or config.kv_cache_gib != "auto":
             return None
-        seqs = config.engine_seqs(sequences)
-        if sequences:
-            seqs = min(seqs, sequences)
+        seqs = min(config.engine_seqs(sequences), sequences or config.engine_seqs(sequences))
         per_token = kv_bytes_per_token(model_path, trust_remote_code, dtype, self.tp_size)
-        return auto_kv_cache_bytes(per_token, seqs, config.prompt_length + config.response_length)
+        cap = kv_cap_bytes(config.gpu_memory_utilization)
+        return auto_kv_cache_bytes(per_token, seqs, config.prompt_length + config.response_length, cap=cap)
 
     @property
     def block_size(self) -> int:

@@ -15,6 +15,7 @@ from ppoflow.workers.rollout.vllm_engine import (
     auto_kv_cache_bytes,
     engine_kwargs_for,
     kv_bytes_per_token,
+    kv_cap_bytes,
     set_engine_env,
 )
 
@@ -92,6 +93,14 @@ def test_auto_kv_budget_matches_vllms_page_formula(tmp_path):
     assert need == int(1.25 * blocks * 24 * page)
     assert 2.8 * GIB < need < 2.9 * GIB  # vs ~40 GiB that gpu_memory_utilization 0.3 would map
     assert auto_kv_cache_bytes(per_token, sequences=1, max_model_len=16) == GIB  # the floor
+    # reasoning lengths: 256 rows of 512 + 16384 tokens would want ~60 GiB; on one H200 (139 GiB)
+    # at gpu_memory_utilization 0.3 the cap is 0.75 x 0.3 x 139 GiB ~ 31 GiB
+    h200 = int(139.8 * GIB)
+    long = auto_kv_cache_bytes(per_token, sequences=256, max_model_len=512 + 16384)
+    cap = kv_cap_bytes(0.3, h200)
+    assert long > 55 * GIB and cap == int(0.75 * 0.3 * h200)
+    assert auto_kv_cache_bytes(per_token, sequences=256, max_model_len=512 + 16384, cap=cap) == cap
+    assert auto_kv_cache_bytes(per_token, sequences=256, max_model_len=768, cap=cap) == need  # under it
 
 
 def test_kv_cache_gib_config_values():
