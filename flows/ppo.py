@@ -23,6 +23,10 @@ slots (file locks that free themselves when their holder dies), and the run's wo
 started when first needed, kept across the iterations, shut down at the end; on Ctrl-C or SIGTERM
 killed at once.
 
+With ``asynchronous.enable`` the iteration takes its rollout from the experiment's queue, which the
+``ppo-rollout`` flow fills ahead of it within ``asynchronous.max_staleness``
+(:mod:`ppoflow.flows.asynchronous`, :mod:`ppoflow.flows.rollout`; docs/async.md).
+
 Resume: every task returns its stored result when its outputs already exist, so retrying a failed
 flow run (``prefect flow-run retry``, the UI's button) or running the flow again resumes at the
 first unfinished task, with the same committed result as a run that never failed.
@@ -42,6 +46,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from ppoflow.flows.asynchronous import rollout_queue, trainer_roles
 from ppoflow.flows.schedule import pending_roles, run_iterations
 from ppoflow.flows.session import ExperimentSession, flow_run_key
 from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
@@ -106,7 +111,7 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
     if iterations < 0:
         raise ConfigError(f"iterations={iterations} must be >= 0")
     metrics: dict[str, Any] = {}
-    with ExperimentSession(cfg, get_run_logger(), flow_run_key()) as session:
+    with ExperimentSession(cfg, get_run_logger(), flow_run_key(), roles=trainer_roles(cfg)) as session:
         manifest = session.manifest if session.manifest is not None else _initialise(session, iterations)
         if iterations:
             manifest = _open_stream(session, manifest)
@@ -114,7 +119,8 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
             # the base policy's held-out score, on the actor group that saved it
             evaluate(session.key, 0, session.paths.url(manifest.actor_checkpoint))
         session.tracker.start(cfg.model_dump(mode="json"))
-        manifest, metrics = run_iterations(session.ctx, manifest, iterations, session.record)
+        with rollout_queue(session, manifest, iterations):  # asynchronous training: the producer
+            manifest, metrics = run_iterations(session.ctx, manifest, iterations, session.record)
         if iterations:
             session.plot_at_close(manifest)
     return {

@@ -131,9 +131,12 @@ def _submit(
 
 @dataclass
 class _Data:
-    """The data side of one iteration, submitted: the futures of its steps by name."""
+    """The data side of one iteration, submitted: the futures of its steps by name, and the same
+    under the names later steps read them as (a step that ``provides`` another, e.g. ``consume``
+    read as ``generate``)."""
 
     futures: dict[str, PrefectFuture[Any]]
+    reads: dict[str, PrefectFuture[Any]]
 
     def users(self, role: str) -> list[PrefectFuture[Any]]:
         """The submitted steps that run on ``role``'s group (an update of that group waits for them)."""
@@ -147,25 +150,32 @@ class _Data:
 def _submit_data(ctx: RunContext, n: int, start: Start) -> _Data:
     """Submit the ``rollout`` and ``score`` steps of iteration ``n`` that the config turns on."""
     futures: dict[str, PrefectFuture[Any]] = {}
+    reads: dict[str, PrefectFuture[Any]] = {}
     for spec in iteration_graph.steps(ctx.cfg, ("rollout", "score")):
-        futures[spec.name] = _submit(ctx, spec, n, start, futures)
-    return _Data(futures)
+        futures[spec.name] = reads[spec.name] = _submit(ctx, spec, n, start, reads)
+        if spec.provides:
+            reads[spec.provides] = futures[spec.name]
+    return _Data(futures, reads)
 
 
 def _updates(
     ctx: RunContext, n: int, start: Start, data: _Data, upcoming: _Data | None, last: bool
 ) -> IterationReceipts:
     """Submit iteration ``n``'s updates (after the data side of ``n + 1`` with one-step overlap:
-    the groups generate first, then train) and wait for them; the iteration's receipts. ``last``:
+    the groups generate first, then train), then what publishes their result (asynchronous
+    training: the policy for the producers), and wait for them; the iteration's receipts. ``last``:
     the end of a run, whose snapshot (``checkpoint.snapshot_at_end``: whatever ``snapshot_every``
     says) its commit waits for."""
     done = data.receipts()
     snap = last and ctx.cfg.checkpoint.snapshot_at_end
-    updates = []
+    reads = dict(data.reads)
     for spec in iteration_graph.steps(ctx.cfg, ("update",)):
         waits = upcoming.users(spec.role or "") if upcoming else None
-        updates.append(_submit(ctx, spec, n, start, data.futures, snapshot=snap, final=last, wait_for=waits))
-    return IterationReceipts.of([*done.values(), *_results(updates)])
+        reads[spec.name] = _submit(ctx, spec, n, start, reads, snapshot=snap, final=last, wait_for=waits)
+    for spec in iteration_graph.steps(ctx.cfg, ("publish",)):  # the new policy, for the producers
+        reads[spec.name] = _submit(ctx, spec, n, start, reads)
+    later = [f for name, f in reads.items() if name not in data.reads]
+    return IterationReceipts.of([*done.values(), *_results(later)])
 
 
 def _next_data_side(ctx: RunContext, n: int, start: Start, data: _Data) -> Start:
@@ -241,6 +251,9 @@ def run_iterations(
     (in the flow's thread) for each commit in order. Returns the last (manifest, metrics)."""
     one_step = ctx.cfg.algorithm.overlap == "one_step"
     start = Start.of(ctx.paths, manifest, one_step)
+    if iterations and iteration_graph.asynchronous(ctx.cfg):  # the version the producers start from
+        ctx.groups.prestart(pending_roles(ctx, start.iteration + 1))
+        TASKS["publish_policy"](ctx.key, start.iteration, start.actor)
     previous: Manifest | PrefectFuture[Manifest] = manifest
     commits = _Commits(ctx, manifest, on_commit)
     data: _Data | None = None

@@ -16,7 +16,8 @@ Entering takes, in this order (each released in reverse, whatever ends the block
    on Ctrl-C or SIGTERM the groups are killed at once (``worker_groups``).
 
 A reader of committed state (the ``ppo-eval`` flow) opens one with ``lock=False, preflight=False``:
-device slots and worker groups only.
+device slots and worker groups only; the rollout producer of asynchronous training (``ppo-rollout``)
+one more with ``slots=False`` when the trainer started it on the trainer's devices.
 
 Leaving: the groups are shut down and the slots released first; then, still under the lock, a
 failed run marks its MLflow run failed, and a run that trained draws the experiment's plot
@@ -88,7 +89,8 @@ class ExperimentSession:
     """A flow run's lock, manifest, device slots, worker groups, tracker and plot (module
     docstring). ``roles``: the worker classes of the run's groups
     (:class:`~ppoflow.tasks.run.groups.RunGroups`); ``lock``: take the experiment lock and read
-    the manifest; ``preflight``: run the ``preflight`` task before taking the device slots."""
+    the manifest; ``preflight``: run the ``preflight`` task before taking the device slots;
+    ``slots``: take them (a rollout producer the trainer started runs on the trainer's)."""
 
     def __init__(
         self,
@@ -99,10 +101,11 @@ class ExperimentSession:
         roles: dict[str, str] | None = None,
         lock: bool = True,
         preflight: bool = True,
+        slots: bool = True,
     ):
         self.cfg, self.logger, self.key = cfg, logger, key
         self.paths = ExperimentPaths.of(cfg)
-        self.roles, self.locking, self.preflight = roles, lock, preflight
+        self.roles, self.locking, self.preflight, self.slots = roles, lock, preflight, slots
         self.manifest: Manifest | None = None  # the committed state when the session opened
         self._tracker: Tracker | None = None
         self._plot: Manifest | None = None
@@ -138,9 +141,10 @@ class ExperimentSession:
             stack.push(self._close)  # runs after the slots are released, before the lock is
             if self.preflight:
                 preflight_task(self.key)
-            stack.enter_context(
-                device_slots(self.cfg, self.logger.info, run_id=self.key, wait_log=self.logger.warning)
-            )
+            if self.slots:
+                stack.enter_context(
+                    device_slots(self.cfg, self.logger.info, run_id=self.key, wait_log=self.logger.warning)
+                )
             stack.enter_context(worker_groups(self.key))  # the ranks free the devices before the slots
             self._stack = stack.pop_all()
         return self

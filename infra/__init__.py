@@ -8,6 +8,8 @@ remote/      the remote-call layer: the wire protocol, dispatch modes, metric me
              rank/ (the rank's entry point, the Worker base class, seeding), agent/ (a node's agent)
 experiment/  experiment state on storage: manifest, lock, metrics, plots, evaluation, retention,
              rollback, promotions, TensorBoard and MLflow tracking
+queue/       the rollout queue of asynchronous training: policy versions, batches and their
+             leases, the versions that sampled each token and the staleness bound
 checkpoint/  sharded DCP checkpoints of the trained models (marker, hashes, background writer),
              export to Hugging Face (full and LoRA), GGUF import
 config/      the experiment config: one pydantic tree, by section

@@ -29,6 +29,17 @@ Rank entries may also name a *point* inside a method instead of a method (:func:
                                         or every one with ``:always``). The push is a collective on
                                         live weights: name every rank of the group
 
+``kill:<point>:<n>`` SIGKILLs the flow process itself at a point of iteration (or rollout batch)
+<n> (:func:`maybe_kill`): what a crashed machine does to a run, with nothing cleaned up.
+
+    kill:publish:<n>                    the trainer dies while it publishes policy version <n>: its
+                                        weights written, the pointer to them not yet moved
+    kill:policy_load:<n>                the rollout producer dies while it loads a new policy
+                                        version into its engine for batch <n>
+
+A process started again by its parent (the rollout producer by the trainer) gets no ``kill``
+entry (:func:`without_kills`).
+
 Each entry fires once per process, so the task's retry (or the rebuilt group) passes. Append
 ``:always`` to an entry to make it fire every time (e.g. to exhaust a task's retries and fail the
 flow run, then resume it with ``prefect flow-run retry`` or by running the flow again).
@@ -65,6 +76,8 @@ __all__ = [
     "rank_skips",
     "WEIGHT_PUSH",
     "reset",
+    "maybe_kill",
+    "without_kills",
 ]
 
 ENV_VAR = "PPOFLOW_FAULT"
@@ -76,6 +89,7 @@ CHECKPOINT_PUBLISH = "checkpoint_publish"
 WEIGHT_PUSH = "weight_push"
 TASK_POINTS = ("before", "after")
 RANK_KINDS = ("rank_exit", "rank_raise", "node_exit", "rank_skip")
+KILL = "kill"
 
 _fired: set[str] = set()
 _lock = threading.Lock()
@@ -118,13 +132,13 @@ def parse(spec: str | None) -> list[Fault]:
         name, at, n = parts[1].partition("@") if len(parts) > 1 else ("", "", "")
         ok = len(parts) == 3 and (
             (parts[0] == "task" and parts[2] in TASK_POINTS and bool(name) and (not at or n.isdigit()))
-            or (parts[0] in RANK_KINDS and parts[2].isdigit())
+            or ((parts[0] in RANK_KINDS or parts[0] == KILL) and parts[2].isdigit())
         )
         if not ok:
             raise ValueError(
                 f"{ENV_VAR}: bad entry {item!r}; allowed: task:<task>[@<iteration>]:before|after, "
                 f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank>, node_exit:<method>:<rank>, "
-                "rank_skip:<point>:<rank> (each optionally + ':always')"
+                "rank_skip:<point>:<rank>, kill:<point>:<n> (each optionally + ':always')"
             )
         faults.append(Fault(parts[0], parts[1], parts[2], always, item))
     return faults
@@ -147,6 +161,22 @@ def maybe_fail(task: str, point: str, iteration: int | None = None) -> None:
             raise FaultInjected(
                 f"injected fault ({ENV_VAR}={fault.text}): task {task!r} fails {point} its work"
             )
+
+
+def maybe_kill(point: str, n: int) -> None:
+    """SIGKILL this process if ``PPOFLOW_FAULT`` has ``kill:<point>:<n>`` (module docstring)."""
+    for fault in _current():
+        if fault.kind == KILL and fault.target == point and fault.where == str(n):
+            import signal
+            import sys
+
+            print(f"[ppoflow] injected fault: killed at {point} {n}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def without_kills(spec: str | None) -> str:
+    """A ``PPOFLOW_FAULT`` value without its ``kill`` entries (for a process started again)."""
+    return ",".join(f.text for f in parse(spec) if f.kind != KILL)
 
 
 def rank_fault_env() -> dict[str, str]:

@@ -5,6 +5,7 @@ The iteration's steps, what each reads, where it runs and when, are one table:
 
     preflight        checks data, models, reward, storage and checkpoints before anything starts
     init_experiment  iteration 0 of a new experiment (base-weight checkpoints, manifest 0)
+    produce          one batch of the rollout queue (the ``ppo-rollout`` flow's, asynchronous training)
 
 and :data:`TASKS`, every step's Prefect task by the step's name. ``ppoflow.tasks.run`` holds the
 flow-run-scoped state (worker groups, inputs) the tasks look up by run key.
@@ -14,11 +15,14 @@ from typing import Any
 
 from ppoflow.tasks.advantage import advantage
 from ppoflow.tasks.commit import commit, init_experiment
+from ppoflow.tasks.consume import consume
 from ppoflow.tasks.evaluate import evaluate
 from ppoflow.tasks.generate import generate
 from ppoflow.tasks.graph import STEPS
 from ppoflow.tasks.preflight import preflight
-from ppoflow.tasks.score import ref_log_prob, rm_score, values
+from ppoflow.tasks.produce import produce
+from ppoflow.tasks.publish import publish_policy
+from ppoflow.tasks.score import old_log_prob, ref_log_prob, rm_score, values
 from ppoflow.tasks.update import update_actor, update_critic
 
 #: The Prefect task of every step of :data:`ppoflow.tasks.graph.STEPS`, by the step's name.
@@ -26,12 +30,15 @@ TASKS: dict[str, Any] = {
     t.name: t
     for t in (
         generate,
+        consume,
+        old_log_prob,
         ref_log_prob,
         values,
         rm_score,
         advantage,
         update_actor,
         update_critic,
+        publish_policy,
         evaluate,
         commit,
     )
@@ -44,10 +51,14 @@ __all__ = [
     "TASKS",
     "advantage",
     "commit",
+    "consume",
     "evaluate",
     "generate",
     "init_experiment",
+    "old_log_prob",
     "preflight",
+    "produce",
+    "publish_policy",
     "ref_log_prob",
     "rm_score",
     "update_actor",

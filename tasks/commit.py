@@ -9,8 +9,9 @@ the next iteration already runs; a lost one is recomputed, see ``RunContext.mate
 not for a deferred snapshot (tasks/update.py), whose state the manifest's replay chain covers
 until a later commit finds it written (``Manifest.settled``) — gather
 the receipts of iteration n into ``iterations/n/metrics.json``, then publish manifest n (new
-checkpoints, the data cursor after this batch, the KL controller's coefficient), and finally apply
-the retention policy (``checkpoint.keep_last`` / ``keep_every``). Both check first that this run
+checkpoints, the data cursor after this batch, the KL controller's coefficient; with asynchronous
+training the record of the queue's batch it consumed), and finally apply the retention policy
+(``checkpoint.keep_last`` / ``keep_every``; the queue's consumed batches). Both check first that this run
 still holds the experiment lock. A commit that finds manifest n already published returns it (a
 retried commit). The manifest never names a checkpoint that is not complete.
 """
@@ -34,6 +35,8 @@ from ppoflow.infra.experiment.manifest import (
 from ppoflow.infra.experiment.metrics import throughput_metrics
 from ppoflow.infra.experiment.retention import apply_retention
 from ppoflow.infra.faults import maybe_fail
+from ppoflow.infra.queue.control import retain as retain_queue
+from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.tasks.graph import critical_path, trained_roles
 from ppoflow.tasks.receipts import IterationReceipts, Receipt
 from ppoflow.tasks.replay import replay_entry
@@ -195,15 +198,19 @@ def _manifest(
         before=_evaluation_of_zero(paths) if n == 1 else None,
         updated=_updated(cfg, paths, receipts),
         data_files=ctx.inputs.data_files,
+        consumed=receipts.consumed,
     ).settled(lambda ref: is_complete(paths.url(ref) or ""))
 
 
 def _retain(ctx, n: int, manifest: Manifest, logger) -> None:
-    """Apply the retention policy after commit ``n`` (a failure is logged: the next commit retries)."""
+    """Apply the retention policy after commit ``n`` (a failure is logged: the next commit retries);
+    with asynchronous training also to the rollout queue (the batches up to n are consumed)."""
     try:
-        removed = apply_retention(ctx.paths, ctx.cfg.checkpoint, manifest)
+        removed = [ctx.paths.ref(u) for u in apply_retention(ctx.paths, ctx.cfg.checkpoint, manifest)]
+        if ctx.cfg.asynchronous.enable:
+            removed += [f"queue/{ref}" for ref in retain_queue(QueuePaths(ctx.paths.root), n)]
     except Exception as exc:  # noqa: BLE001 - the commit stands; the next one retries the cleanup
         logger.warning(f"retention after commit {n} failed (the next commit tries again): {exc}")
     else:
         if removed:
-            logger.info(f"retention: removed {', '.join(ctx.paths.ref(u) for u in removed)}")
+            logger.info(f"retention: removed {', '.join(removed)}")

@@ -36,23 +36,10 @@ from ppoflow.infra.experiment.metrics import reduce_rank_metrics
 from ppoflow.infra.rewards.remote import run_reward
 from ppoflow.infra.rewards.rollouts import outcome_scores
 from ppoflow.tasks.receipts import GenerateReceipt
+from ppoflow.tasks.run.inputs import iteration_seed, round_seed
 from ppoflow.tasks.step import Step, ppo_task
 
 __all__ = ["generate", "iteration_seed", "round_seed", "keep_informative_groups"]
-
-
-def iteration_seed(seed: int, rollout_seed: int, n: int) -> int:
-    """The sampling seed of iteration ``n``: a function of the config's seeds and ``n`` only."""
-    return int(np.random.SeedSequence([int(seed), int(rollout_seed), int(n)]).generate_state(1)[0] >> 1)
-
-
-def round_seed(seed: int, rollout_seed: int, n: int, round_: int) -> int:
-    """The sampling seed of dynamic-sampling round ``round_`` of iteration ``n`` (round 0 is the
-    iteration's own seed, so one round samples exactly what generation without it does)."""
-    if round_ == 0:
-        return iteration_seed(seed, rollout_seed, n)
-    words = [int(seed), int(rollout_seed), int(n), int(round_)]
-    return int(np.random.SeedSequence(words).generate_state(1)[0] >> 1)
 
 
 def keep_informative_groups(batch: DataProto, scores: list[float], wanted: int) -> tuple[DataProto, int, int]:
@@ -104,20 +91,10 @@ def _prompts(
     step: Step[GenerateReceipt], cursor: DataCursor, r: int, url: str
 ) -> tuple[int, DataCursor, int]:
     """Write round ``r``'s prompt batch from ``cursor`` at ``url``: (rows, next cursor, truncated)."""
-    cfg, ctx = step.cfg, step.ctx
-    rows, next_cursor = ctx.inputs.dataset.take(
-        cursor, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
-    )
-    prompts, stats = ctx.inputs.dataset.tokenize(
-        rows,
-        ctx.inputs.tokenizer,
-        prompt_length=cfg.rollout.prompt_length,
-        apply_chat_template=cfg.data.apply_chat_template,
-        meta_info={"iteration": step.n, "seed": round_seed(cfg.seed, cfg.rollout.seed, step.n, r)},
-        truncation=cfg.data.truncation,
-    )
-    prompts.save(url)
-    return len(rows), next_cursor, int(stats["truncated"])
+    cfg = step.cfg
+    meta = {"iteration": step.n, "seed": round_seed(cfg.seed, cfg.rollout.seed, step.n, r)}
+    prompts, next_cursor, truncated = step.ctx.inputs.write_prompts(cursor, meta, url)
+    return len(prompts), next_cursor, truncated
 
 
 @ppo_task("generate", GenerateReceipt, roles=("actor",))

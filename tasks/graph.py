@@ -11,13 +11,19 @@ when it runs given the config. Everything that needs the graph derives it from h
     critical_path()              the stages, for ``timing_s/critical_path``
     picture()                    the graph as text (the README and docs/internals.md show it)
 
-The flow submits the rows of the ``rollout``, ``score`` and ``update`` phases generically
+The flow submits the rows of the ``rollout``, ``score``, ``update`` and ``publish`` phases generically
 (:mod:`ppoflow.flows.schedule`): a step's task is called as ``task(run, n, *reads, [gathers],
 *state, **options)``, where ``reads`` are the receipts of the named steps, ``gathers`` the receipts
 of the named steps that run (one list; steps whose config turns them off are left out) and
 ``state`` fields of the iteration's start (``flows.schedule.Start``: ``rollout_actor``,
 ``actor``, ``kl_coef``, ...). ``evaluate`` (every ``evaluation.every`` iterations) and ``commit``
 (pipelined, in order) are placed by the schedule itself; their rows give their stage and role.
+
+Asynchronous training (``asynchronous.enable``, docs/async.md) swaps rows, not the schedule:
+``consume`` takes the iteration's batch from the queue instead of ``generate`` sampling it (it
+*provides* ``generate``: the steps that read the rollout read it), ``old_log_prob`` recomputes the
+PPO ratio's denominator on the actor (decoupled PPO's proximal policy), and ``publish_policy``
+writes the policy after ``update_actor`` for the producers.
 
 Adding a step: write its task with :func:`ppoflow.tasks.step.ppo_task`, export it from
 :mod:`ppoflow.tasks`, and add its row here (docs/internals.md, "Adding a step").
@@ -42,7 +48,7 @@ __all__ = [
     "output_of",
 ]
 
-Phase = Literal["rollout", "score", "update", "evaluate", "commit"]
+Phase = Literal["rollout", "score", "update", "publish", "evaluate", "commit"]
 
 
 def needs_reference(cfg: Any) -> bool:
@@ -66,6 +72,15 @@ def _held_out(cfg: Any) -> bool:
     return bool(cfg.data.val_files)
 
 
+def asynchronous(cfg: Any) -> bool:
+    """True when the iteration consumes its rollout from the queue (``asynchronous.enable``)."""
+    return bool(cfg.asynchronous.enable)
+
+
+def _synchronous(cfg: Any) -> bool:
+    return not asynchronous(cfg)
+
+
 @dataclass(frozen=True)
 class StepSpec:
     """One step of the iteration (see the module docstring)."""
@@ -80,14 +95,47 @@ class StepSpec:
     output: str | None = None
     runs_if: Callable[[Any], bool] = _always
     when: str = ""
+    provides: str | None = None  # the step later steps read it as (it stands in for that step)
 
     def runs(self, cfg: Any) -> bool:
         """Whether this step runs in an iteration of ``cfg``."""
         return self.runs_if(cfg)
 
 
+_ASYNC = "with asynchronous training"
+
 STEPS: tuple[StepSpec, ...] = (
-    StepSpec("generate", 0, "rollout", "actor", state=("rollout_actor", "cursor"), output="rollout"),
+    StepSpec(
+        "generate",
+        0,
+        "rollout",
+        "actor",
+        state=("rollout_actor", "cursor"),
+        output="rollout",
+        runs_if=_synchronous,
+        when="without asynchronous training",
+    ),
+    StepSpec(
+        "consume",
+        0,
+        "rollout",
+        state=("cursor",),
+        output="rollout",
+        runs_if=asynchronous,
+        when=_ASYNC,
+        provides="generate",
+    ),
+    StepSpec(
+        "old_log_prob",
+        1,
+        "score",
+        "actor",
+        reads=("generate",),
+        state=("actor",),
+        output="old_log_prob",
+        runs_if=asynchronous,
+        when=_ASYNC,
+    ),
     StepSpec(
         "ref_log_prob",
         1,
@@ -124,7 +172,7 @@ STEPS: tuple[StepSpec, ...] = (
         2,
         "score",
         reads=("generate",),
-        gathers=("ref_log_prob", "values", "rm_score"),
+        gathers=("old_log_prob", "ref_log_prob", "values", "rm_score"),
         state=("kl_coef",),
         output="advantages",
     ),
@@ -138,6 +186,15 @@ STEPS: tuple[StepSpec, ...] = (
         state=("critic",),
         runs_if=_critic,
         when="with a critic",
+    ),
+    StepSpec(
+        "publish_policy",
+        4,
+        "publish",
+        "actor",
+        reads=("update_actor",),
+        runs_if=asynchronous,
+        when=_ASYNC,
     ),
     StepSpec(
         "evaluate",
@@ -155,15 +212,20 @@ STEP: dict[str, StepSpec] = {s.name: s for s in STEPS}
 
 
 def _check(table: Iterable[StepSpec]) -> None:
-    """Every step reads only steps of earlier stages; names are unique."""
+    """Every step reads only steps of earlier stages (or a step standing in for one: ``provides``);
+    names are unique."""
     seen: dict[str, int] = {}
+    names: set[str] = set()
     for s in table:
-        if s.name in seen:
+        if s.name in names:
             raise ValueError(f"step {s.name!r} is declared twice")
+        names.add(s.name)
         for up in (*s.reads, *s.gathers):
             if seen.get(up, s.stage) >= s.stage:
                 raise ValueError(f"step {s.name!r} reads {up!r}, which is not a step of an earlier stage")
-        seen[s.name] = s.stage
+        for name in (s.name, s.provides):
+            if name is not None:
+                seen[name] = min(seen.get(name, s.stage), s.stage)
 
 
 _check(STEPS)
@@ -188,7 +250,7 @@ def pending_roles(cfg: Any, missing: Callable[[str], bool]) -> list[str]:
     receipt yet), in the table's order of roles; evaluation is not counted (it runs on the actor
     group that the update just used)."""
     roles: list[str] = []
-    for s in steps(cfg, ("rollout", "score", "update")):
+    for s in steps(cfg, ("rollout", "score", "update", "publish")):
         if s.role is not None and s.role not in roles and missing(s.name):
             roles.append(s.role)
     return roles

@@ -35,6 +35,7 @@ from ppoflow.infra.experiment.manifest import ExperimentPaths
 __all__ = [
     "Receipt",
     "GenerateReceipt",
+    "ConsumeReceipt",
     "AdvantageReceipt",
     "IterationReceipts",
     "find_receipt",
@@ -96,6 +97,15 @@ class GenerateReceipt(Receipt):
     next_cursor: DataCursor
     seed: int
     truncated_prompts: int = 0
+
+
+class ConsumeReceipt(GenerateReceipt):
+    """``consume`` (asynchronous training): the generate receipt's fields, and the record of the
+    queue's batch the iteration took (``ppoflow.infra.queue.batches``: its file relative to the
+    experiment, content hash, size, rows, the versions that sampled it), which ``commit`` stores in
+    the manifest."""
+
+    batch: dict[str, Any] = Field(default_factory=dict)
 
 
 class AdvantageReceipt(Receipt):
@@ -198,14 +208,23 @@ class IterationReceipts(BaseModel):
     def of(cls, receipts: list[Receipt]) -> IterationReceipts:
         """The iteration's receipts from a list (each names its step)."""
         by_step = {r.task: r for r in receipts}
-        missing = {"generate", "advantage"} - set(by_step)
+        missing = {"advantage"} - set(by_step)
+        if not {"generate", "consume"} & set(by_step):
+            missing.add("generate (or consume)")
         if missing:
             raise ValueError(f"an iteration's receipts need {sorted(missing)}; got {sorted(by_step)}")
         return cls(by_step=by_step)
 
     @property
     def generate(self) -> GenerateReceipt:
-        return cast(GenerateReceipt, self.by_step["generate"])
+        """The receipt of the iteration's rollout: ``generate``'s, or ``consume``'s (asynchronous)."""
+        return cast(GenerateReceipt, self.by_step.get("generate") or self.by_step["consume"])
+
+    @property
+    def consumed(self) -> dict[str, Any] | None:
+        """The record of the queue's batch the iteration consumed (asynchronous training), or None."""
+        receipt = self.by_step.get("consume")
+        return dict(cast(ConsumeReceipt, receipt).batch) if receipt is not None else None
 
     @property
     def advantage(self) -> AdvantageReceipt:

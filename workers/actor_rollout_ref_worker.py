@@ -5,6 +5,7 @@ with role one of
 
     actor_rollout_ref   trained actor + rollout engine + frozen reference (the hybrid engine)
     actor_rollout       trained actor + rollout engine
+    actor_ref           trained actor + frozen reference (asynchronous training: another group samples)
     actor               trained actor only
     rollout             rollout engine + an FSDP copy of the policy (no optimizer) for old log-probs
     ref                 frozen reference only
@@ -22,6 +23,7 @@ Driver-callable methods (see ``ppoflow.infra.remote.driver.group.WorkerGroup.cal
     wait_checkpoint()                         ONE_TO_ALL   -> the background write's result (or None)
     checkpoint_write_status()                 ONE_TO_ALL   -> the background write, not waiting (or None)
     load_checkpoint(url, with_optimizer=True) ONE_TO_ALL   -> the saved ``extra`` dict
+    load_policy(url)                          ONE_TO_ALL   -> the engine samples from these weights next
 
 Data parallelism: every DP_COMPUTE_PROTO method is dispatched over all ranks (``dp_rank = rank``,
 ``dp_size = world_size``), whatever the rollout engine's tensor parallelism. With vLLM TP = t the
@@ -52,7 +54,7 @@ from typing import Any
 
 from ppoflow.infra.config import FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
-from ppoflow.infra.remote.rank.seeding import seed_rngs
+from ppoflow.infra.remote.rank.seeding import preserved_rngs, seed_rngs
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.actor import DataParallelPPOActor
 from ppoflow.workers.checkpointing import CheckpointMethods
@@ -68,7 +70,7 @@ from ppoflow.workers.worker_setup import parse_worker_config
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
 
-ROLES = ("actor_rollout_ref", "actor_rollout", "actor", "rollout", "ref")
+ROLES = ("actor_rollout_ref", "actor_rollout", "actor_ref", "actor", "rollout", "ref")
 
 
 class ActorRolloutRefWorker(CheckpointMethods, Worker):
@@ -77,9 +79,9 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
     def __init__(self, config: dict[str, Any]):
         super().__init__(config)
         self.cfg, self.role = parse_worker_config(config, ROLES, "actor_rollout_ref")
-        self.is_actor = self.role in ("actor_rollout_ref", "actor_rollout", "actor")
+        self.is_actor = self.role in ("actor_rollout_ref", "actor_rollout", "actor_ref", "actor")
         self.is_rollout = self.role in ("actor_rollout_ref", "actor_rollout", "rollout")
-        self.is_ref = self.role in ("actor_rollout_ref", "ref")
+        self.is_ref = self.role in ("actor_rollout_ref", "actor_ref", "ref")
         self.actor: DataParallelPPOActor | None = None
         self.ref: DataParallelPPOActor | None = None
         self.rollout: Any = None
@@ -240,7 +242,8 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
                 log_prob_section="ref",
             )
         if self.is_rollout:
-            info["rollout"] = self._build_rollout()
+            with preserved_rngs():  # the engine reseeds them: a group with one starts as one without
+                info["rollout"] = self._build_rollout()
         info["init_s"] = round(time.perf_counter() - t0, 3)
         return info
 
@@ -364,6 +367,17 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
     # ------------------------------------------------------------------ checkpoints
     def _trained(self) -> DataParallelPPOActor:
         return self._need("actor")
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_policy(self, url: str) -> None:
+        """Sample from the weights of checkpoint ``url`` (a published policy version, weights only)
+        from the next rollout on: an engine with ``weight_push`` loads them on its next entry; an
+        engine that samples with the policy module itself (HF) gets them loaded into it now."""
+        rollout = self._need("rollout")
+        if rollout.spec.can("weight_push"):
+            self.sharding_manager.set_source_checkpoint(url)
+        else:
+            self.load_checkpoint(url, with_optimizer=False)
 
     def _checkpoint_loaded(self, url: str) -> None:
         if self.sharding_manager is not None:

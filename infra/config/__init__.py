@@ -9,12 +9,13 @@ silently ignored setting. Workers receive ``config.model_dump(mode="json")`` and
 
 The sections live by subject: ``models`` (policy, reference, critic, reward), ``iteration``
 (rollout, algorithm, data), ``multiturn`` (the rollout's episodes), ``evaluation`` (held-out
-evaluation), ``system`` (storage, checkpoints, resources), ``experiment`` (the whole tree and the
+evaluation), ``asynchronous`` (the rollout queue of asynchronous training), ``system`` (storage, checkpoints, resources), ``experiment`` (the whole tree and the
 checks that span sections); ``names`` holds their shared pieces (the section base, dtypes, names
 checked against the registries), ``recipes`` the named recipes (PPO, GRPO, ...), ``loading``
 YAML in and out and its errors.
 """
 
+from ppoflow.infra.config.asynchronous import AsyncConfig, ProducerPlacement
 from ppoflow.infra.config.correction import RolloutCorrectionConfig
 from ppoflow.infra.config.evaluation import EvaluationConfig
 from ppoflow.infra.config.experiment import ExperimentConfig
@@ -44,6 +45,8 @@ from ppoflow.infra.config.system import CheckpointConfig, RendezvousConfig, Reso
 
 __all__ = [
     "ExperimentConfig",
+    "AsyncConfig",
+    "ProducerPlacement",
     "EvaluationConfig",
     "ModelConfig",
     "FSDPConfig",

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from ppoflow.infra.config.asynchronous import AsyncConfig, check_asynchronous
 from ppoflow.infra.config.correction import check_rollout_correction
 from ppoflow.infra.config.evaluation import EvaluationConfig
 from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, RolloutConfig
@@ -38,6 +39,11 @@ class ExperimentConfig(Section):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    asynchronous: AsyncConfig = Field(
+        default_factory=AsyncConfig,
+        description="training that does not wait for generation: a staleness-bounded queue of "
+        "rollouts on storage between a producer flow and the trainer (docs/async.md)",
+    )
     seed: int = 0
 
     @model_validator(mode="before")
@@ -136,6 +142,11 @@ class ExperimentConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _check_asynchronous(self) -> ExperimentConfig:
+        check_asynchronous(self)
+        return self
+
+    @model_validator(mode="after")
     def _check_lora(self) -> ExperimentConfig:
         """LoRA's settings against the engine and the model's other options."""
         lora = self.actor.lora
@@ -169,6 +180,22 @@ class ExperimentConfig(Section):
                 "actor.lora.sync=merged"
             )
         return self
+
+    def producer_config(self) -> ExperimentConfig:
+        """This config as the rollout producer's flow runs it: ``resources`` with
+        ``asynchronous.producer``'s placement (its group's ranks always on the flow's host)."""
+        p = self.asynchronous.producer
+        res = self.resources
+        resources = res.model_copy(
+            update={
+                "launch": "local",
+                "nprocs": p.nprocs or res.nprocs,
+                "device": p.device or res.device,
+                "visible_devices": p.visible_devices or res.visible_devices,
+                "threads_per_rank": p.threads_per_rank or res.threads_per_rank,
+            }
+        )
+        return self.model_copy(update={"resources": resources})
 
     def overlong_buffer_length(self) -> int:
         """The overlong buffer in tokens (its ``length``, else a fifth of the response length)."""

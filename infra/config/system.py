@@ -153,6 +153,11 @@ class ResourcesConfig(Section):
     )
     device: Literal["cpu", "cuda"] = "cpu"
     threads_per_rank: int | None = Field(None, description="CPU threads per rank; None = cores / ranks")
+    visible_devices: str | None = Field(
+        None,
+        description="CUDA_VISIBLE_DEVICES of the groups' ranks (e.g. '0'; asynchronous training puts "
+        "the rollout group elsewhere with asynchronous.producer.visible_devices); None: inherited",
+    )
     connect_timeout_s: float = Field(
         120.0,
         gt=0,

@@ -81,7 +81,11 @@ def _pid_alive(pid: int, start: str | None) -> bool:
 
 
 class ExperimentLock:
-    """The lock on one experiment (see the module docstring)."""
+    """The lock on one experiment (see the module docstring). The same lease guards other records
+    several processes compete for (a rollout producer's claim on a batch): ``what`` names it in
+    the messages of a subclass."""
+
+    what = "experiment lock"
 
     def __init__(
         self,
@@ -173,7 +177,7 @@ class ExperimentLock:
                     f"another host its lock expires {self.stale_after_s:.0f} s after its last "
                     f"heartbeat (or delete {self.url} once you are sure it is dead)."
                 )
-            self.log(f"taking over the stale experiment lock of run {owner.get('run_id')}: {reason}")
+            self.log(f"taking over the stale {self.what} of run {owner.get('run_id')}: {reason}")
             if backend.replace(self.url, self._content(), version) is not None:
                 return self._started()  # the takeover is one conditional write
         raise ExperimentLocked(
@@ -219,13 +223,13 @@ class ExperimentLock:
                 failed = outcome[0]
                 if now + self.heartbeat_s < self._lease_end():  # one more try fits
                     self.log(
-                        f"experiment lock heartbeat failed ({silent:.0f} s since the last renewal): {failed}"
+                        f"{self.what} heartbeat failed ({silent:.0f} s since the last renewal): {failed}"
                     )
                     continue
             hung = "" if outcome else "; the last renewal got no answer before the lease ended"
             exc = failed or TimeoutError(f"no answer from the storage for {silent:.0f} s")
             self.lost_reason = (
-                f"this run could not renew the experiment lock {self.url} for {silent:.0f} s "
+                f"this run could not renew the {self.what} {self.url} for {silent:.0f} s "
                 f"(last error: {type(exc).__name__}: {exc}{hung}); after {self.stale_after_s:.0f} s "
                 "another run may take it over, so this run stopped writing and committed nothing more"
             )
@@ -255,7 +259,7 @@ class ExperimentLock:
             self.lost = True
             self._stop.set()
             self.log(
-                f"experiment lock {self.url} was taken over by run "
+                f"{self.what} {self.url} was taken over by run "
                 f"{(owner or {}).get('run_id')}; this run stops before its next commit"
             )
         else:
@@ -268,7 +272,7 @@ class ExperimentLock:
             raise LeaseExpired(self.lost_reason)
         if self.lost or not self._held:
             raise ExperimentLocked(
-                f"this run no longer holds the experiment lock {self.url}; "
+                f"this run no longer holds the {self.what} {self.url}; "
                 f"another run took the experiment over, so nothing is committed"
             )
 

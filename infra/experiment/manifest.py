@@ -11,6 +11,8 @@
         data/after/000012.json           the training files the runs after iteration 12 read
                                          (ppoflow.infra.data.stream; and data/runs/<run>.json)
         promoted, promoted.json          the promoted policy (ppoflow.infra.experiment.promotion)
+        queue/                           asynchronous training's rollouts and policy versions
+                                         (ppoflow.infra.queue)
 
 Manifests and receipts store paths relative to the experiment root (``ExperimentPaths.ref`` /
 ``url``), so an experiment directory can be copied or moved as a whole.
@@ -102,6 +104,9 @@ class Manifest:
     # the training files read so far, in stream order: {url, rows, bytes, xxh3, joined}
     # (ppoflow.infra.data.stream)
     data_files: list[dict[str, Any]] = field(default_factory=list)
+    # asynchronous training: the queue's batch this iteration consumed ({file, xxh3, bytes, rows,
+    # versions, ...}: ppoflow.infra.queue.batches; the same bytes as iterations/n/rollout.arrow)
+    consumed: dict[str, Any] | None = None
 
     def state(self, role: str) -> str | None:
         """The reference of ``role``'s state after this iteration (written or to be replayed)."""
@@ -227,13 +232,15 @@ def next_manifest(
     before: dict[str, Any] | None = None,
     updated: dict[str, dict[str, Any] | None] | None = None,
     data_files: list[dict[str, Any]] | None = None,
+    consumed: dict[str, Any] | None = None,
 ) -> Manifest:
     """Manifest ``prev.iteration + 1`` after an iteration ran with ``cfg``. ``before``: metrics of
     iteration ``prev.iteration`` measured after it was committed (the evaluation of iteration 0,
     which runs once manifest 0 exists), added to the trend ahead of the new iteration's row.
     ``updated``: the roles this iteration updated, each with None (its state was written) or the
     record of the update to replay (``ppoflow.tasks.replay.replay_entry``). ``data_files``: the
-    records of the files the run trains on (default: ``prev``'s)."""
+    records of the files the run trains on (default: ``prev``'s). ``consumed``: the record of the
+    queue's batch the iteration trained on (asynchronous training)."""
     n = prev.iteration + 1
     row = {"iteration": n, **{k: metrics[k] for k in TREND_KEYS if k in metrics}}
     rows = (
@@ -259,6 +266,7 @@ def next_manifest(
         ),
         replay=_chains(prev.replay, updated or {}),
         data_files=[dict(r) for r in (prev.data_files if data_files is None else data_files)],
+        consumed=consumed,
     )
 
 

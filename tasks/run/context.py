@@ -9,8 +9,9 @@ key; each task looks the context up with :func:`get_run`. A context is made of
 - ``inputs``  (:class:`~ppoflow.tasks.run.inputs.RunInputs`): the tokenizer and the dataset;
 - ``writes``  (:class:`~ppoflow.tasks.checkpoints.Writes`): the checkpoints being written in the
   background;
-- ``lock``: the experiment lock the flow holds; and the routing of rank output into the log of
-  the task currently using a group (:meth:`RunContext.using`; else the flow's logger).
+- ``lock``: the experiment lock the flow holds; ``producer``: with asynchronous training, the
+  rollout producer the flow started and watches (None otherwise); and the routing of rank output
+  into the log of the task currently using a group (:meth:`RunContext.using`; else the flow's logger).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class RunContext:
         self.paths = ExperimentPaths.of(cfg)
         self.log = log or _LOG
         self.lock: Any = None  # the ExperimentLock, set by the flow
+        self.producer: Any = None  # the rollout producer the flow started (an object with check())
         self._sinks: dict[str, Any] = {}
         # a wait for a write also ends when this run loses its experiment lock
         self.writes = Writes(timeout_s=cfg.checkpoint.wait_timeout_s, check=self._check_lock)
@@ -50,6 +52,13 @@ class RunContext:
     def _check_lock(self) -> None:
         if self.lock is not None:
             self.lock.check()
+
+    def check_producer(self) -> None:
+        """While a task waits for the rollout queue: raise if this run lost its lock, and let the
+        producer the flow started say whether it still runs (it is started again, or raises)."""
+        self._check_lock()
+        if self.producer is not None:
+            self.producer.check()
 
     @property
     def closed(self) -> bool:

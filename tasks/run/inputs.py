@@ -1,13 +1,31 @@
-"""What a flow run reads once and every task shares: the policy's tokenizer and the prompt dataset."""
+"""What a flow run reads once and every task shares: the policy's tokenizer and the prompt dataset,
+the prompt batch at a data cursor, and the sampling seed of an iteration (what ``generate`` and,
+with asynchronous training, the producer's and the trainer's ``consume`` agree on)."""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
+import numpy as np
+
 from ppoflow.infra.config import ExperimentConfig
 
-__all__ = ["RunInputs"]
+__all__ = ["RunInputs", "iteration_seed", "round_seed"]
+
+
+def iteration_seed(seed: int, rollout_seed: int, n: int) -> int:
+    """The sampling seed of iteration ``n``: a function of the config's seeds and ``n`` only."""
+    return int(np.random.SeedSequence([int(seed), int(rollout_seed), int(n)]).generate_state(1)[0] >> 1)
+
+
+def round_seed(seed: int, rollout_seed: int, n: int, round_: int) -> int:
+    """The sampling seed of dynamic-sampling round ``round_`` of iteration ``n`` (round 0 is the
+    iteration's own seed, so one round samples exactly what generation without it does)."""
+    if round_ == 0:
+        return iteration_seed(seed, rollout_seed, n)
+    words = [int(seed), int(rollout_seed), int(n), int(round_)]
+    return int(np.random.SeedSequence(words).generate_state(1)[0] >> 1)
 
 
 class RunInputs:
@@ -76,6 +94,25 @@ class RunInputs:
                     )
                 self._dataset = dataset
             return self._dataset
+
+    def write_prompts(self, cursor: Any, meta_info: dict[str, Any], url: str) -> tuple[Any, Any, int]:
+        """Tokenize the ``data.train_batch_size`` prompts at ``cursor`` (``meta_info`` in the
+        batch's) and write them at ``url``: (the prompt batch, the cursor after it, how many prompts
+        were truncated)."""
+        cfg = self.cfg
+        rows, next_cursor = self.dataset.take(
+            cursor, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
+        )
+        prompts, stats = self.dataset.tokenize(
+            rows,
+            self.tokenizer,
+            prompt_length=cfg.rollout.prompt_length,
+            apply_chat_template=cfg.data.apply_chat_template,
+            meta_info=meta_info,
+            truncation=cfg.data.truncation,
+        )
+        prompts.save(url)
+        return prompts, next_cursor, int(stats["truncated"])
 
     def val_dataset(self, files: list[str]) -> Any:
         """The held-out prompts of ``files`` (read once per run; every row is kept: an evaluation

@@ -113,10 +113,12 @@ class GroupMaker:
             return self._hub
 
     def rank_env(self) -> dict[str, str]:
-        """The ranks' extra environment: fault drills, threads per rank, deterministic kernels."""
+        """The ranks' extra environment: fault drills, threads per rank, visible devices, deterministic kernels."""
         env = faults.rank_fault_env()
         if self.cfg.resources.threads_per_rank:
             env["PPOFLOW_RANK_THREADS"] = str(self.cfg.resources.threads_per_rank)
+        if self.cfg.resources.visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.cfg.resources.visible_devices
         if self.cfg.resources.deterministic:
             env.update(DETERMINISTIC_ENV)
         return env

@@ -91,3 +91,23 @@ def test_rank_skip_entries_skip_a_point_once_or_always_and_never_raise(monkeypat
     assert faults.rank_skips(faults.WEIGHT_PUSH) is False
     with pytest.raises(ValueError, match="rank_skip:<point>:<rank>"):
         faults.parse("rank_skip:weight_push:x")
+
+
+def test_kill_entries_kill_the_process_at_their_point_and_are_left_out_when_it_starts_again(monkeypatch):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    code = (
+        "from ppoflow.infra import faults; faults.maybe_kill('publish', 1); print('alive after 1'); "
+        "faults.maybe_kill('publish', 2); print('alive after 2')"
+    )
+    env = {**os.environ, "PYTHONPATH": ROOT, faults.ENV_VAR: "kill:publish:2,task:commit:before"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL and done.stdout.strip() == "alive after 1"
+    assert faults.without_kills(env[faults.ENV_VAR]) == "task:commit:before"
+    monkeypatch.setenv(faults.ENV_VAR, "kill:policy_load:3,rank_exit:update_actor:1")
+    assert faults.rank_fault_env() == {faults.ENV_VAR: "rank_exit:update_actor:1"}  # never to ranks

@@ -4,6 +4,7 @@ checkpoints, the critical path, and the picture the docs show."""
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -54,6 +55,12 @@ RECIPES = {
         ["actor"],
         ["actor"],
     ),
+    "asynchronous training (GRPO with KL as a loss)": (
+        {"recipe": "grpo", "asynchronous.enable": True},
+        ["consume", "old_log_prob", "ref_log_prob", "advantage", "update_actor", "publish_policy"],
+        ["actor"],
+        ["actor"],
+    ),
     "LoRA on actor and critic": (
         {"recipe": "ppo", "actor.lora.rank": 8, "critic.lora.rank": 8, "algorithm.use_kl_in_reward": False},
         ["generate", "values", "advantage", "update_actor", "update_critic"],
@@ -64,7 +71,7 @@ RECIPES = {
 
 
 def _config(over: dict):
-    data = dict(BASE)
+    data = copy.deepcopy(BASE)  # apply_overrides writes into the nested sections
     if "recipe" in over:
         data["recipe"] = over["recipe"]
         over = {k: v for k, v in over.items() if k != "recipe"}
@@ -75,16 +82,16 @@ def _config(over: dict):
 def test_each_recipe_runs_the_steps_it_needs(name):
     over, expected, trained, fresh = RECIPES[name]
     cfg = _config(over)
-    assert [s.name for s in steps(cfg, ("rollout", "score", "update"))] == expected
+    assert [s.name for s in steps(cfg, ("rollout", "score", "update", "publish"))] == expected
     assert trained_roles(cfg) == trained
     assert pending_roles(cfg, lambda step: True) == fresh
     # every step that runs reads only steps that run before it (gathers: those that run)
     ran: set[str] = set()
     for spec in steps(cfg):
         assert set(spec.reads) <= ran, (spec.name, spec.reads)
-        ran.add(spec.name)
+        ran |= {spec.name, spec.provides} - {None}
     # with everything of the data side done, only the groups of the missing updates are needed
-    done = {"generate", "ref_log_prob", "values", "rm_score", "advantage"}
+    done = {"generate", "consume", "old_log_prob", "ref_log_prob", "values", "rm_score", "advantage"}
     assert pending_roles(cfg, lambda step: step not in done) == trained
 
 
@@ -104,10 +111,17 @@ def test_every_step_has_its_task_and_the_critical_path_covers_every_step():
         assert task.name == name
     stages = critical_path()
     assert [name for stage in stages for name in stage] == [s.name for s in STEPS]
-    assert stages[0] == ("generate",) and stages[-1] == ("commit",)
-    assert ("ref_log_prob", "values", "rm_score") in stages and ("update_actor", "update_critic") in stages
-    # the outputs later steps read are named by the table
-    assert {STEP[r].output for r in STEP["advantage"].gathers} == {"ref_log_prob", "values", "rm_score"}
+    assert stages[0] == ("generate", "consume") and stages[-1] == ("commit",)
+    assert ("old_log_prob", "ref_log_prob", "values", "rm_score") in stages
+    assert ("update_actor", "update_critic") in stages
+    # the outputs later steps read are named by the table; consume stands in for generate
+    assert {STEP[r].output for r in STEP["advantage"].gathers} == {
+        "old_log_prob",
+        "ref_log_prob",
+        "values",
+        "rm_score",
+    }
+    assert STEP["consume"].provides == "generate" and STEP["consume"].output == STEP["generate"].output
 
 
 def test_the_docs_show_the_tables_picture():

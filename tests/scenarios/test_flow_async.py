@@ -1,0 +1,216 @@
+"""Asynchronous training end to end (2 CPU ranks per group, vLLM, one trained group: ``LIGHT``):
+the ``ppo`` flow consumes batches that a ``ppo-rollout`` flow, started by it in a process of its
+own, samples into the experiment's queue.
+
+- ``max_staleness: 0`` commits exactly what the synchronous flow commits (``light_run``, the same
+  config without the queue): every checkpoint bit for bit with its RNG states, the data cursor, the
+  learning metrics, and the training batch of each iteration tensor for tensor. That is the proof
+  that the queue, the producer's group and the trainer's ``old_log_prob`` step change nothing:
+  the producer samples each batch in one call with the synchronous rollout's rows per rank and
+  per-request seeds, and the trainer recomputes the old log-probs with the same rows per rank
+  and micro-batches as ``generate`` does.
+- every committed iteration n records in its manifest the batch it consumed (its hash is the hash
+  of ``iterations/n/rollout.arrow``, a byte copy), and the consumed batches left the queue.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ppoflow.infra.data import storage
+from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.data.hashing import hash_file
+from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.infra.experiment.metrics import is_timing_key
+from ppoflow.infra.queue.layout import QueuePaths
+from tests.support.configs import LIGHT
+from tests.support.experiments import assert_same_state
+
+pytestmark = pytest.mark.slow
+
+ASYNC = {**LIGHT, "asynchronous.enable": True}
+
+
+@pytest.fixture(scope="module")
+def async_run(prefect_harness, flow_config, tmp_path_factory):
+    """``light_run``'s config with asynchronous training at staleness 0: 2 iterations."""
+    import time
+
+    from ppoflow.flows.ppo import ppo
+
+    cfg = flow_config(str(tmp_path_factory.mktemp("async-run")), "reference", **ASYNC)
+    t0 = time.perf_counter()
+    assert ppo(cfg, iterations=2)["iteration"] == 2
+    print(f"\n[timing] asynchronous run (s=0), init + 2 iterations: {time.perf_counter() - t0:.1f} s")
+    return cfg.storage.experiment_url
+
+
+def _learning_metrics(url: str, n: int) -> dict:
+    """What an iteration learned and measured of its batch (not how the rollout was obtained)."""
+    metrics = storage.read_json(ExperimentPaths(url).file(n, "metrics.json"))
+    skip = ("rollout/", "async/", "weight_sync", "perf/")
+    return {k: v for k, v in metrics.items() if not is_timing_key(k) and not k.startswith(skip)}
+
+
+def test_staleness_zero_commits_what_the_synchronous_flow_commits(async_run, light_run):
+    sync, queued = ExperimentPaths(light_run), ExperimentPaths(async_run)
+    for n in (1, 2):
+        assert_same_state(sync.checkpoint("actor", n), queued.checkpoint("actor", n))
+        ms, ma = (storage.read_json(p.file(n, "manifest.json")) for p in (sync, queued))
+        assert ms["data_cursor"] == ma["data_cursor"]
+        learned = _learning_metrics(async_run, n)
+        assert learned == {k: v for k, v in _learning_metrics(light_run, n).items() if k in learned}
+        a, b = (
+            DataProto.load(sync.file(n, "advantages.arrow")),
+            DataProto.load(queued.file(n, "advantages.arrow")),
+        )
+        assert set(a.batch) == set(b.batch) - {"token_versions"}
+        diff = [k for k in a.batch if not torch.equal(a.batch[k], b.batch[k])]
+        assert not diff, f"iteration {n}: the training batches differ in {diff}"
+        metrics = storage.read_json(queued.file(n, "metrics.json"))
+        assert metrics["async/staleness_max"] == 0.0 and metrics["async/version_min"] == n - 1
+
+
+def test_each_commit_records_the_batch_it_consumed_and_retention_removes_it(async_run):
+    paths = ExperimentPaths(async_run)
+    for n in (1, 2):
+        consumed = storage.read_json(paths.file(n, "manifest.json"))["consumed"]
+        fs, path = storage.url_to_fs(paths.file(n, "rollout.arrow"))
+        assert hash_file(fs, path) == (consumed["bytes"], consumed["xxh3"])
+        assert consumed["file"].startswith(f"queue/batches/{n:06d}/") and consumed["versions"] == [
+            n - 1,
+            n - 1,
+        ]
+    queue = QueuePaths(async_run)
+    assert [k for k in queue.batch_numbers() if k <= 2] == []
+    assert storage.exists(queue.stop)
+    assert os.path.isdir(queue.policy(2))
+
+
+# ----------------------------------------------------------------------------- durability
+def test_a_producer_and_a_trainer_killed_mid_push_lose_nothing_and_resume_exactly(
+    prefect_harness, flow_config, light_run, tmp_path
+):
+    """SIGKILL the producer while it loads policy version 1 for batch 2 (the trainer starts it
+    again; the new one takes over the dead one's lease), then the trainer while it publishes
+    version 2 (weights written, pointer not moved). The run resumed from manifest 1 commits what
+    the uninterrupted synchronous run commits, and each batch was consumed once."""
+    import signal
+    import subprocess
+    import sys
+
+    from prefect.settings import PREFECT_API_URL
+
+    from ppoflow.flows.ppo import ppo
+    from ppoflow.infra.config import dump_config
+    from ppoflow.infra.experiment.manifest import read_manifest
+    from tests.support.paths import ROOT
+
+    cfg = flow_config(str(tmp_path), "killed", **ASYNC)
+    config = tmp_path / "killed.yaml"
+    config.write_text(dump_config(cfg))
+    env = {
+        **os.environ,
+        "PYTHONPATH": ROOT,
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "PPOFLOW_FAULT": "kill:policy_load:2,kill:publish:2",
+    }
+    trainer = subprocess.run(
+        [sys.executable, "-m", "ppoflow.flows.ppo", str(config), "2"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = trainer.stdout + trainer.stderr
+    assert trainer.returncode == -signal.SIGKILL, out[-3000:]
+    assert "killed at policy_load 2" in out and "starting it again" in out, out[-3000:]
+    paths = ExperimentPaths(cfg.storage.experiment_url)
+    assert read_manifest(paths).iteration == 1
+    queue = QueuePaths(cfg.storage.experiment_url)
+    assert storage.exists(queue.policy(2)) and storage.exists(queue.done(2))  # version 2 never pointed at
+    assert ppo(cfg, iterations=1)["iteration"] == 2
+    for n in (1, 2):
+        assert_same_state(ExperimentPaths(light_run).checkpoint("actor", n), paths.checkpoint("actor", n))
+        ms, ma = (storage.read_json(p.file(n, "manifest.json")) for p in (ExperimentPaths(light_run), paths))
+        assert ms["data_cursor"] == ma["data_cursor"] and ma["consumed"]["versions"] == [n - 1, n - 1]
+        fs, path = storage.url_to_fs(paths.file(n, "rollout.arrow"))
+        assert hash_file(fs, path) == (ma["consumed"]["bytes"], ma["consumed"]["xxh3"])
+
+
+# ----------------------------------------------------------------------------- stale batches
+STALE = {
+    **ASYNC,
+    "resources.nprocs": 1,
+    "asynchronous.max_staleness": 1,
+    "asynchronous.chunk_tokens": 1,  # a version published mid-batch reaches the engine within a token
+    "rollout.response_length": 16,
+    "algorithm.rollout_correction.tis": "token",
+    "checkpoint.keep_last": None,  # the test reads the weights of every version
+}
+
+
+@pytest.fixture(scope="module")
+def stale_run(prefect_harness, flow_config, tmp_path_factory):
+    """Staleness 1, partial rollouts, TIS: 4 iterations on one rank per group."""
+    import time
+
+    from ppoflow.flows.ppo import ppo
+
+    cfg = flow_config(str(tmp_path_factory.mktemp("stale-run")), "stale", **STALE)
+    t0 = time.perf_counter()
+    assert ppo(cfg, iterations=4)["iteration"] == 4
+    print(
+        f"\n[timing] asynchronous run (s=1, partial rollouts), init + 4 iterations: {time.perf_counter() - t0:.1f} s"
+    )
+    return cfg
+
+
+def _log_probs_under(model_dir: str, weights: dict, batch: DataProto, temperature: float) -> torch.Tensor:
+    """(B, R) log-probs of the responses under ``weights`` in a plain transformers model."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.load_state_dict(weights, strict=False)
+    r = batch.batch["responses"].shape[1]
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.batch["input_ids"],
+            attention_mask=batch.batch["attention_mask"],
+            position_ids=batch.batch["position_ids"],
+        ).logits[:, -r - 1 : -1]
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, batch.batch["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def test_stale_batches_keep_the_bound_and_each_token_has_its_samplers_log_prob(stale_run, flow_assets):
+    from ppoflow.infra.checkpoint.sharded import load_full_state_dict
+
+    paths, s = ExperimentPaths(stale_run.storage.experiment_url), 1
+    mixed = 0
+    for n in range(1, 5):
+        batch = DataProto.load(paths.file(n, "advantages.arrow"))
+        mask = batch.batch["response_mask"].bool()
+        versions = batch.batch["token_versions"][mask]
+        assert versions.min() >= max(0, n - 1 - s) and versions.max() <= n - 1, (n, versions.unique())
+        metrics = storage.read_json(paths.file(n, "metrics.json"))
+        assert metrics["async/staleness_max"] == float((n - 1) - versions.min())
+        assert sum(metrics[f"async/tokens_staleness_{d}"] for d in range(s + 1)) == mask.sum()
+        # every token's sampler log-prob is its own version's (a plain forward per version) ...
+        sampled = batch.batch["rollout_log_probs"]
+        for v in versions.unique().tolist():
+            weights = load_full_state_dict(paths.checkpoint("actor", v))
+            lp = _log_probs_under(flow_assets["model"], weights, batch, batch.meta_info["temperature"])
+            mine = mask & (batch.batch["token_versions"] == v)
+            assert torch.allclose(sampled[mine], lp[mine], atol=1e-4), (n, v)
+        # ... and the update weighs each token by pi_old / pi_sampler of that token (TIS, cap 2)
+        ratio = torch.exp(batch.batch["old_log_probs"] - sampled).clamp(max=2.0)
+        assert torch.allclose(batch.batch["rollout_is_weights"][mask], ratio[mask], atol=1e-6)
+        assert any(k.startswith("correction/") for k in metrics)
+        mixed += int(metrics["async/mixed_version_sequences"])
+    print(f"\nsequences sampled across a weight update: {mixed}")
+    assert mixed > 0, "no sequence spanned a weight update: partial rollouts were not exercised"
