@@ -3,6 +3,7 @@
 main.py       the parser, ``run`` / ``demo`` / ``eval`` (the flows run in this process), the entry point
 commands.py   the commands that read or change an experiment on storage: status, export-hf, rollback, ...
 promotion.py  ``ppoflow promote``
+queue_status.py  the rollout queue of asynchronous training, as ``ppoflow status`` shows it
 demo.py       ``ppoflow demo``: build the demo experiment, train it, say where everything is
 console.py    what the terminal shows while a run goes on, and the summary at its end
 failure.py    the one error block of a failed or stopped run

@@ -91,6 +91,7 @@ def experiment_config(text: str) -> Any:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from ppoflow.cli.queue_status import queue_lines, queue_status_of
     from ppoflow.infra.data import storage
     from ppoflow.infra.experiment.metrics import headline
 
@@ -107,9 +108,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         sizes = checkpoint_sizes(paths, n)
         data = {"read": manifest.data_files, "new": new}
+        queue = queue_status_of(paths, n)
         print(
             json.dumps(
-                {"manifest": manifest.to_json(), "metrics": metrics, "checkpoints": sizes, "data": data},
+                {
+                    "manifest": manifest.to_json(),
+                    "metrics": metrics,
+                    "checkpoints": sizes,
+                    "data": data,
+                    "queue": queue,
+                },
                 indent=1,
                 sort_keys=True,
             )
@@ -149,6 +157,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
     _print_evaluations(paths, n)
     _print_checkpoints(paths, n)
+    for line in queue_lines(paths, n):  # asynchronous training's rollout queue
+        print(line)
     if metrics:
         print(f"\nmetrics of iteration {n} ({paths.file(n, 'metrics.json')}):")
         mw = max(len(k) for k in metrics)

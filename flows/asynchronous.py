@@ -27,7 +27,7 @@ from typing import Any
 
 from ppoflow.flows.session import ExperimentSession
 from ppoflow.infra import faults
-from ppoflow.infra.experiment.manifest import Manifest, record_config
+from ppoflow.infra.experiment.manifest import record_config
 from ppoflow.infra.queue.control import reconcile, request_stop
 from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.remote.procs import OutputPump, kill_process_group
@@ -127,30 +127,33 @@ class ProducerProcess:
 
 
 @contextlib.contextmanager
-def rollout_queue(session: ExperimentSession, manifest: Manifest, iterations: int) -> Iterator[None]:
-    """The queue around a trainer's run of ``iterations`` after ``manifest`` (module docstring)."""
+def rollout_queue(session: ExperimentSession, iterations: int) -> Iterator[None]:
+    """The queue around a trainer's run of ``iterations`` after the manifest the session opened
+    (none: a new experiment, iteration 0); module docstring. The producer starts first, so its
+    start (a process, a worker group, an engine) overlaps the trainer's."""
     cfg = session.cfg
     if not cfg.asynchronous.enable or not iterations:
         yield
         return
+    committed = session.manifest.iteration if session.manifest is not None else 0
     queue = QueuePaths(session.paths.root)
-    removed = reconcile(queue, manifest.iteration)
+    removed = reconcile(queue, committed)
     if removed["versions"] or removed["batches"]:
         session.logger.info(
             f"rollout queue: removed policy versions {removed['versions']} and batches {removed['batches']} "
-            f"(beyond committed iteration {manifest.iteration})"
+            f"(beyond committed iteration {committed})"
         )
     producer = None
     if cfg.asynchronous.producer.start == "with_trainer":
         producer = ProducerProcess(
-            record_config(session.paths, cfg), manifest.iteration + iterations, session.logger.info
+            record_config(session.paths, cfg), committed + iterations, session.logger.info
         )
         producer.start()
         session.ctx.producer = producer
     try:
         yield
     finally:
-        request_stop(queue, "the trainer's run ended", after=manifest.iteration + iterations)
+        request_stop(queue, "the trainer's run ended", after=committed + iterations)
         if producer is not None:
             session.ctx.producer = None
             producer.stop()

@@ -112,14 +112,14 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
         raise ConfigError(f"iterations={iterations} must be >= 0")
     metrics: dict[str, Any] = {}
     with ExperimentSession(cfg, get_run_logger(), flow_run_key(), roles=trainer_roles(cfg)) as session:
-        manifest = session.manifest if session.manifest is not None else _initialise(session, iterations)
-        if iterations:
-            manifest = _open_stream(session, manifest)
-        if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
-            # the base policy's held-out score, on the actor group that saved it
-            evaluate(session.key, 0, session.paths.url(manifest.actor_checkpoint))
-        session.tracker.start(cfg.model_dump(mode="json"))
-        with rollout_queue(session, manifest, iterations):  # asynchronous training: the producer
+        with rollout_queue(session, iterations):  # asynchronous training: its producer starts now
+            manifest = session.manifest if session.manifest is not None else _initialise(session, iterations)
+            if iterations:
+                manifest = _open_stream(session, manifest)
+            if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
+                # the base policy's held-out score, on the actor group that saved it
+                evaluate(session.key, 0, session.paths.url(manifest.actor_checkpoint))
+            session.tracker.start(cfg.model_dump(mode="json"))
             manifest, metrics = run_iterations(session.ctx, manifest, iterations, session.record)
         if iterations:
             session.plot_at_close(manifest)

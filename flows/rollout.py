@@ -11,8 +11,8 @@ the committed iteration that has no record and no live producer's lease — and 
 policy it needs is published (admission: batch k waits for version ``k - 1 - max_staleness``, so
 the producer never runs further ahead than the bound; ``PolicyVersions.wait``).
 
-It runs until batch ``until`` is sampled, the trainer's stop marker appears (``queue/stop.json``,
-written at the end of every trainer run), or, when the trainer started it (``owner_pid``), the
+It runs until batch ``until`` is sampled, a trainer's stop marker appears (``queue/stop.json``,
+written at the end of every trainer run; one older than the producer is ignored), or, when the trainer started it (``owner_pid``), the
 trainer's process is gone. Several producers may run at once: the leases keep them on different
 batches. A producer the trainer started takes no device slots of its own (it runs on the trainer's
 devices: on one GPU both groups share it); an external one (its own deployment and work pool)
@@ -56,10 +56,13 @@ class Producer:
         self.versions = PolicyVersions(self.queue)
         self._cursors: dict[int, DataCursor] = {}
         self.produced: list[int] = []
+        self.started_at = time.time()
 
     def stopped(self, manifest: Manifest | None = None) -> bool:
-        """The stop marker is there, or the committed iteration reached ``until``."""
-        if stop_requested(self.queue) is not None:
+        """A stop marker written since this producer started is there (an older one is a past
+        trainer run's), or the committed iteration reached ``until``."""
+        marker = stop_requested(self.queue)
+        if marker is not None and float(marker.get("at", 0.0)) >= self.started_at:
             return True
         return self.until is not None and manifest is not None and manifest.iteration >= self.until
 
@@ -178,6 +181,25 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     install_stop_handlers()
     ppo_rollout(args.config, until=args.until, owner_pid=args.owner_pid)
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """End the process once Prefect delivered its logs and events: the groups are down, and the
+    interpreter's own teardown (the engine's and torch's exit hooks) would take seconds the
+    trainer waits for."""
+    import contextlib
+    import sys
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogHandler
+
+    for drain in (APILogHandler().flush, lambda: EventsWorker.drain_all(timeout=5)):
+        with contextlib.suppress(Exception):  # best effort: the run's outcome is decided
+            drain()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

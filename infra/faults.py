@@ -40,6 +40,12 @@ Rank entries may also name a *point* inside a method instead of a method (:func:
 A process started again by its parent (the rollout producer by the trainer) gets no ``kill``
 entry (:func:`without_kills`).
 
+``stall:<point>:<n>`` makes a flow process wait at a point of batch <n> (:func:`stalls`), once:
+
+    stall:chunk:<n>                     the rollout producer, after the first chunk of batch <n>,
+                                        waits until a newer policy version is published (a
+                                        straggler: the rest of the batch spans a weight update)
+
 Each entry fires once per process, so the task's retry (or the rebuilt group) passes. Append
 ``:always`` to an entry to make it fire every time (e.g. to exhaust a task's retries and fail the
 flow run, then resume it with ``prefect flow-run retry`` or by running the flow again).
@@ -77,6 +83,7 @@ __all__ = [
     "WEIGHT_PUSH",
     "reset",
     "maybe_kill",
+    "stalls",
     "without_kills",
 ]
 
@@ -90,6 +97,7 @@ WEIGHT_PUSH = "weight_push"
 TASK_POINTS = ("before", "after")
 RANK_KINDS = ("rank_exit", "rank_raise", "node_exit", "rank_skip")
 KILL = "kill"
+STALL = "stall"
 
 _fired: set[str] = set()
 _lock = threading.Lock()
@@ -132,13 +140,13 @@ def parse(spec: str | None) -> list[Fault]:
         name, at, n = parts[1].partition("@") if len(parts) > 1 else ("", "", "")
         ok = len(parts) == 3 and (
             (parts[0] == "task" and parts[2] in TASK_POINTS and bool(name) and (not at or n.isdigit()))
-            or ((parts[0] in RANK_KINDS or parts[0] == KILL) and parts[2].isdigit())
+            or ((parts[0] in RANK_KINDS or parts[0] in (KILL, STALL)) and parts[2].isdigit())
         )
         if not ok:
             raise ValueError(
                 f"{ENV_VAR}: bad entry {item!r}; allowed: task:<task>[@<iteration>]:before|after, "
                 f"rank_exit:<method>:<rank>, rank_raise:<method>:<rank>, node_exit:<method>:<rank>, "
-                "rank_skip:<point>:<rank>, kill:<point>:<n> (each optionally + ':always')"
+                "rank_skip:<point>:<rank>, kill:<point>:<n>, stall:<point>:<n> (each optionally + ':always')"
             )
         faults.append(Fault(parts[0], parts[1], parts[2], always, item))
     return faults
@@ -172,6 +180,18 @@ def maybe_kill(point: str, n: int) -> None:
 
             print(f"[ppoflow] injected fault: killed at {point} {n}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stalls(point: str, n: int) -> bool:
+    """True (once per process, unless ``:always``) if ``PPOFLOW_FAULT`` has ``stall:<point>:<n>``."""
+    for fault in _current():
+        if fault.kind == STALL and fault.target == point and fault.where == str(n):
+            with _lock:
+                if fault.text in _fired and not fault.always:
+                    continue
+                _fired.add(fault.text)
+            return True
+    return False
 
 
 def without_kills(spec: str | None) -> str:

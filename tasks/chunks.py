@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ppoflow.infra import faults
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.queue.batches import publish_part
@@ -40,6 +41,14 @@ def stop_token_ids(tokenizer: Any, model_path: str) -> list[int]:
     except (OSError, ValueError):
         pass
     return sorted(set(ids))
+
+
+def _wait_for_newer(group: Any, poll_s: float, timeout_s: float = 300.0) -> None:
+    """Wait until a version newer than the engine's is published (or ``timeout_s`` passed)."""
+    try:
+        group.versions.wait((group.version or 0) + 1, poll_s=poll_s, timeout_s=timeout_s)
+    except TimeoutError as exc:
+        group.logger.warning(f"stall drill: {exc}; going on")
 
 
 def _call_seed(batch_seed: int, round_: int, call: int) -> int:
@@ -75,6 +84,8 @@ def sample_in_chunks(
         if part is not None:
             check()
             publish_part(queue, k, part)
+        if round_ == 0 and faults.stalls("chunk", k):  # drill: a straggler spans a weight update
+            _wait_for_newer(group, a.poll_s)
         round_ += 1
     if storage.exists(scratch + ".arrow"):
         storage.rm(scratch + ".arrow")

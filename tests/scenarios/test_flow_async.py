@@ -74,7 +74,11 @@ def test_staleness_zero_commits_what_the_synchronous_flow_commits(async_run, lig
         assert metrics["async/staleness_max"] == 0.0 and metrics["async/version_min"] == n - 1
 
 
-def test_each_commit_records_the_batch_it_consumed_and_retention_removes_it(async_run):
+def test_each_commit_records_the_batch_it_consumed_and_retention_removes_it(async_run, capsys):
+    import json
+
+    from ppoflow.cli.main import main
+
     paths = ExperimentPaths(async_run)
     for n in (1, 2):
         consumed = storage.read_json(paths.file(n, "manifest.json"))["consumed"]
@@ -88,6 +92,12 @@ def test_each_commit_records_the_batch_it_consumed_and_retention_removes_it(asyn
     assert [k for k in queue.batch_numbers() if k <= 2] == []
     assert storage.exists(queue.stop)
     assert os.path.isdir(queue.policy(2))
+    assert main(["status", async_run]) == 0
+    out = capsys.readouterr().out
+    assert "rollout queue" in out and "newest policy version 2 (producers told to stop)" in out
+    assert main(["status", async_run, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)["queue"]
+    assert status["latest_version"] == 2 and status["batches"] == [] and status["stopped"]
 
 
 # ----------------------------------------------------------------------------- durability
@@ -147,8 +157,7 @@ STALE = {
     **ASYNC,
     "resources.nprocs": 1,
     "asynchronous.max_staleness": 1,
-    "asynchronous.chunk_tokens": 1,  # a version published mid-batch reaches the engine within a token
-    "rollout.response_length": 16,
+    "asynchronous.chunk_tokens": 2,  # 4 chunks per response of 8 tokens
     "algorithm.rollout_correction.tis": "token",
     "checkpoint.keep_last": None,  # the test reads the weights of every version
 }
@@ -156,14 +165,22 @@ STALE = {
 
 @pytest.fixture(scope="module")
 def stale_run(prefect_harness, flow_config, tmp_path_factory):
-    """Staleness 1, partial rollouts, TIS: 4 iterations on one rank per group."""
+    """Staleness 1, partial rollouts, TIS: 4 iterations on one rank per group. Batch 3 (started
+    by version 1) is a straggler (``stall:chunk:3``): after its first chunk the producer waits for
+    version 2, so its sequences span that weight update whatever the machine's speed."""
     import time
 
     from ppoflow.flows.ppo import ppo
 
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("PPOFLOW_FAULT", "stall:chunk:3")  # the producer's process inherits it
+
     cfg = flow_config(str(tmp_path_factory.mktemp("stale-run")), "stale", **STALE)
     t0 = time.perf_counter()
-    assert ppo(cfg, iterations=4)["iteration"] == 4
+    try:
+        assert ppo(cfg, iterations=4)["iteration"] == 4
+    finally:
+        monkeypatch.undo()
     print(
         f"\n[timing] asynchronous run (s=1, partial rollouts), init + 4 iterations: {time.perf_counter() - t0:.1f} s"
     )
@@ -214,3 +231,7 @@ def test_stale_batches_keep_the_bound_and_each_token_has_its_samplers_log_prob(s
         mixed += int(metrics["async/mixed_version_sequences"])
     print(f"\nsequences sampled across a weight update: {mixed}")
     assert mixed > 0, "no sequence spanned a weight update: partial rollouts were not exercised"
+    three = DataProto.load(paths.file(3, "rollout.arrow"))
+    mask = three.batch["response_mask"].bool()
+    spans = [sorted(set(row[m].tolist())) for row, m in zip(three.batch["token_versions"], mask)]
+    assert [1, 2] in spans, spans  # the straggler: its first chunk by version 1, the rest by 2
