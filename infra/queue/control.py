@@ -7,7 +7,8 @@ state, retention after a commit, and the queue as ``ppoflow status`` shows it.
 - :func:`reconcile`: when a trainer run starts from manifest m, what the queue holds beyond the
   committed state goes: policy versions > m (published by updates that never committed, or
   undone by a rollback) and every batch that any of them sampled, and batches <= m (consumed).
-- :func:`retain`: after commit n, batches <= n and old policy versions go.
+- :func:`retain`: after commit n, batches <= n and old policy versions go, and the pointer names
+  the newest complete version.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def reconcile(paths: QueuePaths, committed: int) -> dict[str, list[int]]:
     stale = [v for v in paths.versions() if v > committed]
     if stale:
         versions.reset(committed if committed in paths.versions() else None)
+    else:
+        versions.settle()
 
     def keep(k: int, record: dict[str, Any] | None) -> bool:
         if k <= committed:
@@ -69,7 +72,9 @@ def retain(paths: QueuePaths, committed: int, keep_versions: int = KEEP_VERSIONS
     """After commit ``committed``: delete the batches it and earlier commits consumed, and the policy
     versions more than ``keep_versions`` behind the newest. Returns what went (references)."""
     gone = [f"batches/{k:06d}" for k in drop_batches(paths, lambda k, _: k > committed)]
-    gone += [f"policy/v{v:06d}" for v in PolicyVersions(paths).retain(keep_versions)]
+    versions = PolicyVersions(paths)
+    versions.settle()
+    gone += [f"policy/v{v:06d}" for v in versions.retain(keep_versions)]
     return gone
 
 

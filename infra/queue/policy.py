@@ -1,11 +1,13 @@
 """The policy versions the trainer publishes for the producers: ``queue/policy/``.
 
 Version v is the policy after update v (v = 0: the base weights). The trainer writes its weights
-(a weights-only DCP checkpoint, completion marker last) to ``policy/v{v:06d}/`` and then moves the
-pointer ``policy/latest.json`` (``{version, ref, published_at}``) forward with replace-if-match
-(:meth:`PolicyVersions.publish`: a pointer never moves back, and of two writers racing, each
-retries on the version it read). A producer reads the pointer and loads the newest version; it
-never sees a version whose weights are not complete.
+(a weights-only DCP checkpoint, completion marker last) to ``policy/v{v:06d}/``; the marker is the
+version's commit point. The pointer ``policy/latest.json``
+(``{version, ref, published_at}``) names the newest version known complete and only moves forward
+(:meth:`PolicyVersions.publish`, replace-if-match: of two writers racing, each retries on the
+version it read). :meth:`PolicyVersions.latest` is the newer of the pointer and any complete
+version after it (a write that finished since the pointer last moved), so a producer loads a
+version the moment its marker lands, and never one whose weights are not complete.
 
 Retention (:meth:`PolicyVersions.retain`): a producer always loads the newest version, so only the
 last few are kept (one being loaded while a newer one lands must not vanish under it).
@@ -47,14 +49,31 @@ class PolicyVersions:
         self.paths = paths
         self._backend = storage.backend_for(paths.latest)
 
-    def latest(self) -> Published | None:
-        """The newest published version, or None before the first."""
+    def pointed(self) -> Published | None:
+        """The version ``latest.json`` names, or None."""
         try:
             raw, _ = self._backend.read_versioned(self.paths.latest)
         except FileNotFoundError:
             return None
         record = json.loads(raw)
         return Published(int(record["version"]), self.paths.url(record["ref"]))
+
+    def latest(self) -> Published | None:
+        """The newest complete version: the pointer's, or a newer one whose marker landed since
+        (None before the first)."""
+        pointed = self.pointed()
+        floor = -1 if pointed is None else pointed.version
+        for v in sorted((v for v in self.paths.versions() if v > floor), reverse=True):
+            if is_complete(self.paths.policy(v)):
+                return Published(v, self.paths.policy(v))
+        return pointed
+
+    def settle(self) -> Published | None:
+        """Move the pointer to the newest complete version (for readers of ``latest.json``)."""
+        found = self.latest()
+        if found is not None:
+            self.publish(found.version)
+        return found
 
     def publish(self, version: int) -> bool:
         """Point ``latest.json`` at ``version`` (its weights must be complete). Returns False when the

@@ -27,9 +27,9 @@ def test_publish_moves_forward_only_and_names_complete_weights(tmp_path, where):
     with pytest.raises(FileNotFoundError, match="not complete"):
         versions.publish(0)
     _write(q, 0, 1, 2)
-    assert versions.publish(1) and versions.latest().version == 1
-    assert not versions.publish(0) and versions.latest().version == 1  # never back
-    assert versions.publish(2) and versions.latest().url == q.policy(2)
+    assert versions.publish(1) and versions.pointed().version == 1
+    assert not versions.publish(0) and versions.pointed().version == 1  # never back
+    assert versions.publish(2) and versions.pointed().url == q.policy(2)
     versions.reset(1)  # a rollback to iteration 1: version 2 goes
     assert q.versions() == [0, 1] and versions.latest().version == 1
 
@@ -43,18 +43,34 @@ def test_racing_publishers_leave_the_newest(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert versions.latest().version == 7
+    assert versions.pointed().version == 7
 
 
 def test_wait_admits_once_the_version_is_there_and_retention_keeps_the_newest(tmp_path):
     q = QueuePaths(str(tmp_path / "exp"))
-    _write(q, 0, 1, 2, 3, 4)
     versions = PolicyVersions(q)
     with pytest.raises(QueueStopped):
         versions.wait(0, poll_s=0.01, stopped=lambda: True)
     with pytest.raises(TimeoutError, match="names none"):
         versions.wait(0, poll_s=0.01, timeout_s=0.05)
-    threading.Timer(0.1, versions.publish, args=(3,)).start()
-    assert versions.wait(2, poll_s=0.01, timeout_s=10).version == 3
+    threading.Timer(0.1, _write, args=(q, 0, 1, 2, 3)).start()
+    assert versions.wait(2, poll_s=0.01, timeout_s=10).version >= 2
+    _write(q, 4)
     versions.publish(4)
     assert versions.retain(keep=2) == [0, 1] and q.versions() == [2, 3, 4]
+
+
+def test_a_complete_version_counts_before_the_pointer_reaches_it(tmp_path):
+    """A trainer killed between a version's marker and the pointer's move (the ``publish`` drill):
+    producers load that version already, ``settle`` moves the pointer to it, and a version without
+    its marker is never named."""
+    q = QueuePaths(str(tmp_path / "exp"))
+    _write(q, 0, 1, 2)
+    versions = PolicyVersions(q)
+    versions.publish(0)
+    (tmp_path / "exp" / "queue" / "policy" / "v000003").mkdir()  # a write in progress: no marker
+    assert q.versions() == [0, 1, 2, 3]
+    assert versions.pointed().version == 0
+    assert versions.latest().version == 2 and versions.latest().url == q.policy(2)
+    assert versions.settle().version == 2 and versions.pointed().version == 2
+    assert versions.retain(keep=1) == [0] and versions.latest().version == 2
