@@ -40,7 +40,6 @@ PACKAGES = tuple(
 IN_FLIGHT: dict[str, str] = {
     # sizes
     "function: flows/retrain.py:retrain": "CLI split (flows/)",
-    "function: workers/rollout/episodes.py:assemble": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
     # mirrored test modules
     "test: flows/deployment.py": "CLI split (flows/)",
     "test: flows/evaluate.py": "CLI split (flows/)",
