@@ -39,7 +39,6 @@ PACKAGES = tuple(
 #: ``import: <file> -> <file>`` (a sideways import).
 IN_FLIGHT: dict[str, str] = {
     # sizes
-    "function: flows/retrain.py:retrain": "CLI split (flows/)",
     # mirrored test modules
     "test: flows/deployment.py": "CLI split (flows/)",
     "test: flows/evaluate.py": "CLI split (flows/)",
