@@ -40,16 +40,8 @@ PACKAGES = tuple(
 IN_FLIGHT: dict[str, str] = {
     # sizes
     # mirrored test modules
-    "test: tasks/run/groups.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
     "test: workers/actor_rollout_ref_worker.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/base.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/gc_heap.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/hf_rollout.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/sharding_manager.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/tp_slicing.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/vllm_engine.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/vllm_ipc.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/weight_sync.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
+    "test: tasks/run/groups.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
 }
 
 #: Library modules without a test module at the mirrored path, and where they are tested instead
@@ -84,7 +76,6 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "workers/critic_worker.py": "tests/workers/test_fsdp_workers.py (one critic group on two ranks)",
     "workers/checkpointing.py": "tests/workers/test_fsdp_workers.py (the workers' saves and loads) and the flow scenarios",
     "workers/compiled.py": "tests/workers/test_packing.py (compiled and eager forwards compared)",
-    "workers/device_memory.py": "tests/workers/rollout/test_engine_settings.py (peaks and the engine's pool)",
     "workers/hf_models.py": "tests/workers/test_packing.py and tests/workers/test_fsdp_workers.py (the models they build)",
     "workers/modeling.py": "tests/workers/test_packing.py (packed against padded forwards) and tests/workers/test_lora.py",
 }
