@@ -40,7 +40,6 @@ PACKAGES = tuple(
 IN_FLIGHT: dict[str, str] = {
     # sizes
     # mirrored test modules
-    "test: workers/actor_rollout_ref_worker.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
     "test: tasks/run/groups.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
 }
 
@@ -71,12 +70,11 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "tasks/run/context.py": "tests/tasks/test_step.py (the run's context as the tasks look it up)",
     "tasks/run/inputs.py": "tests/flows/test_ppo.py (the tokenizer and prompts every task of a run shares)",
     "tasks/run/materialize.py": "tests/scenarios/test_flow_snapshots.py (a committed state written out as a checkpoint)",
-    "workers/actor.py": "tests/workers/test_fsdp_workers.py (against a plain single-process PPO update)",
-    "workers/critic.py": "tests/workers/test_fsdp_workers.py (against a plain single-process value update)",
-    "workers/critic_worker.py": "tests/workers/test_fsdp_workers.py (one critic group on two ranks)",
-    "workers/checkpointing.py": "tests/workers/test_fsdp_workers.py (the workers' saves and loads) and the flow scenarios",
+    "workers/actor.py": "tests/workers/test_actor_rollout_ref_worker.py (against a plain single-process PPO update)",
+    "workers/critic.py": "tests/workers/test_critic_worker.py (against a plain single-process value update)",
+    "workers/checkpointing.py": "tests/workers/test_actor_rollout_ref_worker.py and tests/workers/test_critic_worker.py (the workers' saves) and the flow scenarios",
     "workers/compiled.py": "tests/workers/test_packing.py (compiled and eager forwards compared)",
-    "workers/hf_models.py": "tests/workers/test_packing.py and tests/workers/test_fsdp_workers.py (the models they build)",
+    "workers/hf_models.py": "tests/workers/test_packing.py and tests/workers/test_actor_rollout_ref_worker.py (the models they build)",
     "workers/modeling.py": "tests/workers/test_packing.py (packed against padded forwards) and tests/workers/test_lora.py",
 }
 
