@@ -40,7 +40,6 @@ PACKAGES = tuple(
 IN_FLIGHT: dict[str, str] = {
     # sizes
     # mirrored test modules
-    "test: tasks/run/groups.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
 }
 
 #: Library modules without a test module at the mirrored path, and where they are tested instead
