@@ -3,8 +3,6 @@
 no import circles between modules or packages, and whose flow process loads no worker code (the
 ranks do); the sideways rules between neighbours; the sizes of modules and functions; a test
 module for every library module; and docs that name only files that exist.
-
-``IN_FLIGHT`` (below) is TEMPORARY: the violations that work in progress elsewhere removes.
 """
 
 from __future__ import annotations
@@ -30,17 +28,6 @@ PACKAGE_DIR = os.path.join(ROOT, "ppoflow")
 PACKAGES = tuple(
     sorted(n for n in os.listdir(PACKAGE_DIR) if os.path.isfile(os.path.join(PACKAGE_DIR, n, "__init__.py")))
 )
-
-#: TEMPORARY: violations of the rules below that work in flight elsewhere removes (the value names
-#: the owner area). The lead empties this after merging that work; an entry that no longer
-#: violates its rule fails ``test_in_flight_entries_are_still_needed`` so that it goes too.
-#: Keys: ``lines: <file>`` (a module over MAX_MODULE_LINES), ``function: <file>:<name>`` (a
-#: function over MAX_FUNCTION_LINES without a reason), ``test: <file>`` (no mirrored test module),
-#: ``import: <file> -> <file>`` (a sideways import).
-IN_FLIGHT: dict[str, str] = {
-    # sizes
-    # mirrored test modules
-}
 
 #: Library modules without a test module at the mirrored path, and where they are tested instead
 #: (modules whose behaviour only a multi-rank or whole-flow test shows).
@@ -236,10 +223,7 @@ def test_sideways_rules(importers, forbidden, why):
     bad = []
     for module, path in modules.items():
         if _under(module, *importers):
-            for imported in _imports(path, modules):
-                key = f"import: {_repo_path(path)} -> {_repo_path(modules.get(imported, path))}"
-                if _under(imported, *forbidden) and key not in IN_FLIGHT:
-                    bad.append(f"{module} imports {imported}")
+            bad += [f"{module} imports {i}" for i in _imports(path, modules) if _under(i, *forbidden)]
     assert not bad, f"{why}:\n" + "\n".join(bad)
 
 
@@ -269,7 +253,7 @@ def test_modules_and_functions_stay_small():
     """A module over MAX_MODULE_LINES holds two things; a function over MAX_FUNCTION_LINES says
     why in its docstring, in a sentence that starts with LONG_REASON ("Long because the steps
     share ... and read best in order.")."""
-    bad = [v for v in _size_violations() if v not in IN_FLIGHT]
+    bad = _size_violations()
     assert not bad, (
         f"modules over {MAX_MODULE_LINES} lines / functions over {MAX_FUNCTION_LINES} lines "
         f"whose docstring gives no reason ('{LONG_REASON} ...'):\n" + "\n".join(bad)
@@ -306,7 +290,7 @@ def test_every_library_module_has_a_test_module_at_the_mirrored_path():
     """``tests/<package path>/test_<module>.py`` for every module (a package's ``__init__`` is
     tested with its modules; a small package's modules may share ``tests/<parent>/test_<package>.py``),
     or the module is named in TESTED_ELSEWHERE with the test that covers it."""
-    bad = [m for m in _untested() if m not in TESTED_ELSEWHERE and f"test: {m}" not in IN_FLIGHT]
+    bad = [m for m in _untested() if m not in TESTED_ELSEWHERE]
     assert not bad, (
         "no tests/<package path>/test_<module>.py (write it, or name the module in TESTED_ELSEWHERE):\n"
         + "\n".join(bad)
@@ -316,18 +300,6 @@ def test_every_library_module_has_a_test_module_at_the_mirrored_path():
     for module, where in TESTED_ELSEWHERE.items():
         named = re.findall(r"tests/[\w/]+\.py", where)
         assert named and all(os.path.exists(os.path.join(ROOT, t)) for t in named), (module, where)
-
-
-def test_in_flight_entries_are_still_needed():
-    """IN_FLIGHT is temporary: an entry whose violation is gone is taken out."""
-    modules = _modules()
-    found = set(_size_violations()) | {f"test: {m}" for m in _untested()}
-    for path in modules.values():
-        for imported in _imports(path, modules):
-            if imported in modules:
-                found.add(f"import: {_repo_path(path)} -> {_repo_path(modules[imported])}")
-    stale = sorted(set(IN_FLIGHT) - found)
-    assert not stale, f"IN_FLIGHT entries that no longer violate anything (remove them): {stale}"
 
 
 _MAP_LINE = re.compile(r"^\s*((?:[A-Za-z_]\w*(?:\.py|/)(?:,\s*)?)+)\s")
