@@ -2,15 +2,16 @@
 tokens (the (tokens, vocab) logits are never built), measured, not assumed.
 
 How it is measured: each case runs in a fresh Python process (one thread) that builds its inputs,
-warms the head up on one chunk of tokens resets its resident-set high-water mark to what is resident now (``5`` to ``/proc/self/clear_refs``:
-the imports' own peak would otherwise hide a smaller one) and reads it (``VmHWM``), runs
+warms the head up on one chunk of tokens, resets its resident-set high-water mark to what is
+resident now (``5`` to ``/proc/self/clear_refs``: the imports' own peak would otherwise hide a
+smaller one) and reads it (``VmHWM``), runs
 the head forward and backward (log-probs and entropy, the policy update's call), and reads the
 high-water mark again. The difference is the peak the computation added. torch's CPU allocator
 is glibc's malloc; with a fixed mmap threshold (``MALLOC_MMAP_THRESHOLD_``, which also turns off
 glibc's raising of it after a large free) every block over 64 KiB is mapped from the OS on
 allocation and unmapped on free, so the mark follows the largest set of tensors alive at once
-(without it, freed chunk-sized blocks stay in the heap and the mark grows with the chunk count); Python's tracemalloc sees none of torch's
-allocations and the profiler's CPU memory events are not reliable here. A control case (a plain
+(without it, freed chunk-sized blocks stay in the heap and the mark grows with the chunk count);
+Python's tracemalloc sees none of torch's allocations and the profiler's CPU memory events are not reliable here. A control case (a plain
 full log-softmax) shows the measure sees a (tokens, vocab) tensor when there is one.
 
 Shape: 64 hidden, a 16384-token vocabulary, 2048 and 8192 tokens (the responses of a few
