@@ -93,7 +93,6 @@ def experiment_config(text: str) -> Any:
 def cmd_status(args: argparse.Namespace) -> int:
     from ppoflow.cli.queue_status import queue_lines, queue_status_of
     from ppoflow.infra.data import storage
-    from ppoflow.infra.experiment.metrics import headline
 
     paths, manifest = read_state(args.experiment)
     n = manifest.iteration
@@ -106,33 +105,37 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         from ppoflow.infra.experiment.retention import checkpoint_sizes
 
-        sizes = checkpoint_sizes(paths, n)
         data = {"read": manifest.data_files, "new": new}
-        queue = queue_status_of(paths, n)
-        print(
-            json.dumps(
-                {
-                    "manifest": manifest.to_json(),
-                    "metrics": metrics,
-                    "checkpoints": sizes,
-                    "data": data,
-                    "queue": queue,
-                },
-                indent=1,
-                sort_keys=True,
-            )
-        )
+        state = {
+            "manifest": manifest.to_json(),
+            "metrics": metrics,
+            "checkpoints": checkpoint_sizes(paths, n),
+            "queue": queue_status_of(paths, n),
+        }
+        print(json.dumps({**state, "data": data}, indent=1, sort_keys=True))
         return 0
+    width = _print_state(paths, manifest, new)
+    _print_trend(manifest, width)
+    _print_evaluations(paths, n)
+    _print_checkpoints(paths, n)
+    for line in queue_lines(paths, n):  # asynchronous training's rollout queue
+        print(line)
+    _print_metrics(paths, n, metrics)
+    return 0
+
+
+def _print_state(paths: Any, manifest: Any, new: list[str] | str) -> int:
+    """The manifest's lines (experiment, iteration, states, data, promotion, config, identity);
+    returns the width of their labels."""
+    n = manifest.iteration
     config = manifest.config_history[-1]["config"] if manifest.config_history else None
+    cursor = manifest.data_cursor
     rows = [
         ("experiment", f"{manifest.experiment}  ({paths.root})"),
         ("iteration", f"{n} (committed {manifest.committed_at}; created {manifest.created_at})"),
         ("actor state", _state_line(paths, manifest, "actor")),
         ("critic state", _state_line(paths, manifest, "critic")),
-        (
-            "data cursor",
-            f"epoch {manifest.data_cursor.get('epoch')}, offset {manifest.data_cursor.get('offset')}",
-        ),
+        ("data cursor", f"epoch {cursor.get('epoch')}, offset {cursor.get('offset')}"),
         ("data read", _read_line(manifest.data_files)),
         (
             "data new",
@@ -146,6 +149,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+    return width
+
+
+def _print_trend(manifest: Any, width: int) -> None:
+    """The training and held-out scores, first and last."""
+    from ppoflow.infra.experiment.metrics import headline
+
     for name, label in (("score", "score"), ("val", "held-out score")):
         h = headline(name)
         having = [r for r in manifest.trend if h.key_in(r)]
@@ -155,10 +165,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"{label:<{width}}  {h.value(first):.3f} (iteration {first['iteration']}) -> "
                 f"{h.value(last):.3f} (iteration {last['iteration']})"
             )
-    _print_evaluations(paths, n)
-    _print_checkpoints(paths, n)
-    for line in queue_lines(paths, n):  # asynchronous training's rollout queue
-        print(line)
+
+
+def _print_metrics(paths: Any, n: int, metrics: dict[str, Any]) -> None:
+    """The last iteration's metrics, one per line."""
     if metrics:
         print(f"\nmetrics of iteration {n} ({paths.file(n, 'metrics.json')}):")
         mw = max(len(k) for k in metrics)
@@ -167,7 +177,6 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {key:<{mw}}  {shown}")
     elif n == 0:
         print("\nno iteration has run yet (iteration 0 is the initial state)")
-    return 0
 
 
 def _promoted_line(paths: Any) -> str:

@@ -34,6 +34,7 @@ from typing import Any, cast
 
 from ppoflow.cli import commands, promotion
 from ppoflow.cli.commands import CLIError
+from ppoflow.cli.data import add_data_command, cmd_data
 
 __all__ = ["main", "build_parser", "CLIError"]
 
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_run_commands(sub)
     _add_experiment_commands(sub)
+    add_data_command(sub)
     from ppoflow.infra.remote.agent.node_agent import add_arguments as add_agent_arguments
 
     p = sub.add_parser(
@@ -318,6 +320,7 @@ COMMANDS = {
     "tensorboard": commands.cmd_tensorboard,
     "import-gguf": commands.cmd_import_gguf,
     "promote": promotion.cmd_promote,
+    "data": cmd_data,
     "agent": cmd_agent,
 }
 

@@ -4,15 +4,10 @@
     ppo(load_config("experiment.yaml"), iterations=20)      # or ppo("experiment.yaml", 20)
 
 A run continues the experiment from its last committed iteration (``manifest.json``; a new
-experiment is initialised first) and runs ``iterations`` more. Each iteration is this graph of
-tasks (their order, pipelined commits and the one-step overlap are in :mod:`ppoflow.flows.schedule`)::
-
-    generate ──► ref_log_prob ─┐
-       │    ├──► values ───────┼──► advantage ──► update_actor ──┐
-       │    └──► rm_score ─────┘                  update_critic ─┴──► commit
-
-(``ref_log_prob`` runs when a KL term needs it, ``values`` with a critic, ``rm_score`` with a
-reward model; the tasks of one row run concurrently on their own worker groups.) Tasks exchange
+experiment is initialised first) and runs ``iterations`` more. Each iteration runs the steps of
+the table :data:`ppoflow.tasks.graph.STEPS` that the config turns on (their order, pipelined
+commits and the one-step overlap are in :mod:`ppoflow.flows.schedule`; the picture is in
+docs/internals.md); steps of one stage run concurrently on their own worker groups. Tasks exchange
 URLs and small JSON receipts; data lives under ``<root>/<experiment>/iterations/{n:06d}/``.
 Checkpoints are written in the background: ``commit n`` waits for them while iteration n+1 runs.
 
@@ -52,6 +47,7 @@ from ppoflow.flows.session import ExperimentSession, flow_run_key
 from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
 from ppoflow.infra.experiment.manifest import Manifest
 from ppoflow.tasks import evaluate, init_experiment
+from ppoflow.tasks.graph import trained_roles
 
 __all__ = ["ppo", "resolve_config"]
 
@@ -72,9 +68,7 @@ def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
 def _initialise(session: ExperimentSession, iterations: int) -> Manifest:
     """A new experiment's iteration 0, on the groups its first iteration needs (started together)."""
     cfg = session.cfg
-    session.ctx.groups.prestart(
-        pending_roles(session.ctx, 1) if iterations else ["actor"] + (["critic"] if cfg.critic.enable else [])
-    )
+    session.ctx.groups.prestart(pending_roles(session.ctx, 1) if iterations else trained_roles(cfg))
     return init_experiment(session.key)
 
 

@@ -17,6 +17,7 @@ envs/        multi-turn environments: the tools environment, OpenEnv servers, to
 preflight/   checks of an experiment before any worker group starts
 rewards/     rewards by data source (GSM8K/MATH by math-verify, reasoning-gym), custom rewards and
              batch scorers, reward services over HTTP, scoring rollouts, the loader of user objects
+signals.py   stopping a run on SIGTERM / Ctrl-C: the handlers a flow's process installs
 faults.py    fault drills (PPOFLOW_FAULT): a task that fails, a rank or a node that dies, on purpose
 rollout_engines.py  the registry of rollout engines: name, classes by import path, capabilities
 hub.py       hub ids among model paths, and whether the Hugging Face hub can be reached

@@ -5,9 +5,9 @@ in both.
                   train=2048, test=256, seed=0)
     written = write_task_mix(mix, "runs/rg/data")     # train.parquet, test.parquet (+ counts)
 
-    python -m ppoflow.infra.datasets reasoning-gym --task basic_arithmetic:2 --task leg_counting \\
+    ppoflow data reasoning-gym --task basic_arithmetic:2 --task leg_counting \\
         --train 2048 --test 256 --seed 0 --out runs/rg/data    # the same, from the command line
-    python -m ppoflow.infra.datasets reasoning-gym --spec mix.yaml --out runs/rg/data  # a YAML TaskMix
+    ppoflow data reasoning-gym --spec mix.yaml --out runs/rg/data  # a YAML TaskMix
 
 Each task's rows come from ``reasoning_gym.create_dataset(task, seed=<seed of the mix and the
 task>, **config)``, its config the spec's ``config`` over the one of its curriculum ``level``

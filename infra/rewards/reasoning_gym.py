@@ -81,7 +81,7 @@ def decode_entry(extra_info: Any, data_source: str) -> dict[str, Any]:
     if not isinstance(text, str):
         raise ValueError(
             f"a {data_source!r} row has no extra_info[{ENTRY_KEY!r}] (the task's entry as JSON): "
-            "write the data with `python -m ppoflow.infra.datasets reasoning-gym`, which puts it there"
+            "write the data with `ppoflow data reasoning-gym`, which puts it there"
         )
     entry = json.loads(text)
     if not isinstance(entry, dict) or "answer" not in entry:

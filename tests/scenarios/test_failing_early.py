@@ -160,7 +160,7 @@ def test_a_rank_count_this_machine_cannot_hold_is_refused_before_any_rank_starts
         in (block)
     )
     assert "lower resources.nprocs to at most" in block
-    assert run.started("ppoflow.flows.local_api") and run.started(*RANKS) == []  # before any rank started
+    assert run.started("ppoflow.cli.local_api") and run.started(*RANKS) == []  # before any rank started
     assert preflight_seconds(block) < PREFLIGHT_S  # the rest is the CLI's and Prefect's start
 
 
@@ -231,5 +231,5 @@ def test_a_held_out_file_without_ground_truth_is_found_by_the_preflight(
         f"data.val_files: {bad} column 'reward_model': its type is struct<style: string>, with no "
         "'ground_truth' field (rule rewards read it)" in block
     )
-    assert run.started("ppoflow.flows.local_api") and run.started(*RANKS) == []
+    assert run.started("ppoflow.cli.local_api") and run.started(*RANKS) == []
     assert preflight_seconds(block) < PREFLIGHT_S

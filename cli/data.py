@@ -1,25 +1,18 @@
-"""The data commands (``python -m ppoflow.infra.datasets SOURCE ...``): argument parsing and
-running, for the CLI to mount as ``ppoflow data SOURCE ...``.
-
-    data = sub.add_parser("data", help="write training files from a task library (reasoning-gym)")
-    add_data_commands(data.add_subparsers(dest="data_command", metavar="SOURCE", required=True))
-    ...
-    return run_data_command(args)    # the exit status; bad input: one line on stderr, status 2
-
-``python -m ppoflow.infra.datasets reasoning-gym ...`` runs the same commands on their own.
+"""``ppoflow data SOURCE ...``: training files written from a task library (reasoning-gym), by
+:mod:`ppoflow.infra.datasets`. Bad input is one line on stderr naming the problem and the fix,
+exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-__all__ = ["add_data_commands", "run_data_command", "parse_task", "main"]
+__all__ = ["add_data_command", "cmd_data", "parse_task"]
 
 
 def parse_task(text: str) -> dict[str, Any]:
@@ -123,9 +116,15 @@ def run_reasoning_gym(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_data_commands(sub: Any) -> None:
-    """The data commands, on the sub-parsers of a ``data`` command (``ppoflow data``)."""
-    p = sub.add_parser(
+def add_data_command(sub: Any) -> None:
+    """``ppoflow data SOURCE``, on the CLI's sub-parsers."""
+    data = sub.add_parser(
+        "data",
+        help="write training files from a task library (reasoning-gym)",
+        description="Write veRL-format train/held-out parquet files from a task library (docs/tasks.md).",
+    )
+    sources = data.add_subparsers(dest="data_command", metavar="SOURCE", required=True)
+    p = sources.add_parser(
         "reasoning-gym",
         help="reasoning-gym tasks (or a weighted mix) as train/held-out parquet",
         description=(
@@ -136,7 +135,7 @@ def add_data_commands(sub: Any) -> None:
     _configure_reasoning_gym(p)
 
 
-def run_data_command(args: argparse.Namespace) -> int:
+def cmd_data(args: argparse.Namespace) -> int:
     """Run the data command ``args`` holds; what is wrong with its input is one line on stderr
     (naming the problem and the fix) and exit status 2."""
     try:
@@ -144,9 +143,3 @@ def run_data_command(args: argparse.Namespace) -> int:
     except (ValueError, ImportError, FileNotFoundError) as exc:
         print(f"{args.data_command}: {exc}", file=sys.stderr)
         return 2
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ppoflow.infra.datasets")
-    add_data_commands(parser.add_subparsers(dest="data_command", metavar="SOURCE", required=True))
-    return run_data_command(parser.parse_args(argv))
