@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for mode in modes:
             results[mode] = run_mode(args, mode, extra, model_dir, data_url, work)
+            print(table(results), flush=True)  # so far: what a cut-short run has measured
     finally:
         if server is not None:
             server.stop()

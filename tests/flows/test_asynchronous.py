@@ -152,6 +152,76 @@ def test_a_producer_and_a_trainer_killed_mid_push_lose_nothing_and_resume_exactl
         assert hash_file(fs, path) == (ma["consumed"]["bytes"], ma["consumed"]["xxh3"])
 
 
+# ----------------------------------------------------------------------------- one command
+def _producers(pids: dict[int, str]) -> dict[int, str]:
+    return {pid: cmd for pid, cmd in pids.items() if "ppoflow.flows.rollout" in cmd}
+
+
+def test_one_command_runs_the_producer_beside_the_trainer_and_stops_it(flow_config, tmp_path):
+    """``ppoflow run CONFIG`` with asynchronous training on starts the producer in a process of
+    its own; at the end of the run and on Ctrl-C the producer, its ranks and the trainer's are gone
+    (the stop marker written), and Ctrl-C exits as any run does."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ppoflow.infra.config import dump_config
+    from ppoflow.infra.experiment.manifest import read_manifest
+    from tests.support.processes import alive, descendants
+
+    cfg = flow_config(str(tmp_path / "runs"), "one-command", **ASYNC)
+    config = tmp_path / "one-command.yaml"
+    config.write_text(dump_config(cfg))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "PPOFLOW_FAULT"))}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=os.getcwd())
+    ppoflow = os.path.join(os.path.dirname(sys.executable), "ppoflow")
+    paths, queue = ExperimentPaths.of(cfg), QueuePaths(cfg.storage.experiment_url)
+
+    def start(iterations: int, log: str) -> tuple[subprocess.Popen, object]:
+        out = open(tmp_path / log, "w")
+        cmd = [ppoflow, "run", str(config), "--iterations", str(iterations)]
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT), out
+
+    def watch(proc, until, seconds: float = 600) -> dict[int, str]:
+        """Every process below ``proc`` seen until ``until()`` (or its exit)."""
+        seen: dict[int, str] = {}
+        t0 = time.monotonic()
+        while proc.poll() is None and not until() and time.monotonic() - t0 < seconds:
+            seen.update(descendants(proc.pid))
+            time.sleep(0.2)
+        return seen
+
+    def gone(pids: dict[int, str], seconds: float = 15) -> dict[int, str]:
+        deadline = time.monotonic() + seconds
+        while alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return alive(pids)
+
+    run, out = start(1, "run-1.log")  # to its end
+    seen = watch(run, lambda: False)
+    assert run.wait(60) == 0, (tmp_path / "run-1.log").read_text()[-3000:]
+    out.close()
+    assert _producers(seen), "no producer process ran"
+    assert gone(seen) == {} and read_manifest(paths).iteration == 1 and storage.exists(queue.stop)
+
+    run, out = start(3, "run-2.log")  # Ctrl-C once the producer runs
+    seen = watch(run, lambda: bool(_producers(descendants(run.pid))))
+    assert _producers(seen) or _producers(descendants(run.pid)), (tmp_path / "run-2.log").read_text()[-3000:]
+    time.sleep(5)
+    seen.update(descendants(run.pid))
+    t0 = time.monotonic()
+    run.send_signal(signal.SIGINT)
+    rc = run.wait(180)
+    took = time.monotonic() - t0
+    out.close()
+    text = (tmp_path / "run-2.log").read_text()
+    print(f"\nCtrl-C: exit {rc} after {took:.1f} s")
+    assert rc == 130 and "ppoflow: stopped by Ctrl-C" in text, text[-3000:]
+    assert gone(seen) == {}, gone(seen)
+    assert storage.exists(queue.stop)
+
+
 # ----------------------------------------------------------------------------- stale batches
 STALE = {
     **ASYNC,
@@ -235,3 +305,49 @@ def test_stale_batches_keep_the_bound_and_each_token_has_its_samplers_log_prob(s
     mask = three.batch["response_mask"].bool()
     spans = [sorted(set(row[m].tolist())) for row, m in zip(three.batch["token_versions"], mask)]
     assert [1, 2] in spans, spans  # the straggler: its first chunk by version 1, the rest by 2
+
+
+# ----------------------------------------------------------------------------- the demo learns
+DEMO_ITERATIONS = 8
+#: How far below the synchronous run's held-out score the asynchronous one may end (greedy
+#: decoding on the demo's held-out problems), and how much both must rise from the warm start.
+DEMO_BAND, DEMO_RISE = 0.15, 0.2
+
+
+def _demo_learning(root: str, **over) -> tuple[float, float, str]:
+    """The demo at its own shape for :data:`DEMO_ITERATIONS` iterations (``over``: config keys):
+    the held-out score before and after, and the experiment's URL."""
+    from ppoflow.demo.experiment import DemoSpec, prepare
+    from ppoflow.flows.ppo import ppo
+    from ppoflow.infra.experiment.manifest import read_manifest
+    from ppoflow.infra.experiment.metrics import headline
+
+    cfg = prepare(root, DemoSpec(overrides={"evaluation.every": DEMO_ITERATIONS, **over}), log=print)
+    assert ppo(cfg, iterations=DEMO_ITERATIONS)["iteration"] == DEMO_ITERATIONS
+    manifest = read_manifest(ExperimentPaths.of(cfg))
+    h = headline("val")
+    scores = [(r["iteration"], h.value(r)) for r in manifest.trend if h.key_in(r)]
+    print(f"\n[demo {over or 'synchronous'}] held-out score by iteration: {scores}")
+    assert scores[0][0] == 0 and scores[-1][0] == DEMO_ITERATIONS, scores
+    return scores[0][1], scores[-1][1], cfg.storage.experiment_url
+
+
+def test_the_demo_learns_at_staleness_two_into_the_synchronous_band(prefect_harness, tmp_path):
+    """The demo's shape (64 prompts x 8 samples, 2 ranks per group) for a few iterations, once
+    synchronous and once with ``max_staleness: 2`` and partial rollouts: the held-out score rises
+    from the warm start in both and the asynchronous one ends within :data:`DEMO_BAND` of the
+    synchronous one; every consumed token's recorded version is within the bound of 2."""
+    base, sync, _ = _demo_learning(str(tmp_path / "sync"))
+    over = {"asynchronous.enable": True, "asynchronous.max_staleness": 2, "asynchronous.chunk_tokens": 2}
+    base_a, late, url = _demo_learning(str(tmp_path / "async"), **over)
+    assert base_a == base  # the same warm-started model and problems
+    assert sync >= base + DEMO_RISE and late >= base + DEMO_RISE, (base, sync, late)
+    assert late >= sync - DEMO_BAND, (sync, late)
+    paths = ExperimentPaths(url)
+    stale = 0
+    for n in range(1, DEMO_ITERATIONS + 1):
+        batch = DataProto.load(paths.file(n, "rollout.arrow"))
+        versions = batch.batch["token_versions"][batch.batch["response_mask"].bool()]
+        assert versions.min() >= max(0, n - 3) and versions.max() <= n - 1, (n, versions.unique())
+        stale = max(stale, int(n - 1 - versions.min()))
+    print(f"\nlargest staleness consumed: {stale}")
