@@ -10,8 +10,8 @@ the same device (one GPU: the engine samples while the trainer updates). Snapsho
     python benchmarks/async_iteration.py --preset tiny --device cpu --ranks 1 --iters 4    # CPU
     python benchmarks/async_iteration.py --preset qwen2.5-0.5b --device cuda --ranks 1 \\
         --prompts 256 --prompt-len 512 --response-len 256 --micro-batch 32 \\
-        --log-prob-micro-batch 32 --dynamic-bsz --compile --iters 24 --snapshot-every 10 \\
-        --gpu-memory-utilization 0.3                                              # one H200
+        --log-prob-micro-batch 32 --dynamic-bsz --compile --iters 5 --snapshot-every 5   # one H200, ~8 min
+    ... --staleness sync --iters 20 --snapshot-every 10     # 20+ iterations: one mode per command
 
 Per mode: seconds per committed iteration (the interval between consecutive commits after the
 first, cold one: the mean over every iteration, snapshot iterations included, and the median),

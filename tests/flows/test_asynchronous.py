@@ -72,6 +72,8 @@ def test_staleness_zero_commits_what_the_synchronous_flow_commits(async_run, lig
         assert not diff, f"iteration {n}: the training batches differ in {diff}"
         metrics = storage.read_json(queued.file(n, "metrics.json"))
         assert metrics["async/staleness_max"] == 0.0 and metrics["async/version_min"] == n - 1
+        sampled_by = b.batch["token_versions"][b.batch["response_mask"].bool()]
+        assert sampled_by.numel() and bool((sampled_by == n - 1).all())  # every token: version n - 1
 
 
 def test_each_commit_records_the_batch_it_consumed_and_retention_removes_it(async_run, capsys):
