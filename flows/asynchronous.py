@@ -5,7 +5,8 @@ committed state (``ppoflow.infra.queue.control.reconcile``: what updates that ne
 published, and what they sampled, goes) and the stop marker of the last run is removed; with
 ``asynchronous.producer.start: with_trainer`` the ``ppo-rollout`` flow is started in a process of
 its own (:class:`ProducerProcess`, reporting to the same Prefect API, its output in the trainer's
-log); at the end the stop marker is written and that process stopped.
+log); at the end the stop marker is written and that process stopped (SIGTERMed at once when the
+run failed or was interrupted: what it sampled is on storage already).
 
 Why a process and not a thread of this one: the producer's flow process runs Python for every
 engine call (the chunk loop, Arrow in and out) and the trainer's runs the advantage math and
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +35,10 @@ from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.remote.procs import OutputPump, kill_process_group
 
 __all__ = ["rollout_queue", "ProducerProcess", "ProducerFailed", "trainer_roles"]
+
+
+#: How long a producer SIGTERMed by a failed or interrupted trainer run may take to end.
+STOP_NOW_S = 20.0
 
 
 class ProducerFailed(RuntimeError):
@@ -111,11 +117,16 @@ class ProducerProcess:
         self.log(f"the rollout producer exited with status {code}; starting it again")
         self.start()
 
-    def stop(self, timeout_s: float = 120.0) -> None:
-        """Wait for the producer to end after the stop marker (killed after ``timeout_s``)."""
+    def stop(self, timeout_s: float = 120.0, now: bool = False) -> None:
+        """Wait for the producer to end after the stop marker (killed after ``timeout_s``);
+        ``now`` (the trainer's run failed or was interrupted): SIGTERM it at once, as its owner's
+        exit would, and kill it after ``STOP_NOW_S`` (what it sampled is on storage already)."""
         self.stopping = True
         if self.proc is None:
             return
+        if now and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            timeout_s = min(timeout_s, STOP_NOW_S)
         t0 = time.monotonic()
         while self.proc.poll() is None and time.monotonic() - t0 < timeout_s:
             time.sleep(0.2)
@@ -150,10 +161,12 @@ def rollout_queue(session: ExperimentSession, iterations: int) -> Iterator[None]
         )
         producer.start()
         session.ctx.producer = producer
+    ended = False
     try:
         yield
+        ended = True
     finally:
         request_stop(queue, "the trainer's run ended", after=committed + iterations)
         if producer is not None:
             session.ctx.producer = None
-            producer.stop()
+            producer.stop(now=not ended)  # failed or interrupted (Ctrl-C): no graceful wait
