@@ -116,8 +116,9 @@ def score_responses(
 
 def evaluation_spec(cfg: ExperimentConfig, source: str, files: list[str]) -> dict[str, Any]:
     """What an evaluation's result depends on: the weights (a checkpoint's reference or a model
-    directory), the files and the settings; kept as ``spec.json`` beside its result."""
-    rollout = cfg.rollout
+    directory), the files, how prompts become tokens, the engine's numerics (its dtype and tensor
+    parallelism change greedy answers) and the settings; kept as ``spec.json`` beside its result."""
+    rollout, data = cfg.rollout, cfg.data
     return {
         "source": source,
         "files": list(files),
@@ -126,6 +127,14 @@ def evaluation_spec(cfg: ExperimentConfig, source: str, files: list[str]) -> dic
             "engine": rollout.engine,
             "prompt_length": rollout.prompt_length,
             "response_length": rollout.response_length,
+            "dtype": rollout.dtype or cfg.model.dtype,
+            "tensor_model_parallel_size": rollout.tensor_model_parallel_size,
+        },
+        "prompts": {
+            "tokenizer": cfg.model.tokenizer,
+            "prompt_key": data.prompt_key,
+            "apply_chat_template": data.apply_chat_template,
+            "truncation": data.truncation,
         },
         "reward": cfg.reward.model_dump(mode="json"),
     }
