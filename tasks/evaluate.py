@@ -38,6 +38,7 @@ __all__ = [
     "evaluate_checkpoint",
     "run_evaluation",
     "evaluation_prompts",
+    "decoding_summary",
     "score_responses",
     "samples_table",
     "due",
@@ -138,6 +139,18 @@ def evaluation_spec(cfg: ExperimentConfig, source: str, files: list[str]) -> dic
         },
         "reward": cfg.reward.model_dump(mode="json"),
     }
+
+
+def decoding_summary(cfg: ExperimentConfig) -> str:
+    """How the responses are made, in the terms another program must match to get the same ones
+    (docs/evaluation.md: comparing with an evaluation outside ppoflow)."""
+    ev, data = cfg.evaluation, cfg.data
+    sampling = "greedy" if ev.temperature == 0 else f"temperature {ev.temperature}, seed {ev.seed}"
+    prompts = "the tokenizer's chat template" if data.apply_chat_template else "plain text (no chat template)"
+    return (
+        f"{cfg.rollout.engine} in {cfg.rollout.dtype or cfg.model.dtype}, {sampling}, up to "
+        f"{ev.response_length or cfg.rollout.response_length} new tokens, prompts through {prompts}"
+    )
 
 
 def finished_evaluation(out_dir: str, spec: dict[str, Any]) -> dict[str, float] | None:

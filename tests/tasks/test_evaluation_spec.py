@@ -1,7 +1,7 @@
 """What an evaluation's result depends on (``spec.json``): ``ppoflow eval`` returns an evaluation
 already on storage only when it was made the same way, so every setting that changes the responses
-must be in the spec; and the engine holds an evaluation's responses when they are longer than
-training's."""
+must be in the spec; the engine holds an evaluation's responses when they are longer than
+training's; ``ppoflow eval`` prints how its responses were made."""
 
 from __future__ import annotations
 
@@ -56,3 +56,22 @@ def test_the_engine_holds_an_evaluations_longer_responses():
     assert _cfg().engine_max_model_len() == 64 + 32
     assert _cfg(**{"evaluation.response_length": 16}).engine_max_model_len() == 64 + 32
     assert _cfg(**{"evaluation.response_length": 100}).engine_max_model_len() == 64 + 100
+
+
+def test_the_decoding_summary_says_what_another_program_must_match():
+    from ppoflow.tasks.evaluate import decoding_summary
+
+    assert decoding_summary(_cfg()) == (
+        "vllm in float32, greedy, up to 32 new tokens, prompts through the tokenizer's chat template"
+    )
+    other = _cfg(
+        **{
+            "rollout.dtype": "bfloat16",
+            "evaluation.response_length": 64,
+            "evaluation.temperature": 0.7,
+            "data.apply_chat_template": False,
+        }
+    )
+    assert decoding_summary(other) == (
+        "vllm in bfloat16, temperature 0.7, seed 0, up to 64 new tokens, prompts through plain text (no chat template)"
+    )
