@@ -25,8 +25,12 @@ demo: $(STAMP)
 	$(VENV)/bin/ppoflow demo $(ARGS)
 
 # Everything: unit tests, multi-rank FSDP/vLLM tests, the flow with faults, the real Prefect server.
+# In two tiers: the fast one first (a broken import or contract fails in a couple of minutes), then
+# the multi-rank, vLLM, flow and server tests.
+# (pytest's status 5, "no tests selected", is not a failure: PYTEST_ARGS may pick one tier only.)
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -m "not slow and not integration" $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
+	$(VENV)/bin/python -m pytest -q -m "slow or integration" $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
 
 # The edit-test loop (about a minute): everything but the `slow` (ranks, vLLM, flows) and
 # `integration` (real Prefect server) tests.

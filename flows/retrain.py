@@ -107,20 +107,56 @@ def retrain(
     decision = decide(rule, metric, metrics, current, min_gain=min_gain, min_value=min_value)
     record = None
     if decision.promote:
-        from prefect.runtime import flow_run
-
-        record = publish_promotion(
-            paths,
-            n,
-            lambda out: export_iteration(cfg, paths, n, out, say=logger.info),
-            metric=metric,
-            metrics=metrics,
-            rule={"rule": rule, "metric": metric, "min_gain": min_gain, "min_value": min_value},
-            flow_run_id=str(flow_run.get_id()),
-            warn=logger.warning,
-        )
+        how = {"rule": rule, "metric": metric, "min_gain": min_gain, "min_value": min_value}
+        record = _promote(cfg, paths, n, metrics, how, logger)
     url = promoted_url(paths)
     experiment = cfg.storage.experiment
+    _announce(experiment, n, metric, decision, record, url, logger)
+    return {
+        "experiment": experiment,
+        "iteration": n,
+        "promoted": decision.promote,
+        "decision": decision.to_json(),
+        "record": record,
+        "url": url,
+    }
+
+
+def _promote(
+    cfg: ExperimentConfig,
+    paths: ExperimentPaths,
+    n: int,
+    metrics: dict[str, float],
+    how: dict[str, Any],
+    logger: Any,
+) -> dict[str, Any]:
+    """Publish iteration ``n`` as the promoted policy: its Hugging Face directory, then the
+    record (its ``rule``: ``how``, the rule's settings). Returns the record."""
+    from prefect.runtime import flow_run
+
+    return publish_promotion(
+        paths,
+        n,
+        lambda out: export_iteration(cfg, paths, n, out, say=logger.info),
+        metric=how["metric"],
+        metrics=metrics,
+        rule=how,
+        flow_run_id=str(flow_run.get_id()),
+        warn=logger.warning,
+    )
+
+
+def _announce(
+    experiment: str,
+    n: int,
+    metric: str,
+    decision: Decision,
+    record: dict[str, Any] | None,
+    url: str,
+    logger: Any,
+) -> None:
+    """Say the decision: the run's log, the Prefect event ``ppoflow.policy.promoted`` or
+    ``ppoflow.policy.kept``, and the decision's markdown artifact."""
     logger.info(
         f"iteration {n}: {'promoted' if decision.promote else 'kept the promoted policy'} ({decision.reason})"
     )
@@ -143,11 +179,3 @@ def retrain(
         key=f"{artifact_slug(experiment)}-promotion",
         description=f"promotion decision after iteration {n}",
     )
-    return {
-        "experiment": experiment,
-        "iteration": n,
-        "promoted": decision.promote,
-        "decision": decision.to_json(),
-        "record": record,
-        "url": url,
-    }

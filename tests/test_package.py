@@ -3,8 +3,6 @@
 no import circles between modules or packages, and whose flow process loads no worker code (the
 ranks do); the sideways rules between neighbours; the sizes of modules and functions; a test
 module for every library module; and docs that name only files that exist.
-
-``IN_FLIGHT`` (below) is TEMPORARY: the violations that work in progress elsewhere removes.
 """
 
 from __future__ import annotations
@@ -31,49 +29,13 @@ PACKAGES = tuple(
     sorted(n for n in os.listdir(PACKAGE_DIR) if os.path.isfile(os.path.join(PACKAGE_DIR, n, "__init__.py")))
 )
 
-#: TEMPORARY: violations of the rules below that work in flight elsewhere removes (the value names
-#: the owner area). The lead empties this after merging that work; an entry that no longer
-#: violates its rule fails ``test_in_flight_entries_are_still_needed`` so that it goes too.
-#: Keys: ``lines: <file>`` (a module over MAX_MODULE_LINES), ``function: <file>:<name>`` (a
-#: function over MAX_FUNCTION_LINES without a reason), ``test: <file>`` (no mirrored test module),
-#: ``import: <file> -> <file>`` (a sideways import).
-IN_FLIGHT: dict[str, str] = {
-    # sizes
-    "function: flows/retrain.py:retrain": "CLI split (flows/)",
-    "function: workers/rollout/episodes.py:assemble": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    # mirrored test modules
-    "test: flows/deployment.py": "CLI split (flows/)",
-    "test: flows/evaluate.py": "CLI split (flows/)",
-    "test: flows/ppo.py": "CLI split (flows/)",
-    "test: flows/retrain.py": "CLI split (flows/)",
-    "test: infra/data/arrow_codec.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
-    "test: infra/data/arrow_columns.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
-    "test: infra/data/arrow_objects.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
-    "test: infra/data/storage.py": "storage backends (infra/data/storage.py): tests/infra/data/test_arrow_storage.py holds the codec's and storage's tests; split once it lands",
-    "test: infra/envs/base.py": "rewards package and one user-object loader (infra/envs/*)",
-    "test: infra/envs/sandbox.py": "rewards package and one user-object loader (infra/envs/*)",
-    "test: infra/envs/tool_env.py": "rewards package and one user-object loader (infra/envs/*)",
-    "test: infra/envs/tools.py": "rewards package and one user-object loader (infra/envs/*)",
-    "test: tasks/run/groups.py": "worker groups (infra/remote/driver/group.py, tasks/run/groups.py)",
-    "test: workers/actor_rollout_ref_worker.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/base.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/chat_turns.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/gc_heap.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/hf_rollout.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/sharding_manager.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/tp_slicing.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/vllm_engine.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/vllm_ipc.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-    "test: workers/rollout/weight_sync.py": "rollout engine registry (workers/rollout/*, workers/actor_rollout_ref_worker.py)",
-}
-
 #: Library modules without a test module at the mirrored path, and where they are tested instead
 #: (modules whose behaviour only a multi-rank or whole-flow test shows).
 TESTED_ELSEWHERE: dict[str, str] = {
     "cli/demo.py": "tests/scenarios/test_demo.py (the demo command, run once per session)",
     "cli/local_api.py": "tests/scenarios/test_failing_cli.py (every CLI run's local Prefect server, stopped with it)",
     "cli/promotion.py": "tests/scenarios/test_flow_data.py (promote, then again, then roll back)",
-    "flows/export.py": "tests/scenarios/test_flow_data.py (what a promotion publishes) and tests/scenarios/test_deployment.py",
+    "flows/export.py": "tests/scenarios/test_flow_data.py (what a promotion publishes) and tests/flows/test_deployment.py",
     "demo/experiment.py": "tests/scenarios/test_demo.py (prepare builds the demo's experiment, the demo run uses it)",
     "infra/checkpoint/_dist.py": "tests/infra/checkpoint/test_sharded.py (its collectives, in one process and on ranks)",
     "infra/checkpoint/staging.py": "tests/infra/checkpoint/test_writer.py (every background write stages through it)",
@@ -85,22 +47,18 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "infra/remote/driver/rendezvous.py": "tests/infra/remote/test_multinode.py (groups over node agents)",
     "infra/remote/links.py": "tests/infra/remote/driver/test_hub.py (strangers refused) and tests/infra/remote/test_multinode.py",
     "infra/remote/rank/entry.py": "tests/infra/remote/driver/test_group.py (every rank runs it: calls, faults, a dead driver)",
-    "tasks/score.py": "tests/scenarios/test_flow.py (its three reads of every rollout, on their groups)",
+    "tasks/score.py": "tests/flows/test_ppo.py (its three reads of every rollout, on their groups)",
     "tasks/update.py": "tests/scenarios/test_flow_snapshots.py (updates that snapshot, defer or record for replay)",
-    "tasks/run/making.py": "tests/scenarios/test_flow.py (every group of a run is made there) and tests/scenarios/test_failing_early.py",
     "tasks/checkpoints.py": "tests/scenarios/test_flow_checkpoints.py (the flow's checkpoint writes and their lineage)",
-    "tasks/preflight.py": "tests/scenarios/test_flow.py (every flow run starts with it); the checks: tests/infra/test_preflight.py",
+    "tasks/preflight.py": "tests/flows/test_ppo.py (every flow run starts with it); the checks: tests/infra/test_preflight.py",
     "tasks/replay.py": "tests/scenarios/test_flow_snapshots.py (states rebuilt from snapshots by replay)",
-    "tasks/run/context.py": "tests/tasks/test_step.py (the run's context as the tasks look it up)",
-    "tasks/run/inputs.py": "tests/scenarios/test_flow.py (the tokenizer and prompts every task of a run shares)",
+    "tasks/run/inputs.py": "tests/flows/test_ppo.py (the tokenizer and prompts every task of a run shares)",
     "tasks/run/materialize.py": "tests/scenarios/test_flow_snapshots.py (a committed state written out as a checkpoint)",
-    "workers/actor.py": "tests/workers/test_fsdp_workers.py (against a plain single-process PPO update)",
-    "workers/critic.py": "tests/workers/test_fsdp_workers.py (against a plain single-process value update)",
-    "workers/critic_worker.py": "tests/workers/test_fsdp_workers.py (one critic group on two ranks)",
-    "workers/checkpointing.py": "tests/workers/test_fsdp_workers.py (the workers' saves and loads) and the flow scenarios",
+    "workers/actor.py": "tests/workers/test_actor_rollout_ref_worker.py (against a plain single-process PPO update)",
+    "workers/critic.py": "tests/workers/test_critic_worker.py (against a plain single-process value update)",
+    "workers/checkpointing.py": "tests/workers/test_actor_rollout_ref_worker.py and tests/workers/test_critic_worker.py (the workers' saves) and the flow scenarios",
     "workers/compiled.py": "tests/workers/test_packing.py (compiled and eager forwards compared)",
-    "workers/device_memory.py": "tests/workers/rollout/test_engine_settings.py (peaks and the engine's pool)",
-    "workers/hf_models.py": "tests/workers/test_packing.py and tests/workers/test_fsdp_workers.py (the models they build)",
+    "workers/hf_models.py": "tests/workers/test_packing.py and tests/workers/test_actor_rollout_ref_worker.py (the models they build)",
     "workers/modeling.py": "tests/workers/test_packing.py (packed against padded forwards) and tests/workers/test_lora.py",
 }
 
@@ -263,10 +221,7 @@ def test_sideways_rules(importers, forbidden, why):
     bad = []
     for module, path in modules.items():
         if _under(module, *importers):
-            for imported in _imports(path, modules):
-                key = f"import: {_repo_path(path)} -> {_repo_path(modules.get(imported, path))}"
-                if _under(imported, *forbidden) and key not in IN_FLIGHT:
-                    bad.append(f"{module} imports {imported}")
+            bad += [f"{module} imports {i}" for i in _imports(path, modules) if _under(i, *forbidden)]
     assert not bad, f"{why}:\n" + "\n".join(bad)
 
 
@@ -296,7 +251,7 @@ def test_modules_and_functions_stay_small():
     """A module over MAX_MODULE_LINES holds two things; a function over MAX_FUNCTION_LINES says
     why in its docstring, in a sentence that starts with LONG_REASON ("Long because the steps
     share ... and read best in order.")."""
-    bad = [v for v in _size_violations() if v not in IN_FLIGHT]
+    bad = _size_violations()
     assert not bad, (
         f"modules over {MAX_MODULE_LINES} lines / functions over {MAX_FUNCTION_LINES} lines "
         f"whose docstring gives no reason ('{LONG_REASON} ...'):\n" + "\n".join(bad)
@@ -333,7 +288,7 @@ def test_every_library_module_has_a_test_module_at_the_mirrored_path():
     """``tests/<package path>/test_<module>.py`` for every module (a package's ``__init__`` is
     tested with its modules; a small package's modules may share ``tests/<parent>/test_<package>.py``),
     or the module is named in TESTED_ELSEWHERE with the test that covers it."""
-    bad = [m for m in _untested() if m not in TESTED_ELSEWHERE and f"test: {m}" not in IN_FLIGHT]
+    bad = [m for m in _untested() if m not in TESTED_ELSEWHERE]
     assert not bad, (
         "no tests/<package path>/test_<module>.py (write it, or name the module in TESTED_ELSEWHERE):\n"
         + "\n".join(bad)
@@ -343,18 +298,6 @@ def test_every_library_module_has_a_test_module_at_the_mirrored_path():
     for module, where in TESTED_ELSEWHERE.items():
         named = re.findall(r"tests/[\w/]+\.py", where)
         assert named and all(os.path.exists(os.path.join(ROOT, t)) for t in named), (module, where)
-
-
-def test_in_flight_entries_are_still_needed():
-    """IN_FLIGHT is temporary: an entry whose violation is gone is taken out."""
-    modules = _modules()
-    found = set(_size_violations()) | {f"test: {m}" for m in _untested()}
-    for path in modules.values():
-        for imported in _imports(path, modules):
-            if imported in modules:
-                found.add(f"import: {_repo_path(path)} -> {_repo_path(modules[imported])}")
-    stale = sorted(set(IN_FLIGHT) - found)
-    assert not stale, f"IN_FLIGHT entries that no longer violate anything (remove them): {stale}"
 
 
 _MAP_LINE = re.compile(r"^\s*((?:[A-Za-z_]\w*(?:\.py|/)(?:,\s*)?)+)\s")

@@ -1,7 +1,7 @@
 """ppoflow.flows.session.ExperimentSession, without ranks: what it takes on the way in (the run's
 context, the experiment lock, the manifest, the device slots) and that it gives all of it back on
 the way out, whether the block ends well, fails, or is interrupted; and what a refused start
-leaves behind (nothing). The flows that use it run in tests/scenarios/."""
+leaves behind (nothing). The flows that use it run in tests/flows/ and tests/scenarios/."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""Helpers shared by several test modules (fixtures live in tests/conftest.py)."""
+"""Helpers shared by several test modules (fixtures live in tests/conftest.py and the conftest.py of
+the folder whose modules share them)."""

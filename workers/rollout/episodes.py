@@ -6,6 +6,7 @@ data-parallel shards by :data:`EPISODE_METRIC_RULES`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -74,6 +75,43 @@ def assemble(
     from ppoflow.infra.data.dataproto import DataProto
 
     n, R = s.n, s.response_length
+    rows = _episode_rows(episodes, prompts, R, pad_token_id)
+    prompt_pos = _prompt_positions(prompts, episodes, rows.prompt_mask, n)
+    resp_pos = prompt_pos[:, -1:] + torch.arange(1, R + 1, dtype=prompt_pos.dtype).unsqueeze(0)
+    tensors = {
+        "prompts": rows.prompt_ids,
+        "responses": rows.responses,
+        "input_ids": torch.cat([rows.prompt_ids, rows.responses], dim=1),
+        "attention_mask": torch.cat([rows.prompt_mask, rows.attention], dim=1),
+        "position_ids": torch.cat([prompt_pos, resp_pos], dim=1),
+        "response_mask": rows.response_mask,
+        "turn_ids": rows.turn_ids,
+        "env_scores": rows.env_scores,
+        "num_turns": torch.as_tensor([e.turns for e in episodes], dtype=torch.long),
+        "budget_ended": torch.as_tensor([e.ended_by == "budget" for e in episodes], dtype=torch.long),
+    }
+    if log_probs:
+        tensors["rollout_log_probs"] = rows.log_probs
+    non_tensors = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensor_batch.items()}
+    return DataProto.from_dict(tensors, non_tensors, _output_meta(prompts, s, metrics))
+
+
+class _Rows(NamedTuple):
+    """A batch of episodes as padded rows (see :func:`_episode_rows`)."""
+
+    prompt_ids: torch.Tensor  # (B, P) left-padded to the input's width
+    prompt_mask: torch.Tensor
+    responses: torch.Tensor  # (B, R) the episode's tokens, right-padded
+    attention: torch.Tensor  # 1 on every episode token
+    response_mask: torch.Tensor  # 1 on the policy's tokens
+    turn_ids: torch.Tensor  # -1 on padding
+    env_scores: torch.Tensor  # each reward at its position
+    log_probs: torch.Tensor  # 0 on the environment's tokens
+
+
+def _episode_rows(episodes: list[Episode], prompts, R: int, pad_token_id: int) -> _Rows:
+    """Each episode as one row: its prompt left-padded to the input's width, its tokens (policy
+    and environment) right-padded to ``R``, with their masks, turns, rewards and log-probs."""
     width = prompts.batch["input_ids"].shape[1]
     B = len(episodes)
     prompt_ids = torch.full((B, width), pad_token_id, dtype=torch.long)
@@ -96,6 +134,13 @@ def assemble(
             lp[b, :k] = torch.as_tensor(ep.log_probs, dtype=torch.float32)
         for pos, r in ep.rewards.items():
             scores[b, pos] += r
+    return _Rows(prompt_ids, prompt_mask, resp, attn, loss_mask, turn_ids, scores, lp)
+
+
+def _prompt_positions(prompts, episodes: list[Episode], prompt_mask: torch.Tensor, n: int) -> torch.Tensor:
+    """The rows' prompt position ids: the input's ``position_ids`` (repeated ``n`` times) when it
+    has them and every episode's prompt is the input's own; else counted along ``prompt_mask``
+    (the environment's reset rendered another prompt, e.g. with the tools on offer)."""
     given_pos = prompts.batch.get("position_ids")
     if (
         all(
@@ -107,26 +152,8 @@ def assemble(
         )
         and given_pos is not None
     ):
-        prompt_pos = _position_ids(prompts, n)
-    else:
-        prompt_pos = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    resp_pos = prompt_pos[:, -1:] + torch.arange(1, R + 1, dtype=prompt_pos.dtype).unsqueeze(0)
-    tensors = {
-        "prompts": prompt_ids,
-        "responses": resp,
-        "input_ids": torch.cat([prompt_ids, resp], dim=1),
-        "attention_mask": torch.cat([prompt_mask, attn], dim=1),
-        "position_ids": torch.cat([prompt_pos, resp_pos], dim=1),
-        "response_mask": loss_mask,
-        "turn_ids": turn_ids,
-        "env_scores": scores,
-        "num_turns": torch.as_tensor([e.turns for e in episodes], dtype=torch.long),
-        "budget_ended": torch.as_tensor([e.ended_by == "budget" for e in episodes], dtype=torch.long),
-    }
-    if log_probs:
-        tensors["rollout_log_probs"] = lp
-    non_tensors = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensor_batch.items()}
-    return DataProto.from_dict(tensors, non_tensors, _output_meta(prompts, s, metrics))
+        return _position_ids(prompts, n)
+    return (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def episode_metrics(

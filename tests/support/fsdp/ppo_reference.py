@@ -1,6 +1,6 @@
-"""Shared by tests/workers/test_fsdp_workers.py and tests/workers/test_hsdp.py: the tiny PPO config, a
-rollout-shaped batch, and the plain single-process references (no FSDP, no process group) that
-the FSDP workers are checked against.
+"""Shared by the FSDP worker tests (tests/workers/test_actor_rollout_ref_worker.py,
+test_critic_worker.py, test_hsdp.py): the tiny PPO config, a rollout-shaped batch, and the plain
+single-process references (no FSDP, no process group) that the FSDP workers are checked against.
 
 The references are written out plainly on purpose: a full (B, T, V) log-softmax, the whole
 mini-batch in one backward, ``torch.optim.AdamW`` and ``clip_grad_norm_``.

@@ -1,4 +1,5 @@
-"""A small worker for tests/workers/rollout/test_vllm_rollout.py: an FSDP2 policy + a rollout engine in each rank.
+"""A small worker for the rollout scenarios (tests/support/rollout/vllm_scenario.py) and the multi-turn
+rollouts (tests/workers/rollout/test_multiturn.py): an FSDP2 policy + a rollout engine in each rank.
 
 Driven through ``ppoflow.infra.remote.driver.group.WorkerGroup``:
 

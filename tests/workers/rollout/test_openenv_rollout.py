@@ -33,6 +33,7 @@ def rollout(server, tmp_path_factory):
     from ppoflow.demo.tiny_models import save_tiny_model
     from ppoflow.infra.config import RolloutConfig
     from ppoflow.infra.data.dataproto import DataProto
+    from ppoflow.infra.rollout_engines import engine_spec
     from ppoflow.workers.rollout.hf_rollout import HFRollout
     from ppoflow.workers.rollout.multiturn import MultiTurnRollout
     from tests.support.openenv_server import records
@@ -56,6 +57,7 @@ def rollout(server, tmp_path_factory):
         }
     )
     engine = HFRollout(cfg, model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    engine.spec = engine_spec("hf")  # what build_rollout sets on the engines it builds
     mt = MultiTurnRollout(engine, cfg, tok)
     prompts = DataProto.from_dict(
         {

@@ -1,6 +1,7 @@
 """The README's deployment steps, for real: a Prefect server, a process work pool, ``prefect deploy``
 of ``prefect.yaml``, a process worker, ``prefect deployment run ppo/iteration``, the evaluation
-deployment, and the retraining deployment twice.
+deployment, and the retraining deployment twice (the entrypoints of ``ppoflow.flows.deployment``
+and the ``ppo-retrain`` flow of ``ppoflow.flows.retrain``, with their embedded default experiment).
 
 Everything runs as the shell commands the README's deployment section gives (the ``prefect`` next to the
 interpreter running pytest, i.e. ``.venv/bin/prefect``), against a server on a free port of

@@ -3,11 +3,15 @@ independent reference: the evaluation's greedy responses are what a plain transf
 ``generate`` of the same weights answers (the base model for iteration 0, ``export-hf`` of the
 checkpoint for iteration 2), and its scores are the reward function applied to those texts by
 hand. Then ``ppo-eval`` on a committed iteration gives the same result from a group of its own,
-and finds the training's evaluation instead of repeating it."""
+and finds the training's evaluation instead of repeating it.
+
+What ``ppo-eval`` evaluates (``target_of``: the checkpoint, where the result goes, the errors for
+what cannot be evaluated) is checked first, on a synthetic experiment, without ranks."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pyarrow as pa
@@ -16,14 +20,56 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from ppoflow.flows.evaluate import target_of
+from ppoflow.infra.checkpoint.marker import MARKER
+from ppoflow.infra.config import ConfigError, parse_config
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from tests.support.configs import LIGHT
+from tests.support.fake_experiments import fake_experiment
 from tests.support.rewards import digit_share
 
-pytestmark = pytest.mark.slow
-
 PROMPTS = 6
+
+
+def test_what_ppo_eval_evaluates_and_what_it_refuses(tmp_path):
+    cfg = parse_config(
+        {
+            "model": {"path": "base-model", "tokenizer_path": "base-tokenizer"},
+            "data": {"train_files": ["train.parquet"], "val_files": ["val.parquet"]},
+            "storage": {"root": str(tmp_path), "experiment": "exp"},
+        }
+    )
+    val = ["val.parquet"]
+    with pytest.raises(ConfigError, match=r"no experiment at .*exp: nothing committed to evaluate"):
+        target_of(cfg, None, val, None)
+    paths = fake_experiment(str(tmp_path), 2, one_step=False)  # commits 0..2, at <root>/exp
+    assert target_of(cfg, None, val, None) == (
+        cfg,
+        paths.checkpoint("actor", 2),
+        paths.file(2, "eval/val"),
+        "val",
+        2,
+    )
+    same, checkpoint, out_dir, tag, n = target_of(cfg, 1, ["other.parquet"], None)
+    assert (same, checkpoint, n) == (cfg, paths.checkpoint("actor", 1), 1)
+    assert tag.startswith("files-") and out_dir == paths.file(1, f"eval/{tag}")
+    with pytest.raises(ConfigError, match="iteration 3 is not committed: .* last committed iteration is 2"):
+        target_of(cfg, 3, val, None)
+    os.remove(os.path.join(paths.checkpoint("actor", 1), MARKER))
+    with pytest.raises(ConfigError, match=r"actor checkpoint of iteration 1 .* is not complete .*keep_last"):
+        target_of(cfg, 1, val, None)
+    # a model directory: the config's settings on that model, the result beside the experiment
+    mcfg, checkpoint, out_dir, tag, n = target_of(cfg, None, val, "/models/My Model/")
+    assert (mcfg.model.path, mcfg.model.tokenizer_path, checkpoint, n) == (
+        "/models/My Model/",
+        None,
+        None,
+        None,
+    )
+    assert out_dir == storage.join(paths.root, "evaluations", "My-Model", "val") and tag == "val"
+    with pytest.raises(ConfigError, match="either a model directory or an iteration"):
+        target_of(cfg, 2, val, "/models/m")
 
 
 def _val_file(path) -> str:
@@ -65,6 +111,7 @@ def _hf_greedy(model_dir: str, prompts: list[str], max_new_tokens: int) -> list[
     return out
 
 
+@pytest.mark.slow
 def test_evaluation_during_training_and_on_demand(prefect_harness, flow_config, flow_assets, tmp_path):
     from ppoflow.flows.evaluate import evaluate
     from ppoflow.flows.ppo import ppo

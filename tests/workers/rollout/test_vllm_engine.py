@@ -1,14 +1,13 @@
 """The vLLM engine's settings from the ``rollout`` section, per platform (no engine is started):
 CUDA graphs on GPU and eager on CPU by default, the KV budget (sized to the batch on GPU, checked
-against vLLM's own page-size formula), sleep mode, the flashinfer sampler switch, and the memory
-helpers' CPU behaviour (no figures off CUDA)."""
+against vLLM's own page-size formula), sleep mode, the flashinfer sampler switch. Engines started
+on ranks: test_vllm_rollout.py."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-import torch
 
 from ppoflow.infra.config import ConfigError, RolloutConfig, parse_config
 from ppoflow.workers.rollout.vllm_engine import (
@@ -135,44 +134,3 @@ def test_flashinfer_sampler_off_only_without_flashinfer(monkeypatch):
     monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")  # the user's choice is kept
     set_engine_env()
     assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
-
-
-def test_memory_helpers_report_nothing_off_cuda():
-    from ppoflow.workers.device_memory import PeakMemory, engine_pool_bytes, release_cached, resident_gib
-
-    with PeakMemory("cpu") as mem:
-        torch.zeros(1000)
-    assert (mem.on, mem.gib) == (False, 0.0)
-    assert resident_gib("cpu") == 0.0
-    release_cached("cpu")
-    assert engine_pool_bytes() == {}  # no vLLM sleep-mode pool in this process
-
-
-def test_frozen_heap_collects_cycles_then_keeps_the_survivors_out_of_collections():
-    """What VLLMRollout holds around generate: garbage cycles freed first, the objects alive then
-    moved out of the collector's generations (later collections do not walk them), collections timed."""
-    import gc
-    import weakref
-
-    from ppoflow.workers.rollout.gc_heap import frozen_heap
-
-    class Node:
-        pass
-
-    dropped = Node()
-    dropped.me = dropped  # a cycle: only the cyclic collector frees it
-    dead = weakref.ref(dropped)
-    del dropped
-    kept = Node()
-    kept.me = kept
-    frozen_before = gc.get_freeze_count()
-    try:
-        with frozen_heap() as timer:
-            assert dead() is None, "the cycle made before the rollout was not collected"
-            assert gc.get_freeze_count() > frozen_before
-            assert all(o is not kept for o in gc.get_objects()), "a survivor is still in a generation"
-            gc.collect()
-        assert timer.collections >= 2 and timer.seconds > 0.0
-        assert kept.me is kept
-    finally:
-        gc.unfreeze()

@@ -1,7 +1,8 @@
-"""The `ppo` flow under a real (temporary) Prefect API, on 2 CPU ranks with vLLM and tiny models.
+"""The `ppo` flow under a real (temporary) Prefect API, on 2 CPU ranks with vLLM and tiny models,
+and the forms its ``config`` parameter takes.
 
-``base_run`` (conftest) is a new experiment run for 2 iterations in one flow run; the other tests
-compare against it. Helpers here are shared with tests/scenarios/test_flow_resume.py.
+``base_run`` (conftest) is a new experiment run for 2 iterations in one flow run; the other flow
+tests (tests/scenarios/) compare against it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import pyarrow as pa
 import pyarrow.ipc
 import pytest
 
+from ppoflow.flows.ppo import resolve_config
 from ppoflow.infra.checkpoint.sharded import is_complete
+from ppoflow.infra.config import ConfigError, dump_config
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.tasks.graph import STEPS
 from tests.support.experiments import copy_experiment
-
-pytestmark = pytest.mark.slow
 
 ARROW_FILES = ("prompts", "rollout", "ref_log_prob", "values", "rm_scores", "advantages")
 REQUIRED_METRICS = (
@@ -85,6 +86,25 @@ def read_arrow(url: str) -> pa.Table:
 # ----------------------------------------------------------------------------- tests
 
 
+def test_the_config_parameter_is_a_config_a_yaml_path_or_a_mapping(tmp_path):
+    """What a caller, a YAML file or a deployment's JSON parameter gives is the same config; anything
+    else, or a mapping that is not a config, is one ConfigError naming the parameter."""
+    data = {"model": {"path": "m"}, "data": {"train_files": ["x.parquet"]}, "seed": 3}
+    cfg = resolve_config(data)
+    assert (cfg.model.path, cfg.data.train_files, cfg.seed) == ("m", ["x.parquet"], 3)
+    assert resolve_config(cfg) is cfg
+    path = tmp_path / "experiment.yaml"
+    path.write_text(dump_config(cfg))
+    assert resolve_config(str(path)) == cfg
+    with pytest.raises(ConfigError, match="flow parameter 'config'"):
+        resolve_config({**data, "seed": "not a number"})
+    with pytest.raises(
+        ConfigError, match="config must be an ExperimentConfig, a YAML path/URL or a dict; got int"
+    ):
+        resolve_config(3)
+
+
+@pytest.mark.slow
 def test_two_iterations_commit_manifests_files_and_metrics(base_run):
     url = base_run["url"]
     paths = ExperimentPaths(url)
@@ -148,6 +168,7 @@ def test_two_iterations_commit_manifests_files_and_metrics(base_run):
     )
 
 
+@pytest.mark.slow
 def test_identity_change_is_refused_and_nothing_changes(base_run, flow_config, tmp_path):
     from ppoflow.flows.ppo import ppo
 
@@ -162,6 +183,7 @@ def test_identity_change_is_refused_and_nothing_changes(base_run, flow_config, t
     assert not os.path.exists(os.path.join(url, "lock.json"))
 
 
+@pytest.mark.slow
 def test_whole_flow_on_s3(prefect_harness, flow_config, s3_server):
     """storage.root on S3 (moto): experiment lock, data, checkpoints and manifest all there.
     A lighter config (GRPO: no critic, no reward model) keeps it to one worker group."""
