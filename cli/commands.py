@@ -335,7 +335,8 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
 
             out = export_lora(checkpoint, args.out, base, lora, merge=args.merge, dtype=args.dtype)
         else:
-            out = export_hf(checkpoint, args.out, base, dtype=args.dtype)
+            tokenizer = manifest.identity.get("model.tokenizer") if args.role == "actor" else None
+            out = export_hf(checkpoint, args.out, base, dtype=args.dtype, tokenizer_path=tokenizer)
     except (CheckpointError, ValueError, FileNotFoundError) as err:
         raise CLIError(str(err)) from None
     finally:

@@ -275,6 +275,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ppoflow.cli.failure import terminal
     from ppoflow.flows.evaluate import evaluate, target_of
     from ppoflow.infra.experiment.metrics import evaluation_line
+    from ppoflow.tasks.evaluate import decoding_summary
 
     files = list(args.files or cfg.data.val_files)
     try:  # what is wrong with the request is said before a worker group starts
@@ -300,6 +301,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for key, value in sorted(result["metrics"].items()):
         if key.startswith("val/") and not key.endswith("_s"):
             print(f"  {key:<40} {value:.6g}")
+    print(f"decoding: {decoding_summary(cfg)}")
     print(f"responses and scores: {result['out_dir']}/generations.arrow")
     return 0
 

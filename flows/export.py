@@ -47,7 +47,7 @@ def export_iteration(
 
             scratch = storage.join(paths.root, "scratch", f"promote-{uuid.uuid4().hex[:12]}")
             checkpoint = materialize_state(cfg, "actor", checkpoint, storage.join(scratch, "actor"), say=say)
-        return export_hf(checkpoint, out_dir, base)
+        return export_hf(checkpoint, out_dir, base, tokenizer_path=manifest.identity.get("model.tokenizer"))
     finally:
         if scratch is not None and storage.exists(scratch):
             storage.rm(scratch, recursive=True)

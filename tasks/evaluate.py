@@ -38,6 +38,7 @@ __all__ = [
     "evaluate_checkpoint",
     "run_evaluation",
     "evaluation_prompts",
+    "decoding_summary",
     "score_responses",
     "samples_table",
     "due",
@@ -116,8 +117,9 @@ def score_responses(
 
 def evaluation_spec(cfg: ExperimentConfig, source: str, files: list[str]) -> dict[str, Any]:
     """What an evaluation's result depends on: the weights (a checkpoint's reference or a model
-    directory), the files and the settings; kept as ``spec.json`` beside its result."""
-    rollout = cfg.rollout
+    directory), the files, how prompts become tokens, the engine's numerics (its dtype and tensor
+    parallelism change greedy answers) and the settings; kept as ``spec.json`` beside its result."""
+    rollout, data = cfg.rollout, cfg.data
     return {
         "source": source,
         "files": list(files),
@@ -126,9 +128,29 @@ def evaluation_spec(cfg: ExperimentConfig, source: str, files: list[str]) -> dic
             "engine": rollout.engine,
             "prompt_length": rollout.prompt_length,
             "response_length": rollout.response_length,
+            "dtype": rollout.dtype or cfg.model.dtype,
+            "tensor_model_parallel_size": rollout.tensor_model_parallel_size,
+        },
+        "prompts": {
+            "tokenizer": cfg.model.tokenizer,
+            "prompt_key": data.prompt_key,
+            "apply_chat_template": data.apply_chat_template,
+            "truncation": data.truncation,
         },
         "reward": cfg.reward.model_dump(mode="json"),
     }
+
+
+def decoding_summary(cfg: ExperimentConfig) -> str:
+    """How the responses are made, in the terms another program must match to get the same ones
+    (docs/evaluation.md: comparing with an evaluation outside ppoflow)."""
+    ev, data = cfg.evaluation, cfg.data
+    sampling = "greedy" if ev.temperature == 0 else f"temperature {ev.temperature}, seed {ev.seed}"
+    prompts = "the tokenizer's chat template" if data.apply_chat_template else "plain text (no chat template)"
+    return (
+        f"{cfg.rollout.engine} in {cfg.rollout.dtype or cfg.model.dtype}, {sampling}, up to "
+        f"{ev.response_length or cfg.rollout.response_length} new tokens, prompts through {prompts}"
+    )
 
 
 def finished_evaluation(out_dir: str, spec: dict[str, Any]) -> dict[str, float] | None:

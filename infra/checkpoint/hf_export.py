@@ -4,9 +4,12 @@
     AutoModelForCausalLM.from_pretrained("export/actor-12")      # same logits as the saving model
 
 The config, generation config, tokenizer and chat template are copied from the base model
-directory (every file that is not a weight file); the weights come from the checkpoint as
+directory (every file that is not a weight file); the tokenizer's files from the run's tokenizer
+directory instead when it is another (``model.tokenizer_path``: ``tokenizer_path``), so that the
+export renders prompts as training did. The weights come from the checkpoint as
 safetensors (``model.safetensors``, or shards + ``model.safetensors.index.json`` above
 ``max_shard_bytes``). Tied models get no ``lm_head.weight`` (transformers and vLLM re-tie it).
+``config.json`` records the dtype the weights are written in (the checkpoint's, or ``dtype``).
 Before writing, the checkpoint's tensor names and shapes are checked against the architecture in
 the base config (built on the meta device), so a wrong checkpoint fails here, not silently later.
 """
@@ -26,6 +29,19 @@ from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 __all__ = ["export_hf", "publish_hf_dir"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".index.json")
+#: The files transformers saves a tokenizer as (the ones an export takes from ``tokenizer_path``).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+)
 
 
 def _expected_state(base_model_path: str, trust_remote_code: bool) -> tuple[dict[str, torch.Size], bool]:
@@ -72,6 +88,7 @@ def export_hf(
     storage_options: dict | None = None,
     max_shard_bytes: int = 5 * 2**30,
     trust_remote_code: bool = False,
+    tokenizer_path: str | None = None,
 ) -> str:
     """Write a Hugging Face directory at local ``out_dir`` from a published checkpoint.
 
@@ -83,6 +100,8 @@ def export_hf(
         dtype: cast floating tensors (e.g. ``"bfloat16"``) and record it in config.json;
             None keeps the checkpoint's dtype.
         max_shard_bytes: safetensors shard size.
+        tokenizer_path: the run's tokenizer directory (``model.tokenizer_path``) when it is not
+            ``base_model_path``: its tokenizer files are the export's.
 
     Returns:
         ``out_dir``.
@@ -101,6 +120,7 @@ def export_hf(
         max_shard_bytes=max_shard_bytes,
         trust_remote_code=trust_remote_code,
         source=checkpoint_url,
+        tokenizer_path=tokenizer_path,
     )
 
 
@@ -113,6 +133,7 @@ def publish_hf_dir(
     max_shard_bytes: int = 5 * 2**30,
     trust_remote_code: bool = False,
     source: str = "the weights",
+    tokenizer_path: str | None = None,
 ) -> str:
     """Write full model ``tensors`` (HF names) as a Hugging Face directory at local ``out_dir``,
     checked against ``base_model_path``'s architecture (see :func:`export_hf`; ``source`` names
@@ -121,6 +142,11 @@ def publish_hf_dir(
         raise FileNotFoundError(
             f"base model directory {base_model_path} does not exist; export_hf copies the config "
             "and tokenizer from a local HF directory (the run's model.path)"
+        )
+    if tokenizer_path is not None and not os.path.isdir(tokenizer_path):
+        raise FileNotFoundError(
+            f"tokenizer directory {tokenizer_path} does not exist; export_hf copies the run's "
+            "tokenizer (model.tokenizer_path) from a local directory"
         )
     if os.path.abspath(out_dir) == os.path.abspath(base_model_path):
         raise ValueError(
@@ -139,7 +165,7 @@ def publish_hf_dir(
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
     os.chmod(staging, 0o755)  # mkdtemp's 0700 would otherwise become the published directory's mode
     try:
-        _write_directory(staging, tensors, base_model_path, dtype, max_shard_bytes)
+        _write_directory(staging, tensors, base_model_path, dtype, max_shard_bytes, tokenizer_path)
         _publish(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -161,17 +187,33 @@ def _check_matches(
 
 
 def _write_directory(
-    out: str, tensors: dict[str, torch.Tensor], base: str, dtype: str | None, max_shard_bytes: int
+    out: str,
+    tensors: dict[str, torch.Tensor],
+    base: str,
+    dtype: str | None,
+    max_shard_bytes: int,
+    tokenizer: str | None = None,
 ) -> None:
-    """The whole HF directory in ``out``: the base model's non-weight files, then the weights."""
+    """The whole HF directory in ``out``: the base model's non-weight files (the tokenizer's from
+    ``tokenizer`` when given), the weights' dtype in the config, then the weights."""
     from safetensors.torch import save_file
 
+    if tokenizer is not None and os.path.abspath(tokenizer) == os.path.abspath(base):
+        tokenizer = None
     for name in os.listdir(base):
         src = os.path.join(base, name)
+        if tokenizer is not None and name in TOKENIZER_FILES:
+            continue
         if os.path.isfile(src) and not name.endswith(_WEIGHT_SUFFIXES):
             shutil.copyfile(src, os.path.join(out, name))
-    if dtype is not None:
-        _set_config_dtype(os.path.join(out, "config.json"), dtype)
+    if tokenizer is not None:
+        for name in os.listdir(tokenizer):
+            if name in TOKENIZER_FILES and os.path.isfile(os.path.join(tokenizer, name)):
+                shutil.copyfile(os.path.join(tokenizer, name), os.path.join(out, name))
+    floating = {str(t.dtype).removeprefix("torch.") for t in tensors.values() if t.is_floating_point()}
+    written = dtype if dtype is not None else (floating.pop() if len(floating) == 1 else None)
+    if written is not None:
+        _set_config_dtype(os.path.join(out, "config.json"), written)
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     shards = _shards(tensors, max_shard_bytes)
     if len(shards) == 1:
@@ -208,6 +250,8 @@ def _publish(staging: str, out_dir: str) -> None:
 def _set_config_dtype(path: str, dtype: str) -> None:
     with open(path) as f:
         cfg = json.load(f)
+    if cfg.get("dtype", cfg.get("torch_dtype")) == dtype:
+        return  # the base's file as it is
     cfg["dtype"] = dtype
     if "torch_dtype" in cfg:
         cfg["torch_dtype"] = dtype

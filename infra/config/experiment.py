@@ -296,6 +296,13 @@ class ExperimentConfig(Section):
     def critic_model(self) -> ModelConfig:
         return self.critic.model or self.model
 
+    def engine_max_model_len(self) -> int:
+        """The longest sequence the rollout engine holds: a prompt and the longer of a training
+        response and an evaluation's (``evaluation.response_length``, which may be the longer)."""
+        return self.rollout.prompt_length + max(
+            self.rollout.response_length, self.evaluation.response_length or 0
+        )
+
     def identity(self) -> dict[str, Any]:
         """What an experiment may not change between iterations (other weights or tokenizer)."""
         ids = {

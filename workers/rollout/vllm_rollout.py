@@ -139,15 +139,16 @@ class VLLMRollout(Rollout):
 
     @classmethod
     def from_config(cls, config: Any, site: EngineSite, **engine_kwargs: Any) -> VLLMRollout:
-        """``rollout.engine: vllm`` on ``site``'s rank; ``engine_kwargs`` go to the constructor
-        (``sequences`` defaults to this replica's share of ``data.train_batch_size * rollout.n``;
-        with ``actor.lora.sync: adapter`` vLLM is built to serve the adapter)."""
+        """``rollout.engine: vllm`` on ``site``'s rank; ``engine_kwargs`` go to the constructor (``sequences``:
+        this replica's share of ``data.train_batch_size * rollout.n``; ``max_model_len``: an evaluation's
+        longer responses fit too; with ``actor.lora.sync: adapter`` vLLM is built to serve the adapter)."""
         rcfg, model, lora = config.rollout, config.model, config.actor.lora
+        extra = {"max_model_len": config.engine_max_model_len(), **(engine_kwargs.get("engine_kwargs") or {})}
         if lora.enabled and lora.sync == "adapter":
             from ppoflow.workers.rollout.lora_sync import engine_lora_kwargs
 
-            extra = engine_kwargs.get("engine_kwargs") or {}
-            engine_kwargs["engine_kwargs"] = {**engine_lora_kwargs(lora.rank), **extra}
+            extra = {**engine_lora_kwargs(lora.rank), **extra}
+        engine_kwargs["engine_kwargs"] = extra
         replicas = max(1, site.world_size // rcfg.tensor_model_parallel_size)
         engine_kwargs.setdefault("sequences", -(-config.data.train_batch_size * rcfg.n // replicas))
         return cls(
@@ -370,7 +371,7 @@ class VLLMRollout(Rollout):
         if too_long > limit:
             raise ValueError(
                 f"prompt + response_length = {too_long} tokens exceeds the engine's max_model_len "
-                f"{limit} (rollout.prompt_length + rollout.response_length)"
+                f"{limit} (rollout.prompt_length + rollout.response_length, or evaluation.response_length)"
             )
         return token_lists
 
