@@ -91,7 +91,7 @@ def experiment_config(text: str) -> Any:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ppoflow.cli.queue_status import queue_lines, queue_status_of
+    from ppoflow.cli.queue_status import print_queue, queue_status_of
     from ppoflow.infra.data import storage
 
     paths, manifest = read_state(args.experiment)
@@ -118,8 +118,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     _print_trend(manifest, width)
     _print_evaluations(paths, n)
     _print_checkpoints(paths, n)
-    for line in queue_lines(paths, n):  # asynchronous training's rollout queue
-        print(line)
+    print_queue(paths, n)  # asynchronous training's rollout queue
     _print_metrics(paths, n, metrics)
     return 0
 

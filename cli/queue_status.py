@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["queue_status_of", "queue_lines"]
+__all__ = ["queue_status_of", "queue_lines", "print_queue"]
 
 
 def queue_status_of(paths: Any, committed: int) -> dict[str, Any] | None:
@@ -38,3 +38,9 @@ def queue_lines(paths: Any, committed: int) -> list[str]:
             detail = ""
         lines.append(f"  batch {row['batch']:>6}  {row['state']:<9}  {detail}".rstrip())
     return lines
+
+
+def print_queue(paths: Any, committed: int) -> None:
+    """Print :func:`queue_lines` (nothing without a queue)."""
+    for line in queue_lines(paths, committed):
+        print(line)

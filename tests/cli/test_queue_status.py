@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ppoflow.cli.queue_status import queue_lines, queue_status_of
+from ppoflow.cli.queue_status import print_queue, queue_lines, queue_status_of
 from ppoflow.infra.checkpoint.sharded import save_checkpoint
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.manifest import ExperimentPaths
@@ -24,9 +24,11 @@ def _part(version: int) -> DataProto:
     )
 
 
-def test_no_queue_no_lines_and_each_batch_with_its_state(tmp_path):
+def test_no_queue_no_lines_and_each_batch_with_its_state(tmp_path, capsys):
     paths = ExperimentPaths(str(tmp_path / "exp"))
     assert queue_lines(paths, 0) == [] and queue_status_of(paths, 0) is None
+    print_queue(paths, 0)
+    assert capsys.readouterr().out == ""  # synchronous training: status says nothing of a queue
     q = QueuePaths(paths.root)
     save_checkpoint(q.policy(3), torch.nn.Linear(2, 2))
     PolicyVersions(q).publish(3)
@@ -36,7 +38,9 @@ def test_no_queue_no_lines_and_each_batch_with_its_state(tmp_path):
     publish_part(q, 5, _part(3))
     request_stop(q, "the trainer's run ended")
     lines = queue_lines(paths, 3)
+    print_queue(paths, 3)
     claim.release()
+    assert capsys.readouterr().out == "\n".join(lines) + "\n"
     assert lines[1].endswith("newest policy version 3 (producers told to stop)")
     assert lines[2].split() == [
         "batch",
