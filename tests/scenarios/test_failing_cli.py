@@ -337,8 +337,11 @@ def test_a_storage_root_that_fills_up_fails_the_run_within_a_minute(
     mid-run, then, freed, is left with room for an iteration's batches (~100 kB) but not for its
     checkpoint (~2 MB), so a checkpoint write is what meets the full disk. Each time the run ends
     within a minute with one error block that names the full disk and says to free space; with
-    space freed the same command resumes and commits."""
-    cfg = flow_config(str(small_filesystem / "runs"), "full", **LIGHT, **{"checkpoint.snapshot_every": 1})
+    space freed the same command resumes and commits. (Transformers generates, on the actor's own
+    module: the engine has no part in this, and each of the four runs starts its group in half
+    vLLM's time.)"""
+    over = {"checkpoint.snapshot_every": 1, "rollout.engine": "hf"}
+    cfg = flow_config(str(small_filesystem / "runs"), "full", **LIGHT, **over)
     paths = ExperimentPaths.of(cfg)
     config = write_config(tmp_path, cfg)
     filler = small_filesystem / "filler"
