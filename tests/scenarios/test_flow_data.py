@@ -22,13 +22,10 @@ from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.experiment.promotion import promoted_url
-from tests.support.configs import LIGHT
+from tests.support.configs import LIGHT_HF
 from tests.support.experiments import assert_same_commit, copy_experiment
 
 pytestmark = pytest.mark.slow
-
-#: one worker group, and transformers' generation on the actor's own module
-RUN = {**LIGHT, "rollout.engine": "hf"}
 
 
 def _write(path, start: int, n: int = 4) -> list[str]:
@@ -60,7 +57,7 @@ def test_new_files_are_trained_on_next_and_a_rerun_reads_the_same_rows(
     drop = tmp_path / "drop"
     drop.mkdir()
     first = _write(drop / "2026-01-01.parquet", 0) + _write(drop / "2026-01-02.parquet", 10)
-    cfg = flow_config(str(tmp_path / "runs"), "growing", **RUN, **{"data.train_files": [str(drop)]})
+    cfg = flow_config(str(tmp_path / "runs"), "growing", **LIGHT_HF, **{"data.train_files": [str(drop)]})
     paths = ExperimentPaths.of(cfg)
 
     ppo(cfg, iterations=1)
@@ -85,7 +82,7 @@ def test_new_files_are_trained_on_next_and_a_rerun_reads_the_same_rows(
     assert re.search(r"\ndata read +3 file\(s\), 12 rows \(the last joined at iteration 2\)\n", out)
     assert re.search(rf"\ndata new +{drop}/2026-01-04.parquet \(joins at the next run\)\n", out)
     url = copy_experiment(paths.root, str(tmp_path / "rerun"), "growing", at=1)
-    rerun = flow_config(str(tmp_path / "rerun"), "growing", **RUN, **{"data.train_files": [str(drop)]})
+    rerun = flow_config(str(tmp_path / "rerun"), "growing", **LIGHT_HF, **{"data.train_files": [str(drop)]})
     ppo(rerun, iterations=1)
     assert _questions(ExperimentPaths(url), 2) == _questions(paths, 2)
     assert read_manifest(ExperimentPaths(url)).data_files == manifest.data_files
