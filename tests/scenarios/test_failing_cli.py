@@ -23,7 +23,7 @@ import pytest
 from ppoflow.infra.config import dump_config
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
-from tests.support.configs import LIGHT
+from tests.support.configs import LIGHT, LIGHT_HF
 from tests.support.experiments import assert_same_commit
 from tests.support.processes import alive, descendants, free_by_flock
 
@@ -337,8 +337,10 @@ def test_a_storage_root_that_fills_up_fails_the_run_within_a_minute(
     mid-run, then, freed, is left with room for an iteration's batches (~100 kB) but not for its
     checkpoint (~2 MB), so a checkpoint write is what meets the full disk. Each time the run ends
     within a minute with one error block that names the full disk and says to free space; with
-    space freed the same command resumes and commits."""
-    cfg = flow_config(str(small_filesystem / "runs"), "full", **LIGHT, **{"checkpoint.snapshot_every": 1})
+    space freed the same command resumes and commits. (Transformers generates, on the actor's own
+    module: the engine has no part in this, and each of the four runs starts its group in half
+    vLLM's time.)"""
+    cfg = flow_config(str(small_filesystem / "runs"), "full", **LIGHT_HF, **{"checkpoint.snapshot_every": 1})
     paths = ExperimentPaths.of(cfg)
     config = write_config(tmp_path, cfg)
     filler = small_filesystem / "filler"

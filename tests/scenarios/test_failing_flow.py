@@ -22,7 +22,7 @@ import pytest
 from ppoflow.infra import faults
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
-from tests.support.configs import LIGHT
+from tests.support.configs import LIGHT, LIGHT_HF
 from tests.support.experiments import assert_same_commit
 from tests.support.prefect_runs import attempts
 from tests.support.processes import descendants
@@ -78,7 +78,7 @@ def test_nan_reward_fails_at_once_and_a_dead_rank_is_retried(
     cfg = flow_config(
         str(tmp_path),
         "exp",
-        **LIGHT,
+        **LIGHT_HF,  # transformers generates: the engine has no part in this, and starts in half the time
         **{"reward.custom_function": "tests.support.rewards:nan_past_preflight"},
     )
     monkeypatch.setenv(faults.ENV_VAR, "rank_exit:generate_sequences:1")

@@ -4,7 +4,8 @@ The first run trains on the two files there; a third file arrives and the next r
 file's rows; a rerun of that iteration (on a copy rolled back to iteration 1, with a fourth file
 arrived meanwhile) reads the same rows and commits the same iteration bit for bit; a file that was
 read and then changed fails the next run, naming the file. Between them, ``ppoflow promote`` by
-hand: two promotions and a rollback.
+hand: two promotions and a rollback. The rollout engine is transformers' (``rollout.engine: hf``):
+nothing here is about the engine, and its groups start in half vLLM's time.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.experiment.promotion import promoted_url
-from tests.support.configs import LIGHT
+from tests.support.configs import LIGHT_HF
 from tests.support.experiments import assert_same_commit, copy_experiment
 
 pytestmark = pytest.mark.slow
@@ -56,7 +57,7 @@ def test_new_files_are_trained_on_next_and_a_rerun_reads_the_same_rows(
     drop = tmp_path / "drop"
     drop.mkdir()
     first = _write(drop / "2026-01-01.parquet", 0) + _write(drop / "2026-01-02.parquet", 10)
-    cfg = flow_config(str(tmp_path / "runs"), "growing", **LIGHT, **{"data.train_files": [str(drop)]})
+    cfg = flow_config(str(tmp_path / "runs"), "growing", **LIGHT_HF, **{"data.train_files": [str(drop)]})
     paths = ExperimentPaths.of(cfg)
 
     ppo(cfg, iterations=1)
@@ -81,7 +82,7 @@ def test_new_files_are_trained_on_next_and_a_rerun_reads_the_same_rows(
     assert re.search(r"\ndata read +3 file\(s\), 12 rows \(the last joined at iteration 2\)\n", out)
     assert re.search(rf"\ndata new +{drop}/2026-01-04.parquet \(joins at the next run\)\n", out)
     url = copy_experiment(paths.root, str(tmp_path / "rerun"), "growing", at=1)
-    rerun = flow_config(str(tmp_path / "rerun"), "growing", **LIGHT, **{"data.train_files": [str(drop)]})
+    rerun = flow_config(str(tmp_path / "rerun"), "growing", **LIGHT_HF, **{"data.train_files": [str(drop)]})
     ppo(rerun, iterations=1)
     assert _questions(ExperimentPaths(url), 2) == _questions(paths, 2)
     assert read_manifest(ExperimentPaths(url)).data_files == manifest.data_files

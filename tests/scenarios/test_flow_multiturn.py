@@ -1,11 +1,11 @@
-"""A multi-turn PPO iteration end to end on 2 CPU ranks (vLLM, GAE with a critic, a reward
-model, a scripted environment): it commits; the advantage batch keeps environment tokens out of
-the loss (mask 0, no advantage) and the environment's rewards are its scores; the episode
+"""A multi-turn PPO iteration end to end on 2 CPU ranks (transformers' engine, GAE with a critic,
+a reward model, a scripted environment): it commits; the advantage batch keeps environment tokens
+out of the loss (mask 0, no advantage) and the environment's rewards are its scores; the episode
 metrics reach the commit. Then the same iteration on a rolled-back copy with a rank killed in
 ``generate_sequences``: the retried generate commits the same episodes. Last, multi-turn with a
-LoRA actor (``sync: adapter``): in both iterations vLLM's log-probs of the policy's tokens equal
-the actor's (base + adapter) recomputation over the episodes, so every turn sampled with the
-adapter of the iteration."""
+LoRA actor (``sync: adapter``, vLLM serving the adapter): in both iterations vLLM's log-probs of
+the policy's tokens equal the actor's (base + adapter) recomputation over the episodes, so every
+turn sampled with the adapter of the iteration."""
 
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ def test_multi_turn_iteration_commits_and_a_killed_generate_commits_the_same(
 ):
     from ppoflow.flows.ppo import ppo
 
-    cfg = flow_config(str(tmp_path), "multiturn", **MULTI_TURN)
+    # transformers generates the episodes (the actor's own module): the claims here are the masks,
+    # scores and retries of multi-turn, not the engine; vLLM's episodes: the LoRA test below
+    cfg = flow_config(str(tmp_path), "multiturn", **MULTI_TURN, **{"rollout.engine": "hf"})
     ppo(cfg, iterations=1)
     paths = ExperimentPaths(cfg.storage.experiment_url)
     assert read_manifest(paths).iteration == 1
@@ -58,7 +60,8 @@ def test_multi_turn_iteration_commits_and_a_killed_generate_commits_the_same(
 
     copy = copy_experiment(cfg.storage.experiment_url, str(tmp_path), "multiturn-killed", at=0)
     monkeypatch.setenv(faults.ENV_VAR, "rank_exit:generate_sequences:1")
-    state = ppo(flow_config(str(tmp_path), "multiturn-killed", **MULTI_TURN), iterations=1, return_state=True)
+    killed = flow_config(str(tmp_path), "multiturn-killed", **MULTI_TURN, **{"rollout.engine": "hf"})
+    state = ppo(killed, iterations=1, return_state=True)
     assert attempts(state)["generate"] == 2
     first = DataProto.load(paths.file(1, "rollout.arrow"))
     again = DataProto.load(ExperimentPaths(copy).file(1, "rollout.arrow"))

@@ -1,5 +1,8 @@
-"""``algorithm.overlap: one_step`` in the real flow (2 CPU ranks, vLLM, GAE with a critic, no reward
-model, no KL term: two worker groups).
+"""``algorithm.overlap: one_step`` in the real flow (2 CPU ranks, GAE with a critic, no reward
+model, no KL term: two worker groups). Transformers generates on the actor's own module
+(``rollout.engine: hf``): the claims are the schedule (which weights each step reads) and the old
+log-probs the actor computes, not the engine. (vLLM under one-step overlap:
+tests/scenarios/test_flow_mismatch.py.)
 
 Its semantics, checked against independent references:
 - iteration k's rollout and old log-probs come from the policy after update k-2 (the base
@@ -27,6 +30,7 @@ OVERLAP = {
     "algorithm.overlap": "one_step",
     "algorithm.use_kl_in_reward": False,
     "reward.reward_model.enable": False,
+    "rollout.engine": "hf",
 }
 
 

@@ -1,4 +1,4 @@
-"""Real tasks and reward services in the real flow (2 CPU ranks, vLLM, the tiny policy):
+"""Real tasks and reward services in the real flow (2 CPU ranks, the tiny policy):
 
 - files written from two reasoning-gym tasks train an iteration and are evaluated, each held-out
   response scored by the task's own scorer (checked by calling reasoning-gym by hand);
@@ -6,6 +6,9 @@
   alike: the evaluation's scores are the service's rule applied to its responses;
 - a service that answers malformed JSON (after a retry: a RewardError, not retried by the task)
   or stalls (retried by the scorer and the task, then the run fails) leaves nothing committed.
+
+Transformers generates, on the actor's own module (``rollout.engine: hf``): the claims are about
+tasks and scoring, not the engine, and a group starts in about half vLLM's time.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pyarrow.ipc
 import pytest
 
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
-from tests.support.configs import LIGHT
+from tests.support.configs import LIGHT_HF
 from tests.support.prefect_runs import attempts
 from tests.support.reward_server import calls, serve
 
@@ -56,7 +59,7 @@ def test_a_flow_trains_and_evaluates_on_reasoning_gym_tasks(prefect_harness, flo
     cfg = flow_config(
         str(tmp_path / "runs"),
         "rg",
-        **LIGHT,
+        **LIGHT_HF,
         **EVAL,
         **{
             "data.train_files": [files["train"]],
@@ -94,7 +97,7 @@ def test_a_reward_service_scores_training_and_evaluation(
     cfg = flow_config(
         str(tmp_path / "runs"),
         "remote",
-        **LIGHT,
+        **LIGHT_HF,
         **EVAL,
         **{
             "data.val_files": [flow_assets["data"]],
@@ -129,7 +132,7 @@ def test_a_failing_service_commits_nothing(
         "token_env": None,
     }
     cfg = flow_config(
-        str(tmp_path / "runs"), route, **LIGHT, **{"reward.rule": False, "reward.remote": remote}
+        str(tmp_path / "runs"), route, **LIGHT_HF, **{"reward.rule": False, "reward.remote": remote}
     )
     state = ppo(cfg, iterations=1, return_state=True)
     assert state.is_failed()

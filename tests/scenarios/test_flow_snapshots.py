@@ -1,6 +1,8 @@
-"""Snapshots every k iterations and exact replay in the real flow (2 CPU ranks, vLLM, an actor and
-a critic group), against an uninterrupted run of the same config that writes every state
-(``checkpoint.snapshot_every: 1``):
+"""Snapshots every k iterations and exact replay in the real flow (2 CPU ranks, an actor and a
+critic group; transformers generates on the actor's own module, ``rollout.engine: hf``: the claims
+are about states, replay and resumes, not the engine, and each of the family's dozen group starts
+takes about half vLLM's time), against an uninterrupted run of the same config that writes every
+state (``checkpoint.snapshot_every: 1``):
 
 - snapshots between the ends of runs are deferred (a commit does not wait for their writes);
 - a flow SIGKILLed between two snapshots, and a rank killed between two snapshots, resume by
@@ -36,9 +38,10 @@ pytestmark = pytest.mark.slow
 
 K = 3
 ITERATIONS = 6
-#: an actor and a critic group (GAE), nothing else: no reward model, no KL term; snapshots only
-#: every K (not at the end of each run: the runs here stop between snapshots on purpose)
+#: an actor and a critic group (GAE), nothing else: no reward model, no KL term, no vLLM; snapshots
+#: only every K (not at the end of each run: the runs here stop between snapshots on purpose)
 TWO_GROUPS = {
+    "rollout.engine": "hf",
     "reward.reward_model.enable": False,
     "algorithm.use_kl_in_reward": False,
     "checkpoint.snapshot_at_end": False,

@@ -15,6 +15,11 @@ LIGHT = {
     "reward.reward_model.enable": False,
 }
 
+#: ``LIGHT`` with transformers generating on the actor's own module (``rollout.engine: hf``), for
+#: scenarios whose claims are not about the rollout engine: the group starts without vLLM, in about
+#: half the time.
+LIGHT_HF = {**LIGHT, "rollout.engine": "hf"}
+
 
 def make_config(tmp_path: Any, model: str, files: list[str], **over: Any) -> ExperimentConfig:
     """A 2-rank config on ``model`` and ``files`` under ``tmp_path/runs``, prompts <= 16 tokens;
