@@ -72,6 +72,7 @@ def test_staleness_zero_commits_what_the_synchronous_flow_commits(async_run, lig
         assert not diff, f"iteration {n}: the training batches differ in {diff}"
         metrics = storage.read_json(queued.file(n, "metrics.json"))
         assert metrics["async/staleness_max"] == 0.0 and metrics["async/version_min"] == n - 1
+        assert metrics["async/publish_background"] == 0.0  # batch n + 1 needs version n itself
         sampled_by = b.batch["token_versions"][b.batch["response_mask"].bool()]
         assert sampled_by.numel() and bool((sampled_by == n - 1).all())  # every token: version n - 1
 
@@ -291,6 +292,9 @@ def test_stale_batches_keep_the_bound_and_each_token_has_its_samplers_log_prob(s
         assert versions.min() >= max(0, n - 1 - s) and versions.max() <= n - 1, (n, versions.unique())
         metrics = storage.read_json(paths.file(n, "metrics.json"))
         assert metrics["async/staleness_max"] == float((n - 1) - versions.min())
+        # version n was written in the background (version n - 1 was complete); the producer
+        # loads only complete versions, and the bound above held with every one it sampled from
+        assert metrics["async/publish_background"] == 1.0, n
         assert sum(metrics[f"async/tokens_staleness_{d}"] for d in range(s + 1)) == mask.sum()
         # every token's sampler log-prob is its own version's (a plain forward per version) ...
         sampled = batch.batch["rollout_log_probs"]
