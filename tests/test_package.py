@@ -49,7 +49,6 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "infra/remote/rank/entry.py": "tests/infra/remote/driver/test_group.py (every rank runs it: calls, faults, a dead driver)",
     "tasks/score.py": "tests/flows/test_ppo.py (its three reads of every rollout, on their groups)",
     "tasks/produce.py": "tests/flows/test_asynchronous.py (every batch of the queue sampled by the producer's group, its lease taken over after a kill)",
-    "tasks/publish.py": "tests/flows/test_asynchronous.py (every policy version the producers load, the trainer killed mid-publish)",
     "flows/rollout.py": "tests/flows/test_asynchronous.py (the producer's flow in a process of its own, killed and started again)",
     "tasks/update.py": "tests/scenarios/test_flow_snapshots.py (updates that snapshot, defer or record for replay)",
     "tasks/checkpoints.py": "tests/scenarios/test_flow_checkpoints.py (the flow's checkpoint writes and their lineage)",
