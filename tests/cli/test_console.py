@@ -10,8 +10,11 @@ from tests.support.configs import make_config
 
 
 def _notes(progress: _Progress, seconds: range) -> dict[int, str]:
-    """The notes the progress printer gives at each second of ``seconds`` after the last news."""
-    t0 = progress.last_news
+    """The notes the progress printer gives at each second of ``seconds`` after the last news. The
+    last news is moved to a whole second, so that ``(t0 + s) - t0`` is exactly ``s`` in floating
+    point (from an arbitrary ``time.monotonic()`` it can come out a hair under, and a note due at
+    630 s would be seen at 631)."""
+    progress.last_news = t0 = float(int(progress.last_news))
     return {s: line for s in seconds if (line := progress.note(t0 + s)) is not None}
 
 
