@@ -173,7 +173,7 @@ def main() -> None:
             log,
         )
     exp, val = paths.root, list(cfg.data.val_files)
-    engine_dtype = cfg.rollout.dtype or cfg.model.dtype
+    engine_dtype = cfg.engine_dtype
     tokens = cfg.evaluation.response_length or cfg.rollout.response_length
     scratch = os.path.join(root, "parity")
     os.makedirs(scratch, exist_ok=True)

@@ -128,7 +128,7 @@ def evaluation_spec(cfg: ExperimentConfig, source: str, files: list[str]) -> dic
             "engine": rollout.engine,
             "prompt_length": rollout.prompt_length,
             "response_length": rollout.response_length,
-            "dtype": rollout.dtype or cfg.model.dtype,
+            "dtype": cfg.engine_dtype,
             "tensor_model_parallel_size": rollout.tensor_model_parallel_size,
         },
         "prompts": {
@@ -148,7 +148,7 @@ def decoding_summary(cfg: ExperimentConfig) -> str:
     sampling = "greedy" if ev.temperature == 0 else f"temperature {ev.temperature}, seed {ev.seed}"
     prompts = "the tokenizer's chat template" if data.apply_chat_template else "plain text (no chat template)"
     return (
-        f"{cfg.rollout.engine} in {cfg.rollout.dtype or cfg.model.dtype}, {sampling}, up to "
+        f"{cfg.rollout.engine} in {cfg.engine_dtype}, {sampling}, up to "
         f"{ev.response_length or cfg.rollout.response_length} new tokens, prompts through {prompts}"
     )
 

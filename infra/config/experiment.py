@@ -296,6 +296,12 @@ class ExperimentConfig(Section):
     def critic_model(self) -> ModelConfig:
         return self.critic.model or self.model
 
+    @property
+    def engine_dtype(self) -> str:
+        """The rollout engine's dtype: ``rollout.dtype``, else the model's (what sampling and
+        evaluation run in, and what another program must use to decode as they do)."""
+        return self.rollout.dtype or self.model.dtype
+
     def engine_max_model_len(self) -> int:
         """The longest sequence the rollout engine holds: a prompt and the longer of a training
         response and an evaluation's (``evaluation.response_length``, which may be the longer)."""

@@ -156,7 +156,7 @@ class VLLMRollout(Rollout):
             model_path=site.model_path,
             rank=site.rank,
             world_size=site.world_size,
-            dtype=rcfg.dtype or model.dtype,
+            dtype=config.engine_dtype,
             tokenizer_path=model.tokenizer_path or site.model_path,
             pad_token_id=site.pad_token_id,
             trust_remote_code=model.trust_remote_code,
