@@ -56,10 +56,7 @@ def publish_policy(step: Step[Receipt], update: Receipt | str) -> Receipt:
         metrics["async/publish_background"] = float(background)
     faults.maybe_kill("publish", step.n)  # drill: the weights are there, the pointer not yet
     versions = PolicyVersions(queue)
-    if is_complete(url):
-        versions.publish(step.n)
-    else:  # written in the background: point at the newest complete version meanwhile
-        versions.settle()
+    versions.settle()  # the pointer to the newest complete version: n, unless it is still being written
     removed = versions.retain()
     if removed:
         step.logger.info(f"policy versions removed (newer ones published): {removed}")
