@@ -28,6 +28,7 @@ from ppoflow.infra.experiment.metrics import is_timing_key
 from ppoflow.infra.queue.layout import QueuePaths
 from tests.support.configs import LIGHT
 from tests.support.experiments import assert_same_state
+from tests.support.hf_log_probs import response_log_probs
 
 pytestmark = pytest.mark.slow
 
@@ -263,23 +264,6 @@ def stale_run(prefect_harness, flow_config, tmp_path_factory):
     return cfg
 
 
-def _log_probs_under(model_dir: str, weights: dict, batch: DataProto, temperature: float) -> torch.Tensor:
-    """(B, R) log-probs of the responses under ``weights`` in a plain transformers model."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.load_state_dict(weights, strict=False)
-    r = batch.batch["responses"].shape[1]
-    with torch.no_grad():
-        logits = model(
-            input_ids=batch.batch["input_ids"],
-            attention_mask=batch.batch["attention_mask"],
-            position_ids=batch.batch["position_ids"],
-        ).logits[:, -r - 1 : -1]
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, batch.batch["responses"].unsqueeze(-1)).squeeze(-1)
-
-
 def test_stale_batches_keep_the_bound_and_each_token_has_its_samplers_log_prob(stale_run, flow_assets):
     from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 
@@ -300,7 +284,7 @@ def test_stale_batches_keep_the_bound_and_each_token_has_its_samplers_log_prob(s
         sampled = batch.batch["rollout_log_probs"]
         for v in versions.unique().tolist():
             weights = load_full_state_dict(paths.checkpoint("actor", v))
-            lp = _log_probs_under(flow_assets["model"], weights, batch, batch.meta_info["temperature"])
+            lp = response_log_probs(flow_assets["model"], batch, batch.meta_info["temperature"], weights)
             mine = mask & (batch.batch["token_versions"] == v)
             assert torch.allclose(sampled[mine], lp[mine], atol=1e-4), (n, v)
         # ... and the update weighs each token by pi_old / pi_sampler of that token (TIS, cap 2)

@@ -21,28 +21,13 @@ from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from tests.support.configs import LIGHT
 from tests.support.experiments import copy_experiment
+from tests.support.hf_log_probs import response_log_probs
 
 pytestmark = pytest.mark.slow
 
 #: float32 vLLM against the float32 FSDP actor, same weights: measured ~1e-6 per token (CPU).
 SAME_WEIGHTS_ERROR = 1.0001
 LOW, HIGH, CAP = 0.95, 1.05, 1.02
-
-
-def _base_log_probs(model: str, batch: DataProto, temperature: float) -> torch.Tensor:
-    """(B, R) log-probs of the responses under the base model (a plain transformers forward)."""
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    p = batch.batch["prompts"].shape[1]
-    with torch.no_grad():
-        logits = hf(
-            input_ids=batch.batch["input_ids"],
-            attention_mask=batch.batch["attention_mask"],
-            position_ids=batch.batch["position_ids"],
-        ).logits[:, p - 1 : -1]
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, batch.batch["responses"].unsqueeze(-1)).squeeze(-1)
 
 
 def test_a_stale_sampler_is_measured_masked_capped_and_the_run_commits(
@@ -73,7 +58,7 @@ def test_a_stale_sampler_is_measured_masked_capped_and_the_run_commits(
     mask = batch.batch["response_mask"].bool()
     sampler, trainer = batch.batch["rollout_log_probs"], batch.batch["old_log_probs"]
     # the engine sampled from the base weights: its log-probs are the base model's, not the trainer's
-    base = _base_log_probs(flow_assets["model"], batch, float(batch.meta_info.get("temperature", 1.0)))
+    base = response_log_probs(flow_assets["model"], batch, float(batch.meta_info.get("temperature", 1.0)))
     assert float((sampler - base)[mask].abs().max()) < 1e-4
     # the metrics show it
     d = (trainer - sampler)[mask].double()

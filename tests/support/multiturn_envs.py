@@ -6,6 +6,19 @@ from typing import Any
 
 from ppoflow.infra.envs import Environment, Reset, StepOutcome, ToolResult
 
+#: A dataset prompt holding a worked example: a python call, its output as a tool message, the
+#: answer, then the question the policy is to answer.
+WORKED_EXAMPLE = [
+    {"role": "user", "content": "What is 3*4?"},
+    {
+        "role": "assistant",
+        "content": '<tool_call>{"name": "python", "arguments": {"code": "3*4"}}</tool_call>',
+    },
+    {"role": "tool", "name": "python", "content": "12"},
+    {"role": "assistant", "content": "12"},
+    {"role": "user", "content": "What is 5*6?"},
+]
+
 
 class ScriptedEnv(Environment):
     """Each row says how many policy turns its episode has (``extra_info["turns"]``, else

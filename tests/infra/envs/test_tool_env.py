@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ppoflow.infra.envs import EnvSettings, ToolEnv, build_tool
 from ppoflow.infra.envs.tool_env import row_messages
+from tests.support.multiturn_envs import WORKED_EXAMPLE
 
 
 def test_tool_env_runs_calls_and_scores_the_answer():
@@ -35,13 +36,6 @@ def test_tool_env_runs_calls_and_scores_the_answer():
 
 def test_a_stored_prompt_s_messages_drop_the_fields_they_do_not_set():
     """A parquet column of messages gives each message every field; the unset ones are dropped."""
-    call = '<tool_call>{"name": "python", "arguments": {"code": "3*4"}}</tool_call>'
-    prompt = [
-        {"role": "user", "content": "What is 3*4?"},
-        {"role": "assistant", "content": call},
-        {"role": "tool", "name": "python", "content": "12"},
-        {"role": "assistant", "content": "12"},
-        {"role": "user", "content": "What is 5*6?"},
-    ]
+    prompt = [dict(m) for m in WORKED_EXAMPLE]
     stored = [{"role": m["role"], "content": m["content"], "name": m.get("name")} for m in prompt]
     assert row_messages({"raw_prompt": stored}) == prompt

@@ -11,6 +11,7 @@ import pytest
 
 from ppoflow.infra.envs import PythonTool
 from ppoflow.workers.rollout.chat_turns import ChatFormat
+from tests.support.multiturn_envs import WORKED_EXAMPLE
 
 HERMES_TEMPLATE = (  # Qwen2.5's shape of tool prompting, cut down
     "{% if tools %}<|system|>Tools:{% for t in tools %}{{ t | tojson }}{% endfor %}"
@@ -77,14 +78,7 @@ def test_a_prompt_with_a_worked_example_renders_tool_outputs_as_the_environment_
     tok = char_tokenizer
     fmt = ChatFormat(tok, "tag")
     schemas = [PythonTool().schema()]
-    call = '<tool_call>{"name": "python", "arguments": {"code": "3*4"}}</tool_call>'
-    prompt = [
-        {"role": "user", "content": "What is 3*4?"},
-        {"role": "assistant", "content": call},
-        {"role": "tool", "name": "python", "content": "12"},
-        {"role": "assistant", "content": "12"},
-        {"role": "user", "content": "What is 5*6?"},
-    ]
+    prompt = [dict(m) for m in WORKED_EXAMPLE]
     expected = fmt._with_tag_system(prompt, schemas)
     expected[3] = {"role": "user", "content": "<tool_response>\n12\n</tool_response>"}
     whole = tok.apply_chat_template(expected, tokenize=False, add_generation_prompt=True)
