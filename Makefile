@@ -28,9 +28,11 @@ demo: $(STAMP)
 # In two tiers: the fast one first (a broken import or contract fails in a couple of minutes), then
 # the multi-rank, vLLM, flow and server tests.
 # (pytest's status 5, "no tests selected", is not a failure: PYTEST_ARGS may pick one tier only.)
+# The slow tier on SLOW_WORKERS pytest-xdist workers (tests/conftest.py keeps what shares a run together).
+SLOW_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slow and not integration" $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
-	$(VENV)/bin/python -m pytest -q -m "slow or integration" $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
+	$(VENV)/bin/python -m pytest -q -m "slow or integration" -n $(SLOW_WORKERS) --dist loadgroup $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
 
 # The edit-test loop (about 90 s on 2 cores): everything but the `slow` (ranks, vLLM, flows) and
 # `integration` (real Prefect server) tests.

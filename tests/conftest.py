@@ -3,8 +3,38 @@ from tests.support.mlflow_server import mlflow_server  # noqa
 from tests.support.s3_server import s3_server  # noqa
 
 
-# ----------------------------------------------------------------------------- flow tests
 import pytest
+
+# ----------------------------------------------------------------------------- two workers
+#: Session fixtures that run flows (tens of seconds each). ``make test`` runs the slow tier on two
+#: pytest-xdist workers (``--dist loadgroup``), and each worker builds the session fixtures its own
+#: tests use: the modules that use one of these go to one worker, which builds it once.
+SHARED_RUNS = ("base_run", "light_run", "demo", "ckpt_run")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(config, items):
+    """An ``xdist_group`` for every test: its module (module fixtures are built once), or, for a
+    module that uses one of :data:`SHARED_RUNS`, that run (a module using two is split by test,
+    each with the first run it uses). Without xdist the marks change nothing."""
+
+    def runs_of(item) -> list[str]:
+        return [run for run in SHARED_RUNS if run in getattr(item, "fixturenames", ())]
+
+    module_runs: dict[str, list[str]] = {}
+    for item in items:
+        runs = module_runs.setdefault(item.module.__name__, [])
+        runs.extend(run for run in runs_of(item) if run not in runs)
+    for item in items:
+        runs = module_runs[item.module.__name__]
+        if not runs:
+            group = item.module.__name__
+        else:
+            group = runs[0] if len(runs) == 1 else (runs_of(item) or runs)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+# ----------------------------------------------------------------------------- flow tests
 
 
 @pytest.fixture(scope="session", autouse=True)
