@@ -26,17 +26,11 @@ def pytest_collection_modifyitems(config, items):
         runs = module_runs.setdefault(item.module.__name__, [])
         runs.extend(run for run in runs_of(item) if run not in runs)
     for item in items:
-        runs = module_runs[item.module.__name__]
-        if not runs:
-            group = item.module.__name__
-        else:
-            group = runs[0] if len(runs) == 1 else (runs_of(item) or runs)[0]
+        group = (runs_of(item) or module_runs[item.module.__name__] or [item.module.__name__])[0]
         item.add_marker(pytest.mark.xdist_group(group))
 
 
 # ----------------------------------------------------------------------------- flow tests
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _session_device_slots(tmp_path_factory):
     """The session's runs (and the processes they start) share device slots among themselves, not
