@@ -47,6 +47,7 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "infra/remote/driver/rendezvous.py": "tests/infra/remote/test_multinode.py (groups over node agents)",
     "infra/remote/links.py": "tests/infra/remote/driver/test_hub.py (strangers refused) and tests/infra/remote/test_multinode.py",
     "infra/remote/rank/entry.py": "tests/infra/remote/driver/test_group.py (every rank runs it: calls, faults, a dead driver)",
+    "infra/remote/rank/launch.py": "tests/infra/remote/test_procs.py (its torchrun arguments) and tests/infra/remote/driver/test_group.py (every local group starts through it)",
     "tasks/score.py": "tests/flows/test_ppo.py (its three reads of every rollout, on their groups)",
     "tasks/produce.py": "tests/flows/test_asynchronous.py (every batch of the queue sampled by the producer's group, its lease taken over after a kill)",
     "flows/rollout.py": "tests/flows/test_asynchronous.py (the producer's flow in a process of its own, killed and started again)",
@@ -381,6 +382,7 @@ def test_wheel_puts_only_ppoflow_at_the_top_level(tmp_path):
         "ppoflow/algos/advantages.py",
         "ppoflow/infra/data/dataproto.py",
         "ppoflow/infra/remote/rank/entry.py",
+        "ppoflow/infra/remote/rank/__main__.py",  # what a forked rank runs
         "ppoflow/infra/remote/protocol.py",
         "ppoflow/infra/experiment/manifest.py",
         "ppoflow/infra/checkpoint/sharded.py",

@@ -26,6 +26,7 @@ import ppoflow
 
 __all__ = [
     "RANK_MODULE",
+    "LAUNCH_MODULE",
     "torchrun_command",
     "rendezvous_torchrun_command",
     "rank_env",
@@ -37,19 +38,23 @@ __all__ = [
     "block_until_exit",
 ]
 
-#: The module every rank runs (``torchrun ... -m RANK_MODULE``).
+#: The module every rank runs (its ``main``).
 RANK_MODULE = "ppoflow.infra.remote.rank.entry"
+#: The module that launches a group's ranks on a host: torchrun, the ranks forked from a process that
+#: imported them once (CPU) or spawned (CUDA); see :mod:`ppoflow.infra.remote.rank.launch`.
+LAUNCH_MODULE = "ppoflow.infra.remote.rank.launch"
 #: The folder that holds the ``ppoflow`` package the driver imported: the ranks import the same one.
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(ppoflow.__file__)))
 
 
 def torchrun_command(nprocs: int, log_dir: str) -> list[str]:
-    """torchrun on this host, N ranks of ``ppoflow.infra.remote.rank.entry``, no restarts, output teed with a
-    ``[rankN]:`` prefix (see ``rank_env``) and copied to per-rank files under ``log_dir``."""
+    """torchrun on this host (through ``LAUNCH_MODULE``, which appends the rank program), N ranks of
+    ``ppoflow.infra.remote.rank.entry``, no restarts, output teed with a ``[rankN]:`` prefix (see
+    ``rank_env``) and copied to per-rank files under ``log_dir``."""
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        LAUNCH_MODULE,
         "--standalone",
         f"--nproc-per-node={nprocs}",
         "--max-restarts=0",
@@ -57,8 +62,6 @@ def torchrun_command(nprocs: int, log_dir: str) -> list[str]:
         "3",
         "--log-dir",
         log_dir,
-        "-m",
-        RANK_MODULE,
     ]
 
 
@@ -78,7 +81,7 @@ def rendezvous_torchrun_command(
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        LAUNCH_MODULE,
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc_per_node}",
         "--rdzv-backend=c10d",
@@ -91,8 +94,6 @@ def rendezvous_torchrun_command(
         "3",
         "--log-dir",
         log_dir,
-        "-m",
-        RANK_MODULE,
     ]
 
 
@@ -196,12 +197,14 @@ def processes_with_env(**pairs: str) -> list[int]:
 
 
 def _is_rank(pid: int) -> bool:
-    """True if ``pid`` runs ``ppoflow.infra.remote.rank.entry`` (guards against a recycled pid)."""
+    """True if ``pid`` runs a rank (guards against a recycled pid): a spawned rank's command line
+    names ``RANK_MODULE``, a forked one's is its launcher's (``LAUNCH_MODULE``)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return RANK_MODULE.encode() in f.read()
+            cmdline = f.read()
     except OSError:
         return False
+    return RANK_MODULE.encode() in cmdline or LAUNCH_MODULE.encode() in cmdline
 
 
 def _sigkill(kill: Callable[[int, int], None], target: int) -> None:
@@ -215,10 +218,11 @@ def kill_process_group(proc: subprocess.Popen, rank_pids: Sequence[int] = (), wa
     """SIGKILL torchrun, every process below it and every known rank, reap torchrun, and wait
     (up to ``wait_s`` in all) until the killed processes are gone.
 
-    torchrun starts each rank in a session of its own, so killing torchrun's process group is
-    not enough: each descendant's process group is killed too (a rank's group holds whatever it
+    torchrun starts each spawned rank in a session of its own, so killing torchrun's process group
+    is not enough: each descendant's process group is killed too (a rank's group holds whatever it
     spawned, e.g. engine subprocesses), and so are the ranks of ``rank_pids`` that are still
-    running ``ppoflow.infra.remote.rank.entry`` (they may have been reparented if torchrun already exited).
+    running (they may have been reparented if torchrun already exited). Forked ranks stay in
+    torchrun's group and go with it.
 
     The wait matters on GPUs: a killed rank gives its device memory back only when it has exited
     (a rank stuck in an NCCL collective after a peer died takes a moment to tear its CUDA context

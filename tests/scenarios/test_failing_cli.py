@@ -169,12 +169,9 @@ def test_sigkill_mid_iteration_leaves_nothing_and_the_next_run_commits_the_same(
     run = cli("run", config, "--iterations", "2")
     at = run.wait_for(lambda: storage.exists(paths.receipt(1, "generate")))
     tree, rc, _ = signal_and_time(run, signal.SIGKILL)
-    kinds = {
-        k
-        for k in ("local_api", "torch.distributed.run", "remote.rank.entry")
-        if any(k in c for c in tree.values())
-    }
-    assert kinds == {"local_api", "torch.distributed.run", "remote.rank.entry"}, tree  # what was running
+    # what was running: the local API, and torch's launcher with its ranks (forked: one command line)
+    assert any("local_api" in c for c in tree.values()), tree
+    assert sum("remote.rank.launch" in c for c in tree.values()) >= 2, tree
     assert rc == -signal.SIGKILL
     t0 = time.monotonic()
     left = gone_within(tree, 10)
@@ -268,7 +265,7 @@ def test_ctrl_c_mid_task_stops_within_seconds_and_frees_everything(cli, flow_con
     tree, rc, took = signal_and_time(run, signal.SIGINT)
     out = run.text()
     print(f"\nCtrl-C in generate: exit {rc} after {took:.1f} s\n{out}")
-    assert any("remote.rank.entry" in c for c in tree.values())  # ranks were running
+    assert sum("remote.rank.launch" in c for c in tree.values()) >= 2  # a launcher and its ranks ran
     assert rc == 130 and took < 20
     assert "ppoflow: stopped by Ctrl-C" in out and "  state  iteration 0 is the last committed" in out
     assert "Traceback" not in out

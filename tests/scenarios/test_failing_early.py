@@ -28,7 +28,7 @@ from tests.support.processes import alive
 
 pytestmark = pytest.mark.slow
 
-RANKS = ("remote.rank.entry", "torch.distributed.run")
+RANKS = ("remote.rank.launch", "remote.rank.entry", "torch.distributed.run")  # launchers and ranks
 #: What a config error costs the CLI: its imports and the config's checks, no Prefect server.
 CONFIG_ERROR_S = 30
 #: What the preflight's checks may take: about a second on an idle machine (a tokenizer, a few

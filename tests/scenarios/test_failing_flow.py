@@ -31,11 +31,12 @@ pytestmark = pytest.mark.slow
 
 
 def rank_processes() -> list[int]:
-    """Pids of ppoflow ranks and torchrun launchers running below this process."""
+    """Pids of ppoflow ranks and torchrun launchers running below this process (a forked rank's
+    command line is its launcher's)."""
     return [
         pid
         for pid, cmd in descendants(os.getpid()).items()
-        if "remote.rank.entry" in cmd or "torch.distributed.run" in cmd
+        if any(k in cmd for k in ("remote.rank.launch", "remote.rank.entry", "torch.distributed.run"))
     ]
 
 

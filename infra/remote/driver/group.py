@@ -60,6 +60,10 @@ from ppoflow.infra.remote.protocol import (
 __all__ = ["WorkerGroup", "RankFailure", "GroupCannotStart", "WorkerGroupDead", "Dispatch"]
 
 _LOG = logging.getLogger("ppoflow.ranks")
+#: After a rank died, how long to wait for the launcher's account of it (torchrun's report, a lost
+#: node) before killing the group: a forked rank's report is formatted by torch's logging, which
+#: imports part of torch._dynamo the first time (about 1.2 s of a busy CPU).
+SETTLE_S = 3.0
 
 
 class _Resources:
@@ -368,7 +372,7 @@ class WorkerGroup:
         """Kill the group, mark it dead and raise RankFailure(what [+ the launcher's account of
         it, e.g. the node that was lost] [+ output tail])."""
         if settle:  # let the launcher notice the dead rank (torchrun's report, a lost node)
-            deadline = time.monotonic() + min(2.0, self.grace_s)
+            deadline = time.monotonic() + SETTLE_S
             while self.launcher.failure() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
         cause = self.launcher.failure()  # before the kill below ends everything

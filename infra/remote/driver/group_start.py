@@ -40,6 +40,8 @@ _ROOT = re.compile(
     r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+).*?\bexitcode\s*:\s*(-?\d+)", re.S
 )
 _ERROR_LINE = re.compile(r"^\[rank(\d+)\]:\s?((?:[A-Za-z_][\w.]*)(?:Error|Exception|Exit)\b.*)$")
+#: An exception's last line inside the report's own traceback (a forked rank's error file).
+_REPORT_ERROR = re.compile(r"^\s*((?:[A-Za-z_][\w.]*)(?:Error|Exception|Exit)\b.*)$")
 
 
 class Fail(Protocol):
@@ -83,18 +85,26 @@ def accept_ranks(
 
 def root_cause(output: str) -> tuple[int, int, str] | None:
     """``(rank, exit code, its last error line)`` of the first rank to end, from torchrun's failure
-    report in ``output`` (the error line: another rank's when it printed none, "" when no rank
-    did); None without a report."""
-    found = _ROOT.findall(output)
+    report in ``output``; None without a report. The error line: the rank's own (a spawned rank
+    prints its traceback), else the one in the report (a forked rank's traceback is there), else
+    another rank's, else ""."""
+    found = list(_ROOT.finditer(output))
     if not found:
         return None
-    rank, code = int(found[-1][0]), int(found[-1][1])
+    rank, code = int(found[-1].group(1)), int(found[-1].group(2))
     errors: dict[int, str] = {}  # each rank's last error line
     for line in output.splitlines():
         m = _ERROR_LINE.match(line.strip())
         if m:
             errors[int(m.group(1))] = m.group(2).strip()
-    return rank, code, errors.get(rank) or next(reversed(errors.values()), "")
+    reported = ""
+    for line in output[found[-1].end() :].splitlines():
+        if line.startswith("====="):  # the report's end
+            break
+        m = _REPORT_ERROR.match(line)
+        if m:
+            reported = m.group(1).strip()
+    return rank, code, errors.get(rank) or reported or next(reversed(errors.values()), "")
 
 
 def classify(exc: RankFailure, output: str) -> RankFailure:

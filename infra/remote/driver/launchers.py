@@ -151,6 +151,8 @@ class LocalLauncher(Launcher):
     def failure(self) -> str | None:
         if self.proc is None or self.proc.poll() is None:
             return None
+        if self.pump is not None:  # torchrun's last lines (its failure report) are in the tail
+            self.pump.join(timeout=1.0)
         return f"torchrun exited (status {self.proc.returncode})"
 
     def wait(self, timeout: float) -> bool:

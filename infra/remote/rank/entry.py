@@ -1,4 +1,6 @@
-"""Entry point of one rank of a ``ppoflow.infra.remote.driver.group.WorkerGroup`` (run as ``torchrun ... -m ppoflow.infra.remote.rank.entry``).
+"""Entry point of one rank of a ``ppoflow.infra.remote.driver.group.WorkerGroup``: its ``main``, run
+by every rank that :mod:`ppoflow.infra.remote.rank.launch` starts (forked from the launcher on CPU,
+``torchrun ... -m ppoflow.infra.remote.rank.entry`` on CUDA).
 
 The driver (``WorkerGroup``) starts torchrun with these environment variables:
 
@@ -19,7 +21,7 @@ Life of a rank (the messages are :mod:`ppoflow.infra.remote.protocol`'s): init t
 -> connect to the driver -> send :class:`Hello` -> receive :class:`Init` -> build the worker ->
 reply :class:`Ready` (its registered methods and layout, or the failure) -> loop over commands:
 a :class:`Call` gets a :class:`Reply`; :class:`Shutdown` runs ``worker.shutdown()``, frees the
-worker, gc, barrier, destroys the process group, replies and ``os._exit(0)``.
+worker, gc, barrier, destroys the process group, replies and ends the rank (``_end``).
 
 Calling convention: for DP_COMPUTE_PROTO, ``in_url`` is this rank's input chunk; the rank calls
 ``method(worker, DataProto.load(in_url), *args, **kwargs)``; a DataProto result is saved at
@@ -40,6 +42,7 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -55,7 +58,7 @@ import torch.distributed as dist
 from ppoflow.infra import faults
 from ppoflow.infra.remote.dispatch import Dispatch, dispatch_mode_of, metric_rules_of, registered_methods
 from ppoflow.infra.remote.errors import error_types
-from ppoflow.infra.remote.procs import block_until_exit
+from ppoflow.infra.remote.procs import LAUNCH_MODULE, block_until_exit
 from ppoflow.infra.remote.protocol import (
     Call,
     Failure,
@@ -71,6 +74,8 @@ from ppoflow.infra.remote.protocol import (
 from ppoflow.infra.remote.rank.seeding import seed_rngs
 
 FAULT_EXIT_CODE = 17
+#: How long a forked rank's interpreter may take to exit after a clean shutdown (see ``_end``).
+EXIT_GRACE_S = 30.0
 
 
 def _flush_and_exit(code: int) -> None:
@@ -90,15 +95,23 @@ def _watch_driver(driver_pid: int) -> None:
 
 def _orphaned(why: str) -> None:
     """The driver is gone (or dropped this group): no orphans may outlive it. Kill the parent
-    torchrun (its output has no reader left) and this rank's process group (torchrun starts
-    every rank in a session of its own: the rank and whatever it spawned), then exit 1."""
+    torchrun (its output has no reader left) and this rank's process group: a spawned rank leads
+    a session of its own (the rank and whatever it spawned), a forked one is in its launcher's
+    (the launcher, its sibling ranks and what they spawned). Then exit 1."""
     print(f"[ppoflow] {why}; rank exits", file=sys.stderr, flush=True)
     try:
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-            if b"torch.distributed.run" in f.read():
-                os.kill(os.getppid(), signal.SIGKILL)
-        if os.getpgid(0) == os.getpid():
-            os.killpg(os.getpid(), signal.SIGKILL)
+        ppid, pgid = os.getppid(), os.getpgid(0)
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            parent = f.read()
+        launched = b"torch.distributed.run" in parent or LAUNCH_MODULE.encode() in parent
+        if launched and pgid == ppid:
+            # forked: one signal for the launcher's group (not the launcher first: its death
+            # sends this rank SIGINT, which torch's handler turns into an exception right here)
+            os.killpg(pgid, signal.SIGKILL)
+        if launched:
+            os.kill(ppid, signal.SIGKILL)
+        if pgid == os.getpid():
+            os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
     _flush_and_exit(1)
@@ -246,7 +259,6 @@ class RankServer:
             send(self.conn, Reply(id=cmd.id, ok=err is None, failure=failure))
         except OSError:
             pass
-        _flush_and_exit(0)
 
     def serve(self) -> None:
         """Receive commands until shutdown; exit (status 1) if the driver's connection closes."""
@@ -257,6 +269,7 @@ class RankServer:
                 _orphaned(f"rank {self.rank}: the driver closed its link")
             if isinstance(cmd, Shutdown):
                 self.shutdown(cmd)
+                return
             else:
                 send(self.conn, self.call(cmd))
 
@@ -292,6 +305,21 @@ def main() -> None:
     server = RankServer(conn, env["PPOFLOW_WORKER"], injected)
     server.build(dict(receive(conn, Init).config))
     server.serve()
+    _end()
+
+
+def _end() -> None:
+    """After a clean shutdown. A spawned rank exits at once (``os._exit``: no interpreter teardown
+    that a library's leftover thread could hold up). A rank forked by the launcher returns, so that
+    torch's launcher collects its result; a daemon timer ends it should a leftover non-daemon
+    thread hold the interpreter's exit."""
+    if multiprocessing.parent_process() is None:
+        _flush_and_exit(0)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    timer = threading.Timer(EXIT_GRACE_S, _flush_and_exit, args=(0,))
+    timer.daemon = True
+    timer.start()
 
 
 if __name__ == "__main__":

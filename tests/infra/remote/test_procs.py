@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from ppoflow.infra.remote.procs import rendezvous_torchrun_command
+import os
+
+from ppoflow.infra.remote.procs import rendezvous_torchrun_command, torchrun_command
+from ppoflow.infra.remote.rank import launch
 
 KEY = "k" * 40
 
@@ -10,10 +13,7 @@ KEY = "k" * 40
 # ---------------------------------------------------------------------- the agent's side
 def test_the_torchrun_line_of_a_node_carries_no_secret():
     cmd = rendezvous_torchrun_command(2, 8, "driver:29400", "ab12-actor-1", 300, "10.0.0.2", "/tmp/logs")
-    assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[-2:] == [
-        "-m",
-        "ppoflow.infra.remote.rank.entry",
-    ]
+    assert cmd[1:3] == ["-m", "ppoflow.infra.remote.rank.launch"]  # torchrun, through the launcher
     for arg in (
         "--nnodes=2",
         "--nproc-per-node=8",
@@ -26,3 +26,26 @@ def test_the_torchrun_line_of_a_node_carries_no_secret():
     ):
         assert arg in cmd
     assert not any(KEY in a or "AUTHKEY" in a or "KEY" in a for a in cmd)
+
+
+# ---------------------------------------------------------------------- the launcher
+def test_cpu_ranks_are_forked_from_the_launcher_and_cuda_ranks_spawned():
+    flags = torchrun_command(2, "/tmp/logs")[3:]
+    assert "--nproc-per-node=2" in flags and "--standalone" in flags
+    forked = launch.torchrun_argv(flags, {"PPOFLOW_DEVICE": "cpu"})
+    assert forked[: len(flags)] == flags and forked[len(flags) :][:3] == [
+        "--start-method",
+        "fork",
+        "--run-path",
+    ]
+    rank_main = forked[-1]
+    assert os.path.basename(rank_main) == "__main__.py" and os.path.dirname(rank_main) == os.path.dirname(
+        launch.__file__
+    )
+    with open(rank_main) as f:
+        assert "from ppoflow.infra.remote.rank.entry import main" in f.read()
+    assert launch.torchrun_argv(flags, {"PPOFLOW_DEVICE": "cuda"}) == [
+        *flags,
+        "-m",
+        "ppoflow.infra.remote.rank.entry",
+    ]

@@ -39,6 +39,33 @@ def test_the_launchers_report_names_the_first_rank_to_end_and_its_error():
     assert root_cause("no report in this output") is None
 
 
+FORKED_REPORT = """\
+[rank0]:[ppoflow] starting
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+run_script_path FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-05_12:12:38
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 19470)
+  error_file: /tmp/torchelastic_x/attempt_0/0/error.json
+  traceback : Traceback (most recent call last):
+    File "entry.py", line 280, in main
+      threads = int(env.get("PPOFLOW_RANK_THREADS"))
+  ValueError: invalid literal for int() with base 10: 'bogus'
+============================================================
+ValueError: an exception after the report is not the rank's
+"""
+
+
+def test_a_forked_ranks_error_line_is_read_from_the_report():
+    # a rank forked by the launcher prints no traceback of its own: the report carries it
+    assert root_cause(FORKED_REPORT) == (0, 1, "ValueError: invalid literal for int() with base 10: 'bogus'")
+
+
 def test_an_error_exit_while_starting_cannot_start_and_a_signal_may_be_retried():
     failed = RankFailure("the group did not start", None, "__start__")
     cannot = classify(failed, REPORT.format(code=1))
