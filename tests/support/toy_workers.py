@@ -12,6 +12,9 @@ import torch.distributed as dist
 
 from ppoflow.infra.remote.rank.worker import Dispatch, MetricRule, Worker, register
 
+#: The pid of the process that imported this module.
+IMPORTED_IN = os.getpid()
+
 
 def double_plus(x: torch.Tensor) -> torch.Tensor:
     """The rank-independent function the DP tests compare against: x * 2 + 1."""
@@ -42,6 +45,14 @@ class ToyWorker(Worker):
             "threads": torch.get_num_threads(),
             "config": self.config,
         }
+
+    @register(Dispatch.ONE_TO_ALL)
+    def process(self) -> dict:
+        """This rank's process: its parent, its command line, and the process that imported this
+        module (the rank itself, or the launcher it was forked from)."""
+        with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
+            cmdline = f.read().decode().split("\0")
+        return {"ppid": os.getppid(), "cmdline": cmdline, "imported_in": IMPORTED_IN}
 
     @register(Dispatch.ONE_TO_ALL)
     def device_allreduce(self) -> dict:

@@ -108,6 +108,17 @@ def test_one_to_all_runs_on_every_rank(group):
     ]
 
 
+def test_cpu_ranks_are_forked_from_a_launcher_that_imported_their_code(lines):
+    # the worker's module was imported once, by the launcher, before it forked the ranks
+    with WorkerGroup(TOY, nprocs=2, config={}, log=lines) as g:
+        out = g.call("process")
+        with open(f"/proc/{g.launcher_pid}/cmdline", "rb") as f:
+            launcher = f.read().decode().split("\0")
+    assert [r["ppid"] for r in out] == [g.launcher_pid] * 2
+    assert [r["imported_in"] for r in out] == [g.launcher_pid] * 2
+    assert all(r["cmdline"] == launcher for r in out) and "ppoflow.infra.remote.rank.launch" in launcher
+
+
 def test_json_args_and_rank_zero(group):
     out = group.call("echo", 1, "two", [3.5, None], flag=True, d={"k": "v"})
     assert out == [
