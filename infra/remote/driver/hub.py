@@ -309,13 +309,14 @@ class ClusterHub:
                 sink.on_agent_message(link, msg)
         link.lost = "its agent's link closed (the agent ended, or its host went away)"
         with self._cond:
+            closed = self._closed
+        if not closed:  # said before the node leaves agents(): whoever sees it gone can read why
+            self.log(f"[ppoflow] {link.name} left: {link.lost}")
+        with self._cond:
             if self._agents.get(link.node) is link:
                 del self._agents[link.node]
             sinks = list(self._groups.values())
-            closed = self._closed
         link.conn.close()
-        if not closed:
-            self.log(f"[ppoflow] {link.name} left: {link.lost}")
         for sink in sinks:
             sink.on_agent_lost(link)
 
