@@ -78,12 +78,16 @@ FAULT_EXIT_CODE = 17
 EXIT_GRACE_S = 30.0
 
 
-def _flush_and_exit(code: int) -> None:
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:  # noqa: BLE001 - exiting anyway
+        except Exception:  # noqa: BLE001 - ending anyway
             pass
+
+
+def _flush_and_exit(code: int) -> None:
+    _flush()
     os._exit(code)
 
 
@@ -315,8 +319,7 @@ def _end() -> None:
     thread hold the interpreter's exit."""
     if multiprocessing.parent_process() is None:
         _flush_and_exit(0)
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+    _flush()
     timer = threading.Timer(EXIT_GRACE_S, _flush_and_exit, args=(0,))
     timer.daemon = True
     timer.start()
