@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(rest)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     work = args.storage or tempfile.mkdtemp(prefix="ppoflow-async-bench-")
+    os.makedirs(work, exist_ok=True)  # PREFECT_HOME below lives in it: a missing --storage dir is made
     os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect-home"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from ppoflow.cli.local_api import local_server  # the producer's process reports to the same API

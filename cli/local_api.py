@@ -96,6 +96,7 @@ class LocalServer:
             self._done.set()
 
     def _start(self, port: int) -> None:
+        _make_prefect_home()
         for attempt in range(3):  # a port taken between choosing it and binding it: another one
             if attempt:
                 port = self._use(_free_port())
@@ -115,13 +116,19 @@ class LocalServer:
             if self._wait_healthy(f"http://127.0.0.1:{port}/api"):
                 return
             tail = self._tail()
+            status = self._proc.poll() if self._proc is not None else None
             self._end_process()
             if "already in use" not in tail:
+                if status is None:
+                    what = f"did not answer within {START_TIMEOUT_S:.0f} s"
+                    fix = "a slow first start may need PPOFLOW_PREFECT_SERVER_TIMEOUT_S raised"
+                else:
+                    what = f"exited with status {status} before it answered"
+                    fix = "its last output above says why"
                 raise RuntimeError(
-                    f"the local Prefect API server did not start within {START_TIMEOUT_S:.0f} s"
+                    f"the local Prefect API server {what}"
                     + (f"\n--- its last output ---\n{tail}" if tail else "")
-                    + "\n(a slow first start may need PPOFLOW_PREFECT_SERVER_TIMEOUT_S raised; or run "
-                    "`prefect server start` and set PREFECT_API_URL)"
+                    + f"\n({fix}; or run `prefect server start` and set PREFECT_API_URL)"
                 )
         raise RuntimeError("the local Prefect API server found no free port on 127.0.0.1 (three tries)")
 
@@ -202,6 +209,22 @@ def _drain_prefect_workers() -> None:
     for drain in (APILogHandler().flush, lambda: EventsWorker.drain_all(timeout=5)):
         with contextlib.suppress(Exception):  # best effort: the run's outcome is already decided
             drain()
+
+
+def _make_prefect_home() -> None:
+    """Create Prefect's home (``PREFECT_HOME``, where the server keeps its database) with its
+    parents: Prefect makes only the last level, and a server without it fails on its database."""
+    from prefect.settings import get_current_settings
+
+    home = get_current_settings().home
+    try:
+        os.makedirs(home, exist_ok=True)
+    except OSError as exc:
+        raise RuntimeError(
+            f"Prefect's home directory {str(home)!r} (PREFECT_HOME) cannot be created: {exc}. "
+            "Set PREFECT_HOME to a writable directory, or run `prefect server start` and set "
+            "PREFECT_API_URL"
+        ) from None
 
 
 _SERVER: LocalServer | None = None
