@@ -30,6 +30,36 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+def pytest_configure(config):
+    """``--dist loadgroup`` with a pytest and pytest-xdist known not to keep groups: say so before
+    any worker starts (the workers' own check below would end in an INTERNALERROR)."""
+    if config.getoption("dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    import xdist
+
+    xdist_version = tuple(int(p) for p in xdist.__version__.split(".")[:2])
+    if pytest.version_tuple[:2] >= (9, 2) and xdist_version <= (3, 8):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} runs `--dist loadgroup` "
+            "as `--dist load` (tests of one group on different workers, each building the shared "
+            "runs again): install the test extra's pins (pyproject.toml: pytest<9.2)"
+        )
+
+
+def pytest_collection_finish(session):
+    """On an xdist worker under ``--dist loadgroup``: every test's node id carries its group (the
+    marks above). When it does not (pytest 9.2 with pytest-xdist 3.8 drops the suffix), tests of one
+    group run on different workers and each builds the shared runs again: stop at once."""
+    if getattr(session.config.option, "loadgroup", False) and session.items:
+        lost = [item.nodeid for item in session.items if "@" not in item.nodeid]
+        if lost:
+            raise pytest.UsageError(
+                f"--dist loadgroup: {len(lost)} test(s) lost their xdist_group (e.g. {lost[0]}): this "
+                "pytest and pytest-xdist do not keep groups together; install the test extra's pins "
+                "(pyproject.toml: pytest<9.2), or run the slow tier without -n"
+            )
+
+
 # ----------------------------------------------------------------------------- flow tests
 @pytest.fixture(scope="session", autouse=True)
 def _session_device_slots(tmp_path_factory):
