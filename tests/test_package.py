@@ -33,7 +33,6 @@ PACKAGES = tuple(
 #: (modules whose behaviour only a multi-rank or whole-flow test shows).
 TESTED_ELSEWHERE: dict[str, str] = {
     "cli/demo.py": "tests/scenarios/test_demo.py (the demo command, run once per session)",
-    "cli/local_api.py": "tests/scenarios/test_failing_cli.py (every CLI run's local Prefect server, stopped with it)",
     "cli/promotion.py": "tests/scenarios/test_flow_data.py (promote, then again, then roll back)",
     "flows/export.py": "tests/scenarios/test_flow_data.py (what a promotion publishes) and tests/flows/test_deployment.py",
     "demo/experiment.py": "tests/scenarios/test_demo.py (prepare builds the demo's experiment, the demo run uses it)",

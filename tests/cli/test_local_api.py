@@ -1,6 +1,7 @@
 """The CLI's own Prefect API server (``ppoflow.cli.local_api``): where it keeps its database, and
 what a user reads when it cannot start. Each case runs in a process of its own (the server points
-the whole process's Prefect settings at itself)."""
+the whole process's Prefect settings at itself). Its life with a CLI run (started with it,
+stopped with it, gone after a SIGKILL) is in tests/scenarios/test_failing_cli.py."""
 
 from __future__ import annotations
 
