@@ -157,6 +157,8 @@ def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: 
         )
     if isinstance(exc, ExperimentLocked):
         return f"wait for the run named above to end (or cancel it), then run: {rerun}"
+    if device_out_of_memory(exc):
+        return _memory_advice(cfg) + f", then run: {rerun}\n         it resumes at the first unfinished task"
     if exc is None or not permanent:
         return (
             f"run the same command again: {rerun}\n         it resumes at the first unfinished task "
@@ -165,6 +167,38 @@ def _next_step(exc: BaseException | None, cfg: ExperimentConfig, n: int, rerun: 
     if isinstance(exc, CheckpointError) or (isinstance(exc, RankFailure) and exc.raised(CheckpointError)):
         return rollback_hint(ExperimentPaths.of(cfg), n)
     return f"fix what the cause names (a retry cannot), then run: {rerun}"
+
+
+#: How a rank's exception says the device ran out of memory: PyTorch's own error, and the CUDA
+#: error text that vLLM's allocator raises as a plain RuntimeError.
+_OOM_TYPES = ("torch.OutOfMemoryError",)
+_OOM_TEXTS = ("CUDA out of memory", "CUDA Error: out of memory", "OutOfMemoryError")
+
+
+def device_out_of_memory(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is (or stands for) a device running out of memory in a rank."""
+    if exc is None:
+        return False
+    if isinstance(exc, RankFailure) and any(t in _OOM_TYPES for t in exc.error_types):
+        return True
+    return any(text in str(exc) for text in _OOM_TEXTS)
+
+
+def _memory_advice(cfg: ExperimentConfig) -> str:
+    """What makes a run fit its device's memory, with the keys to change (docs/gpus.md#memory)."""
+    advice = (
+        "the device ran out of memory: give the updates fewer tokens at a time "
+        "(actor.ppo_max_token_len_per_gpu, critic.ppo_max_token_len_per_gpu, or the micro-batch "
+        "sizes without use_dynamic_bsz), turn on model.enable_gradient_checkpointing, or give the "
+        "engine less (rollout.kv_cache_gib, rollout.gpu_memory_utilization); docs/gpus.md#memory"
+    )
+    if cfg.asynchronous.enable:
+        advice += (
+            "; with asynchronous training the producer's engine stays awake beside the updates: on "
+            "one device it needs that room too, or place the producer on another device "
+            "(asynchronous.producer, docs/async.md#where-the-groups-run)"
+        )
+    return advice
 
 
 def _log_hint(flow_run_id: str | None) -> str:

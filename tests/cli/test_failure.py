@@ -102,6 +102,22 @@ def test_an_unusable_checkpoint_points_back_to_the_last_good_iteration(cfg):
         )
 
 
+def test_a_device_out_of_memory_says_what_makes_the_run_fit(cfg):
+    import torch
+
+    cuda_oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 228.00 MiB. GPU 0 ...")
+    engine_oom = RuntimeError("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62")
+    for exc in (in_rank(cuda_oom), in_rank(engine_oom), cuda_oom):
+        text = block(cfg, exc)
+        assert "  next   the device ran out of memory: give the updates fewer tokens at a time" in text, text
+        assert "model.enable_gradient_checkpointing" in text and "rollout.kv_cache_gib" in text
+        assert f"then run: {RERUN}" in text and "asynchronous" not in text
+    sharing = cfg.model_copy(update={"asynchronous": cfg.asynchronous.model_copy(update={"enable": True})})
+    text = block(sharing, in_rank(cuda_oom))
+    assert "the producer's engine stays awake beside the updates" in text and "asynchronous.producer" in text
+    assert "the device ran out of memory" not in block(cfg, in_rank(RuntimeError("shape mismatch")))
+
+
 def test_a_lock_left_behind_is_reported_not_hidden(cfg):
     paths = ExperimentPaths.of(cfg)
     with ExperimentLock(paths.lock, run_id="someone-else"):
