@@ -188,9 +188,10 @@ def _memory_advice(cfg: ExperimentConfig) -> str:
     """What makes a run fit its device's memory, with the keys to change (docs/gpus.md#memory)."""
     advice = (
         "the device ran out of memory: give the updates fewer tokens at a time "
-        "(actor.ppo_max_token_len_per_gpu, critic.ppo_max_token_len_per_gpu, or the micro-batch "
-        "sizes without use_dynamic_bsz), turn on model.enable_gradient_checkpointing, or give the "
-        "engine less (rollout.kv_cache_gib, rollout.gpu_memory_utilization); docs/gpus.md#memory"
+        "(actor.ppo_max_token_len_per_gpu, critic.ppo_max_token_len_per_gpu; without "
+        "use_dynamic_bsz, their ppo_micro_batch_size_per_gpu), turn on "
+        "model.enable_gradient_checkpointing, or give the engine less (rollout.kv_cache_gib, "
+        "rollout.gpu_memory_utilization); docs/gpus.md#memory"
     )
     if cfg.asynchronous.enable:
         advice += (
