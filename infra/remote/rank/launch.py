@@ -47,8 +47,11 @@ def torchrun_argv(flags: list[str], env: dict[str, str] | os._Environ[str]) -> l
 
 
 def _preimport(env: dict[str, str] | os._Environ[str]) -> None:
-    """Import what every forked rank needs: the entry and the module of the group's worker."""
+    """Import what every forked rank needs: the entry and the module of the group's worker; and
+    ``torch._dynamo``, which torch's launcher imports to report a failed rank (1-2 s of a CPU, 6 s
+    on a busy 2-core machine: past the driver's wait for the report) unless the worker has it."""
     importlib.import_module(RANK_MODULE)
+    importlib.import_module("torch._dynamo")
     module = env.get("PPOFLOW_WORKER", "").partition(":")[0]
     try:
         importlib.import_module(module)
