@@ -12,6 +12,8 @@ the same device (one GPU: the engine samples while the trainer updates). Snapsho
         --prompts 256 --prompt-len 512 --response-len 256 --micro-batch 32 \\
         --log-prob-micro-batch 32 --dynamic-bsz --compile --iters 5 --snapshot-every 5   # one H200, ~8 min
     ... --staleness sync --iters 20 --snapshot-every 10     # 20+ iterations: one mode per command
+    ... --staleness sync,2 --iters 20 --metrics-only        # or several, each run's checkpoints,
+                                    # rollouts and queue removed once measured (a 64 GB disk)
 
 Per mode: seconds per committed iteration (the interval between consecutive commits after the
 first, cold one: the mean over every iteration, snapshot iterations included, and the median),
@@ -46,19 +48,23 @@ ROWS = (
 )
 
 
-def _split(argv: list[str]) -> tuple[list[str], list[str], dict]:
+def _split(argv: list[str]) -> tuple[list[str], list[str], dict, bool]:
     """This benchmark's own flags out of ``argv``; the rest is iteration.py's."""
     own = {"--staleness": "sync,0,1,2", "--in-flight": "continue", "--chunk-tokens": "64"}
     rest, i = [], 0
     while i < len(argv):
-        if argv[i] in own:
+        if argv[i] == "--metrics-only":
+            own["metrics_only"] = "1"
+            i += 1
+        elif argv[i] in own:
             own[argv[i]] = argv[i + 1]
             i += 2
         else:
             rest.append(argv[i])
             i += 1
     modes = own["--staleness"].split(",")
-    return modes, rest, {"in_flight": own["--in-flight"], "chunk_tokens": int(own["--chunk-tokens"])}
+    extra = {"in_flight": own["--in-flight"], "chunk_tokens": int(own["--chunk-tokens"])}
+    return modes, rest, extra, "metrics_only" in own
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -86,6 +92,21 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def keep_metrics_only(experiment: str) -> None:
+    """Remove all of a (local) experiment but its ``iterations/*/metrics.json``: checkpoints,
+    snapshots, rollouts and the queue of a 0.5B run are tens of GB, and several modes in a row
+    would fill a small disk."""
+    for top, dirs, files in os.walk(experiment, topdown=False):
+        keep = os.path.basename(os.path.dirname(top)) == "iterations"
+        for name in files:
+            if not (keep and name == "metrics.json"):
+                os.remove(os.path.join(top, name))
+        for name in dirs:
+            path = os.path.join(top, name)
+            if not os.listdir(path):
+                os.rmdir(path)
+
+
 def run_mode(args, mode: str, extra: dict, model_dir: str, data_url: str, work: str) -> dict:
     from ppoflow.flows.ppo import ppo
     from ppoflow.infra.config import parse_config
@@ -102,6 +123,8 @@ def run_mode(args, mode: str, extra: dict, model_dir: str, data_url: str, work: 
     for n in range(1, args.iters + 2):
         with open(os.path.join(cfg.storage.experiment_url, "iterations", f"{n:06d}", "metrics.json")) as f:
             rows.append(json.load(f))
+    if args.metrics_only:
+        keep_metrics_only(cfg.storage.experiment_url)
     return summarize(rows)
 
 
@@ -118,8 +141,9 @@ def table(results: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    modes, rest, extra = _split(list(sys.argv[1:] if argv is None else argv))
+    modes, rest, extra, metrics_only = _split(list(sys.argv[1:] if argv is None else argv))
     args = parse_args(rest)
+    args.metrics_only = metrics_only
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     work = args.storage or tempfile.mkdtemp(prefix="ppoflow-async-bench-")
     os.makedirs(work, exist_ok=True)  # PREFECT_HOME below lives in it: a missing --storage dir is made
