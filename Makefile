@@ -32,7 +32,7 @@ demo: $(STAMP)
 SLOW_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slow and not integration" $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
-	$(VENV)/bin/python -m pytest -q -m "slow or integration" -n $(SLOW_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
+	$(VENV)/bin/python -m pytest -q -m "slow or integration" -n $(SLOW_WORKERS) --dist loadgroup $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
 
 # The edit-test loop (about 90 s on 2 cores): everything but the `slow` (ranks, vLLM, flows) and
 # `integration` (real Prefect server) tests.

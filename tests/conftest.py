@@ -8,87 +8,26 @@ import pytest
 # ----------------------------------------------------------------------------- two workers
 #: Session fixtures that run flows (tens of seconds each). ``make test`` runs the slow tier on two
 #: pytest-xdist workers (``--dist loadgroup``), and each worker builds the session fixtures its own
-#: tests use: the tests that use one of these go to one worker, which builds it once.
+#: tests use: the modules that use one of these go to one worker, which builds it once.
 SHARED_RUNS = ("base_run", "light_run", "demo", "ckpt_run")
-
-#: Seconds each test of the slow tier took, its fixtures' setup included (``python -m
-#: tests.support.durations REPORT`` writes it from a ``--durations=0`` report): a group costs the sum
-#: of its tests', and the groups are handed out longest first.
-DURATIONS = "tests/durations.json"
-#: What a test the table does not know is taken to cost.
-UNKNOWN_TEST_S = 20.0
-
-
-def _shared_by(item) -> list[str]:
-    """What ``item`` shares with other tests and must build once: the shared runs it uses, and its
-    module- and class-scoped fixtures (``module::fixture``)."""
-    shared = [run for run in SHARED_RUNS if run in getattr(item, "fixturenames", ())]
-    info = getattr(item, "_fixtureinfo", None)
-    for name, defs in info.name2fixturedefs.items() if info is not None else ():
-        if defs and defs[-1].scope in ("module", "class", "package"):
-            shared.append(f"{item.module.__name__}::{name}")
-    return shared
-
-
-def xdist_groups(items) -> dict[str, str]:
-    """Each test's group: tests that share something (:func:`_shared_by`) are one group, named by
-    the first shared run among them, else by the module of its first test; a test that shares
-    nothing is a group of its own, free to go to whichever worker is idle."""
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for item in items:
-        keys = [f"test:{item.nodeid}", *_shared_by(item)]
-        for key in keys[1:]:
-            parent[find(key)] = find(keys[0])
-    members: dict[str, list] = {}
-    for item in items:
-        members.setdefault(find(f"test:{item.nodeid}"), []).append(item)
-    names: dict[str, str] = {}
-    for root, group in members.items():
-        runs = [run for run in SHARED_RUNS if run in parent and find(run) == root]
-        if runs:
-            name = runs[0]
-        elif len(group) == 1:
-            name = group[0].nodeid.replace("/", ".").replace("::", ".")
-        else:
-            name = group[0].module.__name__
-        for item in group:
-            names[item.nodeid] = name
-    return names
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
 def pytest_collection_modifyitems(config, items):
-    """An ``xdist_group`` for every test (:func:`xdist_groups`); under ``--dist loadgroup`` the tests
-    are also ordered by their group's duration, longest first (:data:`DURATIONS`), and with
-    ``--no-loadscope-reorder`` the scheduler hands the groups out in that order, so a long group
-    never starts last (a test's group stays contiguous, its modules in their order). Without xdist
-    the marks change nothing."""
-    import json
-    import os
+    """An ``xdist_group`` for every test: its module (module fixtures are built once), or, for a
+    module that uses one of :data:`SHARED_RUNS`, that run (a module using two is split by test,
+    each with the first run it uses). Without xdist the marks change nothing."""
 
-    names = xdist_groups(items)
+    def runs_of(item) -> list[str]:
+        return [run for run in SHARED_RUNS if run in getattr(item, "fixturenames", ())]
+
+    module_runs: dict[str, list[str]] = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(names[item.nodeid]))
-    if config.getoption("dist", "no") != "loadgroup":
-        return
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), DURATIONS)
-    known: dict[str, float] = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            known = json.load(f)
-    cost: dict[str, float] = {}
+        runs = module_runs.setdefault(item.module.__name__, [])
+        runs.extend(run for run in runs_of(item) if run not in runs)
     for item in items:
-        group = names[item.nodeid]
-        cost[group] = cost.get(group, 0.0) + known.get(item.nodeid, UNKNOWN_TEST_S)
-    order = {item.nodeid: i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (-cost[names[item.nodeid]], names[item.nodeid], order[item.nodeid]))
+        group = (runs_of(item) or module_runs[item.module.__name__] or [item.module.__name__])[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_configure(config):
