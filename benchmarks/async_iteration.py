@@ -51,10 +51,10 @@ ROWS = (
 def _split(argv: list[str]) -> tuple[list[str], list[str], dict, bool]:
     """This benchmark's own flags out of ``argv``; the rest is iteration.py's."""
     own = {"--staleness": "sync,0,1,2", "--in-flight": "continue", "--chunk-tokens": "64"}
-    rest, i = [], 0
+    rest, i, metrics_only = [], 0, False
     while i < len(argv):
         if argv[i] == "--metrics-only":
-            own["metrics_only"] = "1"
+            metrics_only = True
             i += 1
         elif argv[i] in own:
             own[argv[i]] = argv[i + 1]
@@ -64,7 +64,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str], dict, bool]:
             i += 1
     modes = own["--staleness"].split(",")
     extra = {"in_flight": own["--in-flight"], "chunk_tokens": int(own["--chunk-tokens"])}
-    return modes, rest, extra, "metrics_only" in own
+    return modes, rest, extra, metrics_only
 
 
 def summarize(rows: list[dict]) -> dict:
