@@ -224,6 +224,11 @@ print(f"ppoflow GPU venv ready: ppoflow {version('ppoflow')}, torch {torch.__ver
       + f"; VLLM_USE_FLASHINFER_SAMPLER={os.environ.get('VLLM_USE_FLASHINFER_SAMPLER', '(unset)')}")
 if not cli:
     raise SystemExit("no 'ppoflow' console script: the editable install did not register")
+try:  # what `vllm serve` imports as it starts (a reward model or judge served beside a run)
+    import vllm.entrypoints.openai.api_server  # noqa: F401
+except ImportError as exc:
+    print(f"warning: `vllm serve` will not start in this venv ({exc}); training, whose engine runs "
+          "in-process, is unaffected. Install the missing package into it to serve models")
 if not cuda:
     print("warning: no CUDA device visible to torch here; vLLM's GPU engine needs one")
 PYCHECK
