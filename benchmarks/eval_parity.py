@@ -186,18 +186,26 @@ def main() -> None:
         _run([*CLI, "export-hf", exp, export, "--iteration", str(n)], log)
 
     rows: list[tuple[str, int, str, float, list[str]]] = []  # (how, iteration, dtype, score, responses)
-    for it in (0, n):
+
+    def add(row: tuple[str, int, str, float, list[str]]) -> None:
+        # the log holds the table so far after every row: a run cut short (a time limit, a lost
+        # machine) still leaves what it measured; the trained iteration's rows come first
+        rows.append(row)
+        if args.log:
+            _write_log(args.log, [*lines, *_table(rows)])
+
+    for it in (n, 0):
         train = _generations(paths.file(it, "eval/val"))
-        rows.append(("in training", it, engine_dtype, _mean(train["score"]), train["response"]))
+        add(("in training", it, engine_dtype, _mean(train["score"]), train["response"]))
         if it:
             _run([*CLI, "eval", exp, "--iteration", str(it), "--files", *copies], log)
             got = _latest_eval(paths.file(it, "eval"), exclude="val")
-            rows.append(("ppoflow eval --iteration", it, engine_dtype, _mean(got["score"]), got["response"]))
+            add(("ppoflow eval --iteration", it, engine_dtype, _mean(got["score"]), got["response"]))
         model = cfg.model.path if it == 0 else export
         _run([*CLI, "eval", exp, "--model", model], log)
         got = _generations(os.path.join(exp, "evaluations", _slug(model), "val"))
         label = "ppoflow eval --model " + ("model.path" if it == 0 else f"<export-hf {it}>")
-        rows.append((label, it, engine_dtype, _mean(got["score"]), got["response"]))
+        add((label, it, engine_dtype, _mean(got["score"]), got["response"]))
         for dtype in (engine_dtype, "auto"):
             out = os.path.join(scratch, f"plain-{it}-{dtype}.json")
             cmd = [sys.executable, __file__, "--plain", model, "--dtype", dtype, "--files", *val]
@@ -219,14 +227,17 @@ def main() -> None:
                 _run([*cmd, "--out", out], log)
                 with open(out) as f:
                     res = json.load(f)
-            rows.append(
-                (f"plain vLLM dtype={dtype}", it, res["dtype"], _mean(res["scores"]), res["responses"])
-            )
-    _table(rows, log)
+            add((f"plain vLLM dtype={dtype}", it, res["dtype"], _mean(res["scores"]), res["responses"]))
+    for line in _table(sorted(rows, key=lambda r: r[1])):
+        log(line)
     if args.log:
-        os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
-        with open(args.log, "w") as f:
-            f.write("\n".join([f"$ python {' '.join(sys.argv)}", *lines]) + "\n")
+        _write_log(args.log, lines)
+
+
+def _write_log(path: str, lines: list[str]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join([f"$ python {' '.join(sys.argv)}", *lines]) + "\n")
 
 
 def _reused(out: str, tokens: int) -> dict | None:
@@ -253,13 +264,13 @@ def _latest_eval(eval_dir: str, exclude: str) -> dict[str, list]:
     return _generations(max(dirs, key=os.path.getmtime))
 
 
-def _table(rows, log) -> None:
-    log("")
-    log(f"{'evaluation':<34} {'iter':>4} {'dtype':<9} {'val/score':>9}  responses as in training")
+def _table(rows) -> list[str]:
+    out = ["", f"{'evaluation':<34} {'iter':>4} {'dtype':<9} {'val/score':>9}  responses as in training"]
     reference = {it: resp for how, it, _, _, resp in rows if how == "in training"}
     for how, it, dtype, score, resp in rows:
         same = sum(a == b for a, b in zip(resp, reference[it]))
-        log(f"{how:<34} {it:>4} {dtype:<9} {score:>9.4f}  {same}/{len(resp)}")
+        out.append(f"{how:<34} {it:>4} {dtype:<9} {score:>9.4f}  {same}/{len(resp)}")
+    return out
 
 
 if __name__ == "__main__":
