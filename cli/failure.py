@@ -34,7 +34,7 @@ from ppoflow.infra.experiment.lock import ExperimentLocked, LeaseExpired
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.preflight import rollback_hint
 from ppoflow.infra.remote.errors import RankFailure
-from ppoflow.tasks.step import TASK_RETRIES, cause_text, is_permanent, storage_full
+from ppoflow.tasks.step import cause_text, is_permanent, storage_full
 
 __all__ = [
     "print_failure",
@@ -227,7 +227,7 @@ def print_failure(
     if failed is not None and failed.message and _stands_for_a_failed_task(exc):
         exc = TaskFailure(failed)
     if isinstance(exc, TaskFailure):  # permanent when a task that has retries was not retried
-        permanent = exc.task.attempts == 1 and TASK_RETRIES > 0
+        permanent = exc.task.attempts == 1 and cfg.resources.task_retries > 0
     else:
         permanent = is_permanent(exc)
     where = ""

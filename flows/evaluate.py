@@ -34,6 +34,7 @@ from ppoflow.infra.experiment.evaluation import EVAL_DIR, eval_tag
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 from ppoflow.infra.experiment.metrics import evaluation_line
 from ppoflow.tasks.evaluate import evaluate_checkpoint
+from ppoflow.tasks.step import with_retries
 
 __all__ = ["evaluate", "target_of"]
 
@@ -105,6 +106,8 @@ def evaluate(
     logger.info(f"evaluating {what} of {ExperimentPaths.of(cfg).root} on {files} -> {out_dir}")
     key = f"eval-{uuid.uuid4().hex[:12]}"
     with ExperimentSession(cfg, logger, key, roles=roles, lock=False, preflight=False):
-        result = evaluate_checkpoint(key, checkpoint, files, out_dir, tag)
+        result = with_retries(evaluate_checkpoint, cfg.resources.task_retries)(
+            key, checkpoint, files, out_dir, tag
+        )
     logger.info(evaluation_line(n if n is not None else 0, result["metrics"]))
     return {"iteration": n, "tag": tag, **result}

@@ -48,6 +48,7 @@ from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, par
 from ppoflow.infra.experiment.manifest import Manifest
 from ppoflow.tasks import evaluate, init_experiment
 from ppoflow.tasks.graph import trained_roles
+from ppoflow.tasks.step import with_retries
 
 __all__ = ["ppo", "resolve_config"]
 
@@ -69,7 +70,7 @@ def _initialise(session: ExperimentSession, iterations: int) -> Manifest:
     """A new experiment's iteration 0, on the groups its first iteration needs (started together)."""
     cfg = session.cfg
     session.ctx.groups.prestart(pending_roles(session.ctx, 1) if iterations else trained_roles(cfg))
-    return init_experiment(session.key)
+    return with_retries(init_experiment, session.cfg.resources.task_retries)(session.key)
 
 
 def _open_stream(session: ExperimentSession, manifest: Manifest) -> Manifest:
@@ -112,7 +113,8 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
                 manifest = _open_stream(session, manifest)
             if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
                 # the base policy's held-out score, on the actor group that saved it
-                evaluate(session.key, 0, session.paths.url(manifest.actor_checkpoint))
+                base = session.paths.url(manifest.actor_checkpoint)
+                with_retries(evaluate, cfg.resources.task_retries)(session.key, 0, base)
             session.tracker.start(cfg.model_dump(mode="json"))
             manifest, metrics = run_iterations(session.ctx, manifest, iterations, session.record)
         if iterations:

@@ -42,6 +42,7 @@ from ppoflow.infra.queue.policy import PolicyVersions
 from ppoflow.infra.queue.staleness import admissible_batches
 from ppoflow.infra.remote.procs import block_until_exit
 from ppoflow.tasks.produce import produce
+from ppoflow.tasks.step import with_retries
 
 __all__ = ["ppo_rollout", "Producer"]
 
@@ -116,7 +117,9 @@ class Producer:
         self.ctx.groups.prestart(["actor"])
         while (found := self.next_batch()) is not None:
             k, manifest = found
-            record = produce(self.session.key, k, self.cursor(k, manifest))
+            record = with_retries(produce, self.cfg.resources.task_retries)(
+                self.session.key, k, self.cursor(k, manifest)
+            )
             if record is not None and record.get("producer", {}).get("run") == self.session.key:
                 self.produced.append(k)
         return self.produced

@@ -45,7 +45,7 @@ from ppoflow.tasks.evaluate import due
 from ppoflow.tasks.graph import StepSpec, needs_reference
 from ppoflow.tasks.receipts import IterationReceipts, R
 from ppoflow.tasks.run import RunContext
-from ppoflow.tasks.step import cause_text
+from ppoflow.tasks.step import cause_text, with_retries
 
 __all__ = ["Start", "run_iterations", "needs_reference", "pending_roles"]
 
@@ -126,7 +126,7 @@ def _submit(
     if spec.gathers:
         args.append([upstream[name] for name in spec.gathers if name in upstream])
     args += [getattr(start, name) for name in spec.state]
-    return TASKS[spec.name].submit(ctx.key, n, *args, **options)
+    return with_retries(TASKS[spec.name], ctx.cfg.resources.task_retries).submit(ctx.key, n, *args, **options)
 
 
 @dataclass
@@ -250,10 +250,11 @@ def run_iterations(
     """Run ``iterations`` iterations after ``manifest``; ``on_commit(manifest, metrics)`` is called
     (in the flow's thread) for each commit in order. Returns the last (manifest, metrics)."""
     one_step = ctx.cfg.algorithm.overlap == "one_step"
+    retries = ctx.cfg.resources.task_retries
     start = Start.of(ctx.paths, manifest, one_step)
     if iterations and iteration_graph.asynchronous(ctx.cfg):  # the version the producers start from
         ctx.groups.prestart(pending_roles(ctx, start.iteration + 1))
-        TASKS["publish_policy"](ctx.key, start.iteration, start.actor)
+        with_retries(TASKS["publish_policy"], retries)(ctx.key, start.iteration, start.actor)
     previous: Manifest | PrefectFuture[Manifest] = manifest
     commits = _Commits(ctx, manifest, on_commit)
     data: _Data | None = None
@@ -270,10 +271,12 @@ def run_iterations(
             receipts = _updates(ctx, n, start, data, upcoming, last)
             evaluated = None
             if due(ctx.cfg, n, last_of_run=last):  # on the actor group, holding update n
-                evaluated = evaluate.submit(ctx.key, n, ctx.paths.checkpoint("actor", n))
+                evaluated = with_retries(evaluate, retries).submit(
+                    ctx.key, n, ctx.paths.checkpoint("actor", n)
+                )
             start = start.after(receipts, one_step)
             # Prefect resolves a future argument; submit's ParamSpec typing allows only a Manifest
-            previous = commit.submit(
+            previous = with_retries(commit, retries).submit(
                 ctx.key,
                 n,
                 previous,  # type: ignore[arg-type]

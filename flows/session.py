@@ -48,7 +48,7 @@ from ppoflow.infra.experiment.tracking import MlflowTracker
 from ppoflow.infra.remote.driver.slots import device_slots
 from ppoflow.tasks import preflight as preflight_task
 from ppoflow.tasks.run import RunContext, open_run, worker_groups
-from ppoflow.tasks.step import artifact_slug
+from ppoflow.tasks.step import artifact_slug, with_retries
 
 __all__ = ["ExperimentSession", "Tracker", "NoTracker", "flow_run_key"]
 
@@ -140,7 +140,7 @@ class ExperimentSession:
                 self.manifest = self._read_manifest()
             stack.push(self._close)  # runs after the slots are released, before the lock is
             if self.preflight:
-                preflight_task(self.key)
+                with_retries(preflight_task, self.cfg.resources.task_retries)(self.key)
             if self.slots:
                 stack.enter_context(
                     device_slots(self.cfg, self.logger.info, run_id=self.key, wait_log=self.logger.warning)

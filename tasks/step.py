@@ -34,9 +34,9 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, overload
+from typing import Any, Generic, TypeVar, cast, overload
 
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
 from ppoflow.infra import faults
@@ -58,6 +58,7 @@ __all__ = [
     "Step",
     "TASK_OPTIONS",
     "TASK_RETRIES",
+    "with_retries",
     "PERMANENT_ERRORS",
     "is_permanent",
     "retryable",
@@ -159,6 +160,15 @@ def retryable(task: Any, task_run: Any, state: Any) -> bool:
     except BaseException as exc:  # noqa: BLE001 - classified, not handled
         return not is_permanent(exc)
     return True
+
+
+_Task = TypeVar("_Task", bound=Task)
+
+
+def with_retries(task: _Task, retries: int) -> _Task:
+    """``task`` retried ``retries`` times (``resources.task_retries``) instead of
+    :data:`TASK_RETRIES`: what a flow submits."""
+    return task if retries == TASK_RETRIES else cast(_Task, task.with_options(retries=retries))
 
 
 TASK_OPTIONS: dict[str, Any] = dict(

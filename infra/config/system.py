@@ -171,6 +171,14 @@ class ResourcesConfig(Section):
         "then equals the lost state bit for bit on GPUs too, at a cost (docs/checkpoints.md). CPU "
         "updates are deterministic either way",
     )
+    task_retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="Prefect retries of each task on a failure a retry may fix (a dead rank, a storage "
+        "hiccup, a timeout); errors a retry cannot fix are never retried (docs/failures.md). 0: the "
+        "first such failure fails the run, for a run whose faults are expected (a drill) or watched",
+    )
     rendezvous: RendezvousConfig = Field(default_factory=RendezvousConfig)
 
     @model_validator(mode="before")

@@ -88,12 +88,14 @@ def test_failing_writes_never_publish_and_a_rerun_commits_the_same(
 
     url = copy_experiment(base_run["url"], str(tmp_path), "exp", at=1)
     paths = ExperimentPaths(url)
-    cfg = flow_config(str(tmp_path), "exp", **{"checkpoint.write_attempts": 1})
+    # no task retries: the fault outlasts them all, and each would recompute both updates
+    cfg = flow_config(str(tmp_path), "exp", **{"checkpoint.write_attempts": 1, "resources.task_retries": 0})
     faults.reset()
     monkeypatch.setenv(faults.ENV_VAR, "rank_raise:checkpoint_write:0:always")
     state = ppo(cfg, iterations=1, return_state=True)
     assert state.is_failed()
     assert "injected fault" in str(state.result(raise_on_failure=False))
+    assert task_runs(state)["commit-2"].run_count == 1  # resources.task_retries reached the commit
     assert read_manifest(paths).iteration == 1
     for role in ("actor", "critic"):
         assert not is_complete(paths.checkpoint(role, 2))

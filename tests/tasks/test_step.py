@@ -123,3 +123,33 @@ def test_a_finished_task_returns_its_receipt_and_new_inputs_run_it_again(tmp_pat
         assert retried.resumed and len(calls) == 3
     close_run("run-1")
     faults.reset()
+
+
+def test_resources_task_retries_sets_how_often_prefect_runs_a_failing_task(prefect_harness):
+    """``with_retries`` (what the flows submit, from ``resources.task_retries``): a task that fails
+    with an error a retry may fix runs 1 + retries times, counted by the task itself and by
+    Prefect's own task run; the default stays :data:`TASK_RETRIES`."""
+    from prefect import flow, task
+
+    from ppoflow.infra.config.system import ResourcesConfig
+    from ppoflow.tasks.step import TASK_OPTIONS, TASK_RETRIES, with_retries
+
+    calls: list[int] = []
+
+    @task(name="flaky", **{**TASK_OPTIONS, "retry_delay_seconds": 0})
+    def flaky() -> None:
+        calls.append(1)
+        raise faults.FaultInjected("a drill that a retry does not outlast")
+
+    @flow(name="retries-probe", persist_result=False)
+    def run(retries: int) -> None:
+        with_retries(flaky, retries).submit().result()
+
+    assert with_retries(flaky, TASK_RETRIES) is flaky
+    assert ResourcesConfig().task_retries == TASK_RETRIES == 2
+    for retries in (0, 1, TASK_RETRIES):
+        calls.clear()
+        state = run(retries, return_state=True)
+        assert state.is_failed() and len(calls) == 1 + retries, (retries, calls)
+    with pytest.raises(ValueError, match="task_retries"):
+        ResourcesConfig.model_validate({"task_retries": -1})
