@@ -17,7 +17,8 @@ becomes the Prefect task ``values(run: str, n: int, rollout, critic_checkpoint) 
 5. holds each group the body uses (``step.worker``) until the body ends;
 6. writes the receipt (with the body's wall time and inputs) once the outputs are complete.
 
-Every task retries :data:`TASK_RETRIES` times except on errors a retry cannot fix
+Every task retries :data:`TASK_RETRIES` times (``resources.task_retries``: the flows submit through
+:func:`with_retries`) except on errors a retry cannot fix
 (:func:`is_permanent`: bad data, config, reward function, experiment identity, an unusable
 checkpoint, missing credentials — raised in the flow process or inside a rank), never caches
 through Prefect (storage is the record: a deleted experiment is never "resumed" from a stale
