@@ -127,8 +127,8 @@ def test_a_finished_task_returns_its_receipt_and_new_inputs_run_it_again(tmp_pat
 
 def test_resources_task_retries_sets_how_often_prefect_runs_a_failing_task(prefect_harness):
     """``with_retries`` (what the flows submit, from ``resources.task_retries``): a task that fails
-    with an error a retry may fix runs 1 + retries times, counted by the task itself and by
-    Prefect's own task run; the default stays :data:`TASK_RETRIES`."""
+    with an error a retry may fix runs 1 + retries times (counted by the task itself); the default
+    is :data:`TASK_RETRIES` and returns the task unchanged; a negative count is refused."""
     from prefect import flow, task
 
     from ppoflow.infra.config.system import ResourcesConfig
