@@ -64,7 +64,10 @@ class RolloutConfig(Section):
         "in one wave (on GPU the auto KV cache is sized to hold it)",
     )
     max_num_batched_tokens: int | None = Field(
-        None, ge=1, description="tokens per engine step (chunked prefill budget); None = vLLM's default"
+        None,
+        ge=1,
+        description="tokens per engine step (chunked prefill budget); None = vLLM's default. On CPU "
+        "prefill is not chunked (whole prompts a step), so it must be at least prompt + response length",
     )
     enforce_eager: bool | None = Field(
         None, description="None: eager on CPU, CUDA graphs on GPU (faster decoding); or force it"

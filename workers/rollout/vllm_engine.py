@@ -106,7 +106,7 @@ def engine_kwargs_for(
     GPU and 0.32's CPU ``EngineArgs``), without the model, tokenizer, dtype and load format.
 
     CPU: eager (unless ``enforce_eager`` says otherwise), a KV cache of ``kv_cache_gib`` GiB (0.25
-    if "auto" or None; ``VLLM_CPU_KVCACHE_SPACE`` overrides it). GPU: CUDA graphs unless
+    if "auto" or None; ``VLLM_CPU_KVCACHE_SPACE`` overrides it), no chunked prefill. GPU: CUDA graphs unless
     ``enforce_eager``, ``gpu_memory_utilization``, sleep mode (the sharding manager frees the
     engine's memory between rollouts) and ``kv_cache_memory_bytes``: ``kv_bytes`` for "auto"
     (:func:`auto_kv_cache_bytes`), ``kv_cache_gib`` GiB, or unset (None: vLLM's profiling).
@@ -126,6 +126,11 @@ def engine_kwargs_for(
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
     gib = config.kv_cache_gib if isinstance(config.kv_cache_gib, (int, float)) else None
     if cpu:
+        # Whole prompts only: vLLM's CPU build cannot rewind a seeded request's generator, which it
+        # does for a prefill cut across engine steps ("CPU Generator does not use offset"), so a
+        # wave whose prompts pass the step budget would fail. vLLM then takes a budget of at least
+        # max_model_len tokens a step; the prompts that do not fit wait for the next step.
+        kwargs["enable_chunked_prefill"] = False
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             kwargs["kv_cache_memory_bytes"] = int((gib or 0.25) * 2**30)
     else:

@@ -50,6 +50,7 @@ class RolloutTestWorker(Worker):
                     "temperature": c.get("temperature", 1.0),
                     "kv_cache_gib": c.get("kv_cache_gib", 0.0625),
                     "seed": c.get("seed", 0),
+                    "max_num_seqs": c.get("max_num_seqs", "auto"),
                     "calculate_log_probs": c.get("calculate_log_probs", True),
                     "multi_turn": c.get("multi_turn", {}),
                 },
@@ -127,6 +128,7 @@ class RolloutTestWorker(Worker):
             "dp_rank": r.dp_rank,
             "dp_size": r.dp_size,
             "block_size": getattr(r, "block_size", 0),
+            "engine": r.describe() if hasattr(r, "describe") else {},
             "last_push": {
                 k: v
                 for k, v in getattr(self.manager, "last_push", {}).items()

@@ -10,6 +10,7 @@ transformers on the weights of checkpoints the ranks saved.
 - :func:`run_dp2`: TP=1, DP=2 engines. Greedy rollout before any update (caches the long
   prompt's first KV block), an optimizer step, push from the live module, greedy again (tied-head
   and prefix-cache traps), sampling (n=3, T=0.7), seeded sampling with and without log-probs, the
+  seeded sampling of a wave whose prompts pass the engine's step budget, the
   transformers rollout (``rollout.engine: hf``) on the same FSDP module, then a push from the
   2-rank checkpoint into the DP=2 engines while the live weights have moved on.
 - :func:`run_tp2`: one TP=2 engine: push from the same checkpoint, then a live push through the
@@ -109,6 +110,12 @@ class Reference:
         return res
 
 
+def wide_prompts():
+    """80 prompts of :data:`LONG` tokens, 40 a rank: a wave whose prompts (6,000 tokens an engine)
+    pass the CPU engine's step budget (4,096 tokens), sampled with per-request seeds."""
+    return left_padded_prompts([LONG] * 80, seed=3)
+
+
 def responses(out) -> list[list[int]]:
     return [r[m.bool()].tolist() for r, m in zip(out.batch["responses"], out.batch["response_mask"])]
 
@@ -128,6 +135,7 @@ def _group(model_dir: str, lines: list, **cfg):
         "prompt_length": P,
         "response_length": R,
         "kv_cache_gib": 0.0625,
+        "max_num_seqs": 64,  # the wide wave decodes at once (the other calls send at most 8 a rank)
         **cfg,
     }
     return WorkerGroup(WORKER, nprocs=2, config=config, log=lines.append)
@@ -158,6 +166,7 @@ def run_dp2(model_dir: str, work: str) -> dict:
         rec["seeded"] = [
             _call(g, work, "generate", sample, f"seeded{i}", n=2, temperature=0.7, seed=5) for i in range(2)
         ]
+        rec["wide"] = _call(g, work, "generate", wide_prompts(), "wide", temperature=0.7, seed=9)
         g.call("set_log_probs", False)
         rec["seeded_nolp"] = _call(g, work, "generate", sample, "seeded-nolp", n=2, temperature=0.7, seed=5)
         g.call("set_log_probs", True)

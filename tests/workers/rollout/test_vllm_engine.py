@@ -28,6 +28,7 @@ def test_cpu_defaults_eager_and_fixed_kv_budget(monkeypatch):
     assert kw["tensor_parallel_size"] == 2 and kw["seed"] == 1
     assert "enable_sleep_mode" not in kw and "gpu_memory_utilization" not in kw
     assert "max_num_batched_tokens" not in kw
+    assert kw["enable_chunked_prefill"] is False  # whole prompts a step (the dp2 scenario's wide wave)
     kw = engine_kwargs_for(
         RolloutConfig(kv_cache_gib=0.5, max_num_batched_tokens=4096), cpu=True, tp_size=1, dp_rank=0
     )
@@ -42,7 +43,7 @@ def test_gpu_defaults_graphs_sleep_mode_and_batch_sized_kv():
     assert kw["enforce_eager"] is False and kw["enable_sleep_mode"] is True
     assert kw["gpu_memory_utilization"] == cfg.gpu_memory_utilization and kw["max_num_seqs"] == 512
     assert kw["kv_cache_memory_bytes"] == 3 * GIB
-    assert kw["logprobs_mode"] == "processed_logprobs"
+    assert kw["logprobs_mode"] == "processed_logprobs" and "enable_chunked_prefill" not in kw
     with pytest.raises(ValueError, match="auto"):
         engine_kwargs_for(cfg, cpu=False, tp_size=1, dp_rank=0)
     profiled = engine_kwargs_for(RolloutConfig(kv_cache_gib=None), cpu=False, tp_size=1, dp_rank=0)

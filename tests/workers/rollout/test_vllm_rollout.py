@@ -66,6 +66,19 @@ def test_sampling_n_and_dp_replicas(dp2):
     assert lp_diff(out) < LOGPROB_TOL  # log-probs after temperature, as the actor computes them
 
 
+def test_a_wave_past_the_step_budget_samples_whole(dp2):
+    """Seeded sampling of a wave whose prompts pass the CPU engine's step budget: vLLM's CPU build
+    cannot rewind a seeded request's generator, which a prefill cut across steps needs (it failed
+    with "CPU Generator does not use offset"); the engine takes whole prompts a step instead, and
+    every row is sampled from the live weights."""
+    out, prompts = dp2["wide"], dp2["wide"].batch["prompts"]
+    engine = dp2["layout"][0]["engine"]
+    per_rank = int(out.batch["attention_mask"][: len(out) // 2, : prompts.shape[1]].sum())
+    assert per_rank > engine["max_num_batched_tokens"], (per_rank, engine)  # the test's power
+    assert len(out) == 80 and bool((out.batch["response_mask"].sum(-1) > 0).all())
+    assert lp_diff(out) < LOGPROB_TOL  # each token's log-prob is the actor's own
+
+
 def test_meta_seed_repeats_samples(dp2):
     """meta_info["seed"] fixes the per-request seeds: the same rollout again gives the same samples."""
     first, second = dp2["seeded"]
