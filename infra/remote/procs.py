@@ -108,12 +108,20 @@ def rank_env(
     """The environment of torchrun and its ranks: ``env`` plus what ``ppoflow.infra.remote.rank.entry``
     reads (the driver's control address and authkey, the worker class, the device). The caller adds
     ``PPOFLOW_DRIVER_PID``: the local process whose death ends the ranks. ``local_world`` is the
-    number of ranks on this host (it sets the default CPU threads per rank)."""
+    number of ranks on this host (it sets the default CPU threads per rank). CPU ranks' OpenMP
+    threads sleep rather than spin while they wait (``OMP_WAIT_POLICY``, unless ``env`` sets it)."""
     env = dict(env)
     threads = env.get("PPOFLOW_RANK_THREADS", "")
     if not threads.isdigit():  # the rank reports a bad value; OMP just needs a number
         threads = str(max(1, (os.cpu_count() or 1) // local_world))
     env.setdefault("OMP_NUM_THREADS", threads)  # (and torchrun prints no banner)
+    if device == "cpu":
+        # A run's groups share the host's cores (the actor's and the critic's updates, the trainer
+        # and the producer run at once): OpenMP threads that spin at each barrier while another
+        # group holds the cores stall the step, where sleeping ones lose nothing. The demo at one
+        # rank a group (two threads each, 2 cores): 8 iterations in 248 s with libgomp's own
+        # policy, 46 s sleeping (benchmarks/cpu_wait_policy.py).
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
     env.update(
         {

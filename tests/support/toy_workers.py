@@ -43,6 +43,7 @@ class ToyWorker(Worker):
             "pid": os.getpid(),
             "allreduce": t.item(),
             "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "config": self.config,
         }
 

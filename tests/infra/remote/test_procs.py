@@ -1,10 +1,10 @@
-"""The torchrun command lines of the ranks."""
+"""The torchrun command lines and the environment of the ranks."""
 
 from __future__ import annotations
 
 import os
 
-from ppoflow.infra.remote.procs import rendezvous_torchrun_command, torchrun_command
+from ppoflow.infra.remote.procs import rank_env, rendezvous_torchrun_command, torchrun_command
 from ppoflow.infra.remote.rank import launch
 
 KEY = "k" * 40
@@ -49,3 +49,16 @@ def test_cpu_ranks_are_forked_from_the_launcher_and_cuda_ranks_spawned():
         "-m",
         "ppoflow.infra.remote.rank.entry",
     ]
+
+
+def test_cpu_ranks_openmp_threads_sleep_while_they_wait_unless_told_otherwise():
+    """Spinning threads of one group hold the cores another group's ranks need (the demo at one rank
+    a group on 2 cores: 8 iterations in 248 s with libgomp's own policy, 46 s sleeping;
+    benchmarks/cpu_wait_policy.py)."""
+    cpu = rank_env({}, ("127.0.0.1", 1), b"k", "w:W", "cpu", local_world=2)
+    assert cpu["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert (
+        rank_env({"OMP_WAIT_POLICY": "ACTIVE"}, ("h", 1), b"k", "w:W", "cpu", 2)["OMP_WAIT_POLICY"]
+        == "ACTIVE"
+    )
+    assert "OMP_WAIT_POLICY" not in rank_env({}, ("h", 1), b"k", "w:W", "cuda", 2)  # GPU ranks as they were

@@ -103,6 +103,8 @@ def test_one_to_all_runs_on_every_rank(group):
     assert [r["pid"] for r in out] == group.pids
     assert out[0]["config"]["answer"] == 42
     assert out[0]["threads"] == max(1, (os.cpu_count() or 1) // 2)
+    # CPU ranks' OpenMP threads sleep while they wait (unless the caller's environment says otherwise)
+    assert {r["omp_wait_policy"] for r in out} == {os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     assert [e.model_dump() for e in group.layout] == [
         {"dp_rank": r, "dp_size": 2, "is_output_rank": True} for r in (0, 1)
     ]
