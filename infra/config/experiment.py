@@ -235,7 +235,8 @@ class ExperimentConfig(Section):
     @model_validator(mode="after")
     def _check_token_budgets(self) -> ExperimentConfig:
         """With use_dynamic_bsz every token budget must hold the longest rollout row (with
-        sequence parallelism: sequence_parallel_size budgets, one per rank of a group)."""
+        sequence parallelism: sequence_parallel_size budgets, one per rank of a group); on CPU the
+        engine's step budget, when set, holds its longest sequence (prefill is not chunked there)."""
         longest = self.rollout.prompt_length + self.rollout.response_length
         actor_sp = self.actor.sequence_parallel_size
         ref_sp = self.ref.sequence_parallel_size or actor_sp
@@ -258,6 +259,18 @@ class ExperimentConfig(Section):
             )
             budgets.append(
                 ("critic.forward_max_token_len_per_gpu", self.critic.forward_max_token_len_per_gpu, critic_sp)
+            )
+        step, held = self.rollout.max_num_batched_tokens, self.engine_max_model_len()
+        if (
+            self.resources.device == "cpu"
+            and self.rollout.engine == "vllm"
+            and step is not None
+            and step < held
+        ):
+            raise ValueError(
+                f"rollout.max_num_batched_tokens={step} is smaller than the engine's longest sequence, "
+                f"{held} tokens (rollout.prompt_length + the longer of the training and evaluation "
+                "responses): on CPU vLLM prefills whole prompts a step; raise it or leave it unset"
             )
         for name, budget, sp in budgets:
             if budget is not None and budget * sp < longest:

@@ -202,3 +202,27 @@ def test_sequence_parallel_checks_name_the_field_and_the_fix():
         with pytest.raises(ConfigError) as err:
             parse_config(_with(**{**base, **sections}))
         assert needle in str(err.value), (needle, str(err.value))
+
+
+def test_a_cpu_engines_step_budget_must_hold_its_longest_sequence():
+    """On CPU vLLM prefills whole prompts a step (a chunked prefill of a seeded request fails there):
+    a step budget below the engine's longest sequence is refused at parse time, naming the fix."""
+    rollout = {"prompt_length": 32, "response_length": 64, "max_num_batched_tokens": 95}
+    with pytest.raises(ConfigError) as err:
+        parse_config(_with(rollout=rollout, evaluation={"response_length": 16}))
+    assert (
+        "rollout.max_num_batched_tokens=95 is smaller than the engine's longest sequence, 96 tokens"
+        in str(err.value)
+    )
+    with pytest.raises(
+        ConfigError, match="raise it or leave it unset"
+    ):  # an evaluation's longer responses count
+        parse_config(
+            _with(rollout={**rollout, "max_num_batched_tokens": 96}, evaluation={"response_length": 128})
+        )
+    assert (
+        parse_config(_with(rollout={**rollout, "max_num_batched_tokens": 96})).rollout.max_num_batched_tokens
+        == 96
+    )
+    on_gpu = _with(rollout=rollout, resources={"device": "cuda"})  # chunked there: any budget
+    assert parse_config(on_gpu).rollout.max_num_batched_tokens == 95
