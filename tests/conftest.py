@@ -1,16 +1,9 @@
-import os
+from tests.support.ckpt.checkpoint_run import ckpt_run  # noqa
+from tests.support.mlflow_server import mlflow_server  # noqa
+from tests.support.s3_server import s3_server  # noqa
 
-# The suite's processes (two pytest-xdist workers, the ranks and engines they start) share the
-# machine's cores: OpenMP threads that spin while they wait hold a core another process needs. The
-# ranks sleep instead by default (ppoflow.infra.remote.procs.rank_env); so do the test processes'
-# own reference computations. Set before anything loads torch's OpenMP runtime.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
-
-from tests.support.ckpt.checkpoint_run import ckpt_run  # noqa: F401
-from tests.support.mlflow_server import mlflow_server  # noqa: F401
-from tests.support.s3_server import s3_server  # noqa: F401
 
 # ----------------------------------------------------------------------------- two workers
 #: Session fixtures that run flows (tens of seconds each). ``make test`` runs the slow tier on two
