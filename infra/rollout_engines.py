@@ -62,6 +62,7 @@ CAPABILITIES: dict[str, str] = {
     "sleep": "frees its device memory between rollouts",
     "always_log_probs": "returns the sampler's log-probs on every call",
     "collective_generate": "each generate call is a collective over all ranks",
+    "step_budget": "schedules prompts under rollout.max_num_batched_tokens a step (whole prompts on CPU)",
 }
 
 
@@ -164,7 +165,9 @@ register_engine(
         engine="ppoflow.workers.rollout.vllm_rollout:VLLMRollout",
         sharding_manager="ppoflow.workers.rollout.sharding_manager:FSDPVLLMShardingManager",
         lora_sharding_manager="ppoflow.workers.rollout.lora_sync:LoRAShardingManager",
-        capabilities=frozenset({"tensor_parallel", "multi_turn", "weight_push", "adapter_sync", "sleep"}),
+        capabilities=frozenset(
+            {"tensor_parallel", "multi_turn", "weight_push", "adapter_sync", "sleep", "step_budget"}
+        ),
         max_lora_rank=512,
     )
 )

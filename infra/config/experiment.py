@@ -263,7 +263,7 @@ class ExperimentConfig(Section):
         step, held = self.rollout.max_num_batched_tokens, self.engine_max_model_len()
         if (
             self.resources.device == "cpu"
-            and self.rollout.engine == "vllm"
+            and engine_spec(self.rollout.engine).can("step_budget")
             and step is not None
             and step < held
         ):
