@@ -16,17 +16,31 @@ SHARED_RUNS = ("base_run", "light_run", "demo", "ckpt_run")
 def pytest_collection_modifyitems(config, items):
     """An ``xdist_group`` for every test: its module (module fixtures are built once), or, for a
     module that uses one of :data:`SHARED_RUNS`, that run (a module using two is split by test,
-    each with the first run it uses). Without xdist the marks change nothing."""
+    each with the first run it uses). A test of such a module that uses neither a shared run nor
+    a module fixture is a group of its own: it need not wait behind the run's group (the demo's
+    learning test, minutes long, beside the ``light_run`` tests). Without xdist the marks change
+    nothing."""
 
     def runs_of(item) -> list[str]:
         return [run for run in SHARED_RUNS if run in getattr(item, "fixturenames", ())]
+
+    def shares_module_state(item) -> bool:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        return any(d and d[-1].scope in ("module", "class", "package") for d in defs)
 
     module_runs: dict[str, list[str]] = {}
     for item in items:
         runs = module_runs.setdefault(item.module.__name__, [])
         runs.extend(run for run in runs_of(item) if run not in runs)
     for item in items:
-        group = (runs_of(item) or module_runs[item.module.__name__] or [item.module.__name__])[0]
+        module = item.module.__name__
+        if runs_of(item):
+            group = runs_of(item)[0]
+        elif module_runs[module] and not shares_module_state(item):
+            group = item.nodeid.replace("/", ".").replace("::", ".")
+        else:
+            group = (module_runs[module] or [module])[0]
         item.add_marker(pytest.mark.xdist_group(group))
 
 
