@@ -1,9 +1,8 @@
-from tests.support.ckpt.checkpoint_run import ckpt_run  # noqa
-from tests.support.mlflow_server import mlflow_server  # noqa
-from tests.support.s3_server import s3_server  # noqa
-
-
 import pytest
+
+from tests.support.ckpt.checkpoint_run import ckpt_run  # noqa: F401
+from tests.support.mlflow_server import mlflow_server  # noqa: F401
+from tests.support.s3_server import s3_server  # noqa: F401
 
 # ----------------------------------------------------------------------------- two workers
 #: Session fixtures that run flows (tens of seconds each). ``make test`` runs the slow tier on two
@@ -34,9 +33,9 @@ def pytest_collection_modifyitems(config, items):
         runs = module_runs.setdefault(item.module.__name__, [])
         runs.extend(run for run in runs_of(item) if run not in runs)
     for item in items:
-        module = item.module.__name__
-        if runs_of(item):
-            group = runs_of(item)[0]
+        module, runs = item.module.__name__, runs_of(item)
+        if runs:
+            group = runs[0]
         elif module_runs[module] and not shares_module_state(item):
             group = item.nodeid.replace("/", ".").replace("::", ".")
         else:
