@@ -8,7 +8,9 @@ own, samples into the experiment's queue.
   that the queue, the producer's group and the trainer's ``old_log_prob`` step change nothing:
   the producer samples each batch in one call with the synchronous rollout's rows per rank and
   per-request seeds, and the trainer recomputes the old log-probs with the same rows per rank
-  and micro-batches as ``generate`` does.
+  and micro-batches as ``generate`` does. The run that shows it is the durability drill too
+  (``async_run``: the producer and the trainer SIGKILLed mid-push, the run resumed), so the
+  equality holds through both faults and one flow run serves both claims.
 - every committed iteration n records in its manifest the batch it consumed (its hash is the hash
   of ``iterations/n/rollout.arrow``, a byte copy), and the consumed batches left the queue.
 """
@@ -38,16 +40,54 @@ ASYNC = {**LIGHT, "asynchronous.enable": True}
 
 @pytest.fixture(scope="module")
 def async_run(prefect_harness, flow_config, tmp_path_factory):
-    """``light_run``'s config with asynchronous training at staleness 0: 2 iterations."""
+    """``light_run``'s config with asynchronous training at staleness 0, 2 iterations, through two
+    faults: the trainer (``python -m ppoflow.flows.ppo``, a process of its own) SIGKILLs its
+    producer while it loads policy version 1 for batch 2 (the trainer starts it again; the new one
+    takes over the dead one's lease), then is SIGKILLed itself while it publishes version 2
+    (weights written, pointer not moved); a second flow run resumes from manifest 1. Returns the
+    experiment's URL, the killed trainer's exit status and output, and what storage held then."""
+    import subprocess
+    import sys
     import time
 
-    from ppoflow.flows.ppo import ppo
+    from prefect.settings import PREFECT_API_URL
 
-    cfg = flow_config(str(tmp_path_factory.mktemp("async-run")), "reference", **ASYNC)
+    from ppoflow.flows.ppo import ppo
+    from ppoflow.infra.config import dump_config
+    from ppoflow.infra.experiment.manifest import read_manifest
+    from tests.support.paths import ROOT
+
+    tmp_path = tmp_path_factory.mktemp("async-run")
+    cfg = flow_config(str(tmp_path), "killed", **ASYNC)
+    config = tmp_path / "killed.yaml"
+    config.write_text(dump_config(cfg))
+    env = {
+        **os.environ,
+        "PYTHONPATH": ROOT,
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "PPOFLOW_FAULT": "kill:policy_load:2,kill:publish:2",
+    }
     t0 = time.perf_counter()
-    assert ppo(cfg, iterations=2)["iteration"] == 2
-    print(f"\n[timing] asynchronous run (s=0), init + 2 iterations: {time.perf_counter() - t0:.1f} s")
-    return cfg.storage.experiment_url
+    trainer = subprocess.run(
+        [sys.executable, "-m", "ppoflow.flows.ppo", str(config), "2"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    url = cfg.storage.experiment_url
+    queue, manifest = QueuePaths(url), read_manifest(ExperimentPaths(url))
+    killed = {
+        "returncode": trainer.returncode,
+        "out": trainer.stdout + trainer.stderr,
+        "iteration": manifest.iteration if manifest else None,
+        "policy_2": storage.exists(queue.policy(2)),
+        "done_2": storage.exists(queue.done(2)),
+    }
+    assert ppo(cfg, iterations=1)["iteration"] == 2, killed["out"][-3000:]
+    print(f"\n[timing] asynchronous run (s=0), killed twice and resumed: {time.perf_counter() - t0:.1f} s")
+    return {"url": url, "killed": killed}
 
 
 def _learning_metrics(url: str, n: int) -> dict:
@@ -58,12 +98,13 @@ def _learning_metrics(url: str, n: int) -> dict:
 
 
 def test_staleness_zero_commits_what_the_synchronous_flow_commits(async_run, light_run):
-    sync, queued = ExperimentPaths(light_run), ExperimentPaths(async_run)
+    url = async_run["url"]
+    sync, queued = ExperimentPaths(light_run), ExperimentPaths(url)
     for n in (1, 2):
         assert_same_state(sync.checkpoint("actor", n), queued.checkpoint("actor", n))
         ms, ma = (storage.read_json(p.file(n, "manifest.json")) for p in (sync, queued))
         assert ms["data_cursor"] == ma["data_cursor"]
-        learned = _learning_metrics(async_run, n)
+        learned = _learning_metrics(url, n)
         assert learned == {k: v for k, v in _learning_metrics(light_run, n).items() if k in learned}
         a, b = (
             DataProto.load(sync.file(n, "advantages.arrow")),
@@ -84,7 +125,8 @@ def test_each_commit_records_the_batch_it_consumed_and_retention_removes_it(asyn
 
     from ppoflow.cli.main import main
 
-    paths = ExperimentPaths(async_run)
+    url = async_run["url"]
+    paths = ExperimentPaths(url)
     for n in (1, 2):
         consumed = storage.read_json(paths.file(n, "manifest.json"))["consumed"]
         fs, path = storage.url_to_fs(paths.file(n, "rollout.arrow"))
@@ -93,62 +135,31 @@ def test_each_commit_records_the_batch_it_consumed_and_retention_removes_it(asyn
             n - 1,
             n - 1,
         ]
-    queue = QueuePaths(async_run)
+    queue = QueuePaths(url)
     assert [k for k in queue.batch_numbers() if k <= 2] == []
     assert storage.exists(queue.stop)
     assert os.path.isdir(queue.policy(2))
-    assert main(["status", async_run]) == 0
+    assert main(["status", url]) == 0
     out = capsys.readouterr().out
     assert "rollout queue" in out and "newest policy version 2 (producers told to stop)" in out
-    assert main(["status", async_run, "--json"]) == 0
+    assert main(["status", url, "--json"]) == 0
     status = json.loads(capsys.readouterr().out)["queue"]
     assert status["latest_version"] == 2 and status["batches"] == [] and status["stopped"]
 
 
 # ----------------------------------------------------------------------------- durability
-def test_a_producer_and_a_trainer_killed_mid_push_lose_nothing_and_resume_exactly(
-    prefect_harness, flow_config, light_run, tmp_path
-):
-    """SIGKILL the producer while it loads policy version 1 for batch 2 (the trainer starts it
-    again; the new one takes over the dead one's lease), then the trainer while it publishes
-    version 2 (weights written, pointer not moved). The run resumed from manifest 1 commits what
-    the uninterrupted synchronous run commits, and each batch was consumed once."""
+def test_a_producer_and_a_trainer_killed_mid_push_lose_nothing_and_resume_exactly(async_run, light_run):
+    """The faults of ``async_run``: the killed trainer's run ended at manifest 1 with version 2's
+    weights written and never pointed at; the run resumed from there commits what the
+    uninterrupted synchronous run commits, and each batch was consumed once."""
     import signal
-    import subprocess
-    import sys
 
-    from prefect.settings import PREFECT_API_URL
-
-    from ppoflow.flows.ppo import ppo
-    from ppoflow.infra.config import dump_config
-    from ppoflow.infra.experiment.manifest import read_manifest
-    from tests.support.paths import ROOT
-
-    cfg = flow_config(str(tmp_path), "killed", **ASYNC)
-    config = tmp_path / "killed.yaml"
-    config.write_text(dump_config(cfg))
-    env = {
-        **os.environ,
-        "PYTHONPATH": ROOT,
-        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
-        "PPOFLOW_FAULT": "kill:policy_load:2,kill:publish:2",
-    }
-    trainer = subprocess.run(
-        [sys.executable, "-m", "ppoflow.flows.ppo", str(config), "2"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = trainer.stdout + trainer.stderr
-    assert trainer.returncode == -signal.SIGKILL, out[-3000:]
+    killed, paths = async_run["killed"], ExperimentPaths(async_run["url"])
+    out = killed["out"]
+    assert killed["returncode"] == -signal.SIGKILL, out[-3000:]
     assert "killed at policy_load 2" in out and "starting it again" in out, out[-3000:]
-    paths = ExperimentPaths(cfg.storage.experiment_url)
-    assert read_manifest(paths).iteration == 1
-    queue = QueuePaths(cfg.storage.experiment_url)
-    assert storage.exists(queue.policy(2)) and storage.exists(queue.done(2))  # version 2 never pointed at
-    assert ppo(cfg, iterations=1)["iteration"] == 2
+    assert killed["iteration"] == 1
+    assert killed["policy_2"] and killed["done_2"]  # version 2 never pointed at
     for n in (1, 2):
         assert_same_state(ExperimentPaths(light_run).checkpoint("actor", n), paths.checkpoint("actor", n))
         ms, ma = (storage.read_json(p.file(n, "manifest.json")) for p in (ExperimentPaths(light_run), paths))
