@@ -30,19 +30,19 @@ from tests.support.paths import ROOT
 pytestmark = pytest.mark.slow
 
 EXAMPLE = os.path.join(ROOT, "examples", "smollm2")
-CACHE = os.environ.get("PPOFLOW_EXAMPLE_CACHE", os.path.expanduser("~/.cache/ppoflow-examples/smollm2"))
 PROMPTS = 4
 NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
 def smollm2() -> str:
-    """The example's root, prepared as its README says (a no-op when the cache has it all)."""
-    subprocess.run(
-        [sys.executable, os.path.join(EXAMPLE, "prepare.py"), "--root", CACHE], check=True, cwd=ROOT
-    )
-    assert os.path.isfile(os.path.join(CACHE, "model", "model.safetensors"))
-    return CACHE
+    """The example's root, prepared as its README says (a no-op when the cache has it all; under
+    the lock of :mod:`tests.support.prefetch`, which ``.ci/run`` starts ahead of the tests)."""
+    from tests.support.prefetch import smollm2_root
+
+    root = smollm2_root()
+    assert os.path.isfile(os.path.join(root, "model", "model.safetensors"))
+    return root
 
 
 def _tokens(tok, content: str) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """A real MLflow tracking server for tests: ``mlflow server`` on 127.0.0.1, from its own venv.
 
 The full ``mlflow`` package (the server) pins ``pyarrow<26``, which the project's venv does not
-have, so it lives in a venv of its own, built once with pip and kept between test sessions under
-``$PPOFLOW_TEST_MLFLOW_DIR`` (default ``~/.cache/ppoflow-test-mlflow``). ``mlflow_server`` (session
+have, so it lives in a venv of its own, built once with pip and kept between test sessions
+(:mod:`tests.support.prefetch`, which ``.ci/run`` starts ahead of the tests). ``mlflow_server`` (session
 scope) starts ``mlflow server`` with a SQLite backend store (tracking and the model registry), serving the
 artifacts itself (clients upload over HTTP to a local directory), on a free port, waits until it answers, yields ``MlflowServer`` and stops it at
 the end. The test is skipped only when the venv cannot be built because PyPI is unreachable.
@@ -10,11 +10,8 @@ the end. The test is skipped only when the venv cannot be built because PyPI is 
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -23,41 +20,14 @@ from pathlib import Path
 import pytest
 
 from tests.support.ports import free_port
-
-MLFLOW_VERSION = "3.17.2"
-
-
-def _pypi_reachable() -> bool:
-    try:
-        urllib.request.urlopen("https://pypi.org/simple/mlflow/", timeout=10).close()
-        return True
-    except OSError:
-        return False
+from tests.support.prefetch import MLFLOW_VERSION, mlflow_venv
 
 
 def server_venv() -> Path:
-    """The venv with ``mlflow==MLFLOW_VERSION`` (built on first use, under a file lock)."""
-    base = Path(os.environ.get("PPOFLOW_TEST_MLFLOW_DIR", Path.home() / ".cache" / "ppoflow-test-mlflow"))
-    venv = base / f"venv-{MLFLOW_VERSION}"
-    ready = venv / ".ppoflow-ready"
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if ready.exists():
-            return venv
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"mlflow=={MLFLOW_VERSION}"],
-            capture_output=True,
-            text=True,
-        )
-        if pip.returncode:
-            shutil.rmtree(venv, ignore_errors=True)
-            if not _pypi_reachable():
-                pytest.skip(f"mlflow=={MLFLOW_VERSION} for the test server: PyPI is unreachable")
-            raise RuntimeError(f"pip install mlflow=={MLFLOW_VERSION} failed:\n{pip.stderr[-3000:]}")
-        ready.touch()
+    """The venv with ``mlflow`` (built on first use, under a file lock: :mod:`tests.support.prefetch`)."""
+    venv = mlflow_venv()
+    if venv is None:
+        pytest.skip(f"mlflow=={MLFLOW_VERSION} for the test server: PyPI is unreachable")
     return venv
 
 
