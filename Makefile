@@ -34,7 +34,7 @@ SLOW_WORKERS ?= 2
 FAST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slow and not integration" -n $(FAST_WORKERS) $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
-	$(VENV)/bin/python -m pytest -q -m "slow or integration" -n $(SLOW_WORKERS) --dist loadgroup $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
+	$(VENV)/bin/python -m pytest -q -m "slow or integration" -n $(SLOW_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); s=$$?; [ $$s -eq 0 -o $$s -eq 5 ] || exit $$s
 
 # The edit-test loop (about 90 s on 2 cores): everything but the `slow` (ranks, vLLM, flows) and
 # `integration` (real Prefect server) tests.
@@ -43,9 +43,13 @@ test-fast: $(STAMP)
 
 # Style: ruff's linter and formatter (config in pyproject.toml; .pre-commit-config.yaml runs the same);
 # then mypy over the package (settings in pyproject.toml's [tool.mypy]; tests/ and benchmarks/ are not in it).
-lint: $(STAMP)
+# (`make style` and `make types` run the two halves: .ci/run types beside the tests.)
+.PHONY: style types
+lint: style types
+style: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+types: $(STAMP)
 	$(VENV)/bin/mypy -p ppoflow
 
 format: $(STAMP)

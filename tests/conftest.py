@@ -1,3 +1,6 @@
+import json
+import os
+
 import pytest
 
 from tests.support.ckpt.checkpoint_run import ckpt_run  # noqa: F401
@@ -29,6 +32,7 @@ def pytest_collection_modifyitems(config, items):
         return any(d and d[-1].scope in ("module", "class", "package") for d in defs)
 
     module_runs: dict[str, list[str]] = {}
+    groups: dict = {}
     for item in items:
         runs = module_runs.setdefault(item.module.__name__, [])
         runs.extend(run for run in runs_of(item) if run not in runs)
@@ -41,6 +45,76 @@ def pytest_collection_modifyitems(config, items):
         else:
             group = (module_runs[module] or [module])[0]
         item.add_marker(pytest.mark.xdist_group(group))
+        groups[item] = group
+    if config.getoption("dist", "no") == "loadgroup":
+        _longest_groups_first(items, groups)
+
+
+# ----------------------------------------------------------------------------- longest first
+#: What each slow test took (seconds, setup + call + teardown, on two busy cores), by node id.
+#: ``make test`` runs the slow tier with ``--no-loadscope-reorder``: pytest-xdist hands the groups
+#: out in collection order, which :func:`_longest_groups_first` makes longest first (by these
+#: figures) so that no minutes-long group is left for the end while the other worker idles.
+#: xdist's own order (most tests first) put the single-test groups of minutes (the deployment, the
+#: demo learning, the TP=2 check) last. Refresh after adding or changing slow tests:
+#: ``PPOFLOW_RECORD_DURATIONS=1 make test`` (it rewrites the entries of the tests that ran).
+DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+#: A slow test without a recorded figure counts as this many seconds (a typical flow test).
+UNRECORDED_SLOW_S = 30.0
+
+
+def _recorded_durations() -> dict[str, float]:
+    try:
+        with open(DURATIONS) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def _longest_groups_first(items, groups) -> None:
+    """Reorder ``items`` in place: whole groups, the longest (summed recorded seconds) first, each
+    group's tests in their collected order."""
+    recorded = _recorded_durations()
+
+    def seconds(item) -> float:
+        if item.nodeid in recorded:
+            return recorded[item.nodeid]
+        marks = {m.name for m in item.iter_markers()}
+        return UNRECORDED_SLOW_S if marks & {"slow", "integration"} else 0.0
+
+    total: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        total[groups[item]] = total.get(groups[item], 0.0) + seconds(item)
+        first.setdefault(groups[item], i)
+    items.sort(key=lambda item: (-total[groups[item]], first[groups[item]]))
+
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """With ``PPOFLOW_RECORD_DURATIONS`` set, add up each test's phases (the controller's view
+    under xdist, the group suffix dropped) for :func:`pytest_sessionfinish` to record."""
+    if os.environ.get("PPOFLOW_RECORD_DURATIONS"):
+        nodeid = report.nodeid.rpartition("@")[0] or report.nodeid
+        _durations[nodeid] = _durations.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Write the slow tests' figures into :data:`DURATIONS` (a worker leaves it to the controller)."""
+    if not _durations or hasattr(session.config, "workerinput"):
+        return
+    slow = {
+        item.nodeid.rpartition("@")[0] or item.nodeid
+        for item in session.items
+        if {m.name for m in item.iter_markers()} & {"slow", "integration"}
+    }
+    recorded = _recorded_durations()
+    recorded.update({k: round(v, 1) for k, v in _durations.items() if k in slow or k in recorded})
+    with open(DURATIONS, "w") as f:
+        json.dump(dict(sorted(recorded.items())), f, indent=0)
+        f.write("\n")
 
 
 def pytest_configure(config):
