@@ -12,6 +12,12 @@ from tests.support.s3_server import s3_server  # noqa: F401
 #: pytest-xdist workers (``--dist loadgroup``), and each worker builds the session fixtures its own
 #: tests use: the modules that use one of these go to one worker, which builds it once.
 SHARED_RUNS = ("base_run", "light_run", "demo", "ckpt_run")
+#: vLLM's CPU build names a tensor-parallel engine's shared memory after its launcher's address,
+#: which under torch's launcher (``env://``) is the same for every engine on the host: two such
+#: engines at once collide ("create shm in SHMManager failed. errno: 17"). The tests that start one
+#: (marked ``cpu_tp``, or using the rollout scenarios ``dp2``/``tp2``, whose ``tp2`` is one) are
+#: one group: one worker runs them one after the other, and builds the scenarios once.
+CPU_TP_GROUP, CPU_TP_FIXTURES = "cpu_tp", ("dp2", "tp2")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
@@ -38,7 +44,10 @@ def pytest_collection_modifyitems(config, items):
         runs.extend(run for run in runs_of(item) if run not in runs)
     for item in items:
         module, runs = item.module.__name__, runs_of(item)
-        if runs:
+        fixtures = getattr(item, "fixturenames", ())
+        if item.get_closest_marker("cpu_tp") or any(f in fixtures for f in CPU_TP_FIXTURES):
+            group = CPU_TP_GROUP
+        elif runs:
             group = runs[0]
         elif module_runs[module] and not shares_module_state(item):
             group = item.nodeid.replace("/", ".").replace("::", ".")
@@ -46,7 +55,9 @@ def pytest_collection_modifyitems(config, items):
             group = (module_runs[module] or [module])[0]
         item.add_marker(pytest.mark.xdist_group(group))
         groups[item] = group
-    if config.getoption("dist", "no") == "loadgroup":
+    # (an xdist worker sees ``dist`` as "no" and ``loadgroup`` set; the controller, or a run
+    # without -n, the option itself)
+    if getattr(config.option, "loadgroup", False) or config.getoption("dist", "no") == "loadgroup":
         _longest_groups_first(items, groups)
 
 
@@ -94,9 +105,9 @@ _durations: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report):
-    """With ``PPOFLOW_RECORD_DURATIONS`` set, add up each test's phases (the controller's view
+    """With ``PPOFLOW_RECORD_DURATIONS`` set, add up each slow test's phases (the controller's view
     under xdist, the group suffix dropped) for :func:`pytest_sessionfinish` to record."""
-    if os.environ.get("PPOFLOW_RECORD_DURATIONS"):
+    if os.environ.get("PPOFLOW_RECORD_DURATIONS") and {"slow", "integration"} & set(report.keywords):
         nodeid = report.nodeid.rpartition("@")[0] or report.nodeid
         _durations[nodeid] = _durations.get(nodeid, 0.0) + report.duration
 
@@ -105,13 +116,8 @@ def pytest_sessionfinish(session, exitstatus):
     """Write the slow tests' figures into :data:`DURATIONS` (a worker leaves it to the controller)."""
     if not _durations or hasattr(session.config, "workerinput"):
         return
-    slow = {
-        item.nodeid.rpartition("@")[0] or item.nodeid
-        for item in session.items
-        if {m.name for m in item.iter_markers()} & {"slow", "integration"}
-    }
     recorded = _recorded_durations()
-    recorded.update({k: round(v, 1) for k, v in _durations.items() if k in slow or k in recorded})
+    recorded.update({k: round(v, 1) for k, v in _durations.items()})
     with open(DURATIONS, "w") as f:
         json.dump(dict(sorted(recorded.items())), f, indent=0)
         f.write("\n")

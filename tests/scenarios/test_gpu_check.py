@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.paths import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cpu_tp]
 
 
 def test_gpu_check_passes_on_cpu_tp2(tmp_path):

@@ -143,6 +143,7 @@ def test_actor_log_prob_and_update_match_single_process(tiny):
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_tp
 def test_tp2_rollout_then_update_over_both_ranks(tiny):
     from transformers import AutoModelForCausalLM
 
