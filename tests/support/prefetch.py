@@ -11,9 +11,9 @@ second builder waits for the first, then finds it built) and kept between sessio
 
 On a clean machine they take about 110 s and 60 s, mostly waiting on the network. ``.ci/run``
 starts them ahead of the tests beside steps that leave a core idle (the MLflow venv beside
-``make setup``, the example beside ``make lint``), so the tests find them built instead of
-building them on a test worker. The standard library only: the MLflow venv is fetched before the
-project's venv exists.
+``make setup``, the example beside the style check and the fast tier), so the tests find them
+built instead of building them on a test worker. The standard library only: the MLflow venv is
+fetched before the project's venv exists.
 
     python3 tests/support/prefetch.py mlflow
     .venv/bin/python tests/support/prefetch.py smollm2
