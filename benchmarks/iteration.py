@@ -15,6 +15,8 @@ update's MFU (on GPU) and the share of the iteration spent outside model compute
     ... --response-len 8192 --dynamic-bsz --max-token-len 16896 --log-prob-max-token-len 33792 \
         --recompute --gpu-memory-utilization 0.5            # long responses (docs/gpus.md's guide)
     ... --dynamic-bsz --sp 2 --ranks 2                   # sequence parallel (Ulysses) updates
+    ... --storage DIR --iters 20 [--resume]              # a run longer than one sitting: run the same
+                                                         # command again with --resume to finish it
 
 Uneven responses: a random-weight model samples close to uniformly over its vocabulary, so it
 almost never stops. ``--mean-response-len L`` gives the model ``V / L`` extra stop tokens (in its
@@ -141,6 +143,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--overlap", choices=["none", "one_step"], default="none", help="algorithm.overlap")
     p.add_argument("--storage", default=None, help="where the experiment goes (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the experiment under --storage up to 1 + --iters iterations (a run longer than one sitting)",
+    )
     e = p.add_argument_group("rollout engine (vllm)")
     e.add_argument("--tp", type=int, default=1, help="rollout.tensor_model_parallel_size")
     e.add_argument(
@@ -236,6 +243,25 @@ def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int 
         model.generation_config.eos_token_id = [tok.eos_token_id, *stops]
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
+    return sum(p.numel() for p in model.parameters())
+
+
+def committed(work: str) -> int:
+    """The last iteration the experiment under ``work`` committed (0: none, or no experiment)."""
+    from ppoflow.infra.experiment.manifest import read_manifest
+    from ppoflow.infra.experiment.paths import ExperimentPaths
+
+    manifest = read_manifest(ExperimentPaths(os.path.join(work, "runs", "bench")))
+    return manifest.iteration if manifest is not None else 0
+
+
+def model_params(model_dir: str) -> int:
+    """The parameter count of the model ``build_model`` wrote (without loading its weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
     return sum(p.numel() for p in model.parameters())
 
 
@@ -531,10 +557,15 @@ def run_once(args, work: str) -> tuple[str, dict, list[dict]]:
     model_dir = os.path.join(work, "model")
     data_url = os.path.join(work, "prompts.parquet")
     t0 = time.perf_counter()
-    n_params = build_model(
-        model_dir, args.preset, args.prompt_len + args.response_len + 8, args.mean_response_len
-    )
-    build_prompts(data_url, max(args.prompts * (args.iters + 1), args.prompts), args.prompt_len)
+    done = committed(work) if getattr(args, "resume", False) else 0
+    if done:  # the model and prompts of the experiment's first sitting, as they are
+        n_params = model_params(model_dir)
+        print(f"resuming the experiment under {work} after iteration {done}", flush=True)
+    else:
+        n_params = build_model(
+            model_dir, args.preset, args.prompt_len + args.response_len + 8, args.mean_response_len
+        )
+        build_prompts(data_url, max(args.prompts * (args.iters + 1), args.prompts), args.prompt_len)
     cfg = parse_config(experiment_config(args, model_dir, data_url, os.path.join(work, "runs")))
     print(
         f"built model ({n_params / 1e6:.1f}M params) and prompts in {time.perf_counter() - t0:.1f} s",
@@ -545,12 +576,13 @@ def run_once(args, work: str) -> tuple[str, dict, list[dict]]:
     sampler = DeviceMemorySampler().start() if args.device == "cuda" else None
     t0 = time.perf_counter()
     try:
-        ppo(cfg, iterations=1 + args.iters)
+        ppo(cfg, iterations=max(0, 1 + args.iters - done))
     finally:
         if sampler is not None:
             sampler.stop()
+    first = "first one cold" if not done else f"resumed after {done}: iteration {done + 1} cold"
     print(
-        f"flow run: {time.perf_counter() - t0:.1f} s for {1 + args.iters} iterations (first one cold)",
+        f"flow run: {time.perf_counter() - t0:.1f} s for {max(0, 1 + args.iters - done)} iterations ({first})",
         flush=True,
     )
     exp = cfg.storage.experiment_url
