@@ -4,11 +4,17 @@ without verification. Prints one table.
 
     python benchmarks/checkpoint_io.py --params-m 150 --dir /tmp/ckpt-bench            # CPU
     python benchmarks/checkpoint_io.py --params-m 500 --device cuda --dir /tmp/ckpt-bench
+    python benchmarks/checkpoint_io.py --weights-read qwen2.5-0.5b      # a policy version's read
 
 The model is a stack of fp32 linear layers of ``--params-m`` million parameters with AdamW state
 after one step (so a checkpoint is about 12 bytes per parameter, like the flow's actor and
 critic). Verification reads every file once and hashes it with XXH3-64; its cost per byte is the
 slower of storage reads and the hash (the in-memory hash speed is printed too).
+
+``--weights-read PRESET``: how a rollout engine reads a published policy version (a weights-only
+checkpoint of a random model of ``benchmarks/iteration.py``'s preset shape, fp32):
+``ppoflow.workers.rollout.weight_sync.checkpoint_weights``' reads of ``READ_BYTES`` against one
+read per decoder layer and one read of everything, interleaved, ``--repeats`` times each.
 """
 
 from __future__ import annotations
@@ -50,14 +56,68 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
+def weights_read(preset: str, work: str, repeats: int) -> str:
+    """Seconds to read every weight of a weights-only checkpoint, by read size (see the docstring)."""
+    import statistics
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    from ppoflow.demo.tiny_models import build_char_tokenizer, tiny_config
+    from ppoflow.infra.checkpoint.sharded import load_full_state_dict, model_tensor_bytes
+    from ppoflow.workers.rollout.weight_sync import READ_BYTES, layer_groups, read_groups
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from iteration import PRESETS  # beside this script
+
+    tok = build_char_tokenizer()
+    shape = dict(PRESETS[preset])
+    vocab = shape.pop("vocab_size", len(tok))
+    cfg = tiny_config(vocab, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **shape)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    names = [n for n, _ in model.named_parameters()]
+    url = save_checkpoint(os.path.join(work, "policy"), model)
+    sizes = model_tensor_bytes(url)
+    ways = {
+        "one read per decoder layer": layer_groups(names),
+        f"reads of {READ_BYTES >> 20} MiB (checkpoint_weights)": read_groups(names, sizes),
+        "one read of everything": [names],
+    }
+    seconds: dict[str, list[float]] = {k: [] for k in ways}
+    for _ in range(repeats):
+        for way, reads in ways.items():
+            t0 = time.perf_counter()
+            for keys in reads:
+                load_full_state_dict(url, keys=keys)
+            seconds[way].append(time.perf_counter() - t0)
+    gb = sum(sizes[n] for n in names) / 1e9
+    lines = [
+        f"reading a policy version: {preset}, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
+        f"params, {gb:.2f} GB fp32, from {work}; {repeats} rounds, interleaved",
+        "",
+        f"{'how':<44}{'reads':>6}{'median s':>10}   each",
+    ]
+    for way, reads in ways.items():
+        each = " ".join(f"{x:.2f}" for x in seconds[way])
+        lines.append(f"{way:<44}{len(reads):>6}{statistics.median(seconds[way]):>10.2f}   {each}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--params-m", type=float, default=50.0, help="million parameters")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
+    p.add_argument("--weights-read", metavar="PRESET", default=None, help="time a policy version's read")
+    p.add_argument("--repeats", type=int, default=5, help="--weights-read: rounds")
     args = p.parse_args(argv)
     work = args.dir or tempfile.mkdtemp(prefix="ppoflow-ckpt-bench-")
     os.makedirs(work, exist_ok=True)
+    if args.weights_read:
+        print(weights_read(args.weights_read, work, args.repeats))
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     model, opt = build(args.params_m, args.device)
     n_params = sum(t.numel() for t in model.parameters())
 

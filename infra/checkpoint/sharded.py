@@ -68,6 +68,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "load_full_state_dict",
+    "model_tensor_bytes",
     "verify_checkpoint",
     "is_complete",
     "read_marker",
@@ -226,6 +227,21 @@ def _restore_rng(url: str, marker: dict[str, Any], opts: dict, rank: int, world:
         )
 
 
+def _model_metadata(url: str, opts: dict) -> tuple[Any, dict[str, Any]]:
+    """The reader of the checkpoint's model files and ``{hf_name: tensor metadata}``."""
+    marker = read_marker(url, opts)
+    reader = make_reader(storage.join(url, cast(str, _layout(marker)[MODEL])), opts)  # always saved
+    lead = MODEL + "."
+    items = reader.read_metadata().state_dict_metadata.items()
+    return reader, {k[len(lead) :]: v for k, v in items if k.startswith(lead)}
+
+
+def model_tensor_bytes(url: str, storage_options: dict | None = None) -> dict[str, int]:
+    """``{hf_name: bytes}`` of every full model tensor in the checkpoint (from its metadata alone)."""
+    _, available = _model_metadata(url, options(url, storage_options))
+    return {k: v.size.numel() * v.properties.dtype.itemsize for k, v in available.items()}
+
+
 def load_full_state_dict(
     url: str,
     keys: list[str] | set[str] | None = None,
@@ -241,13 +257,9 @@ def load_full_state_dict(
     ``{hf_name: tensor}`` on the CPU, in the dtype the model had when saved.
     """
     opts = options(url, storage_options)
-    marker = read_marker(url, opts)
     if verify:
-        _verify(url, marker, opts, (MODEL,), distributed=False)
-    reader = make_reader(storage.join(url, cast(str, _layout(marker)[MODEL])), opts)  # always saved
-    metadata = reader.read_metadata()
-    lead = MODEL + "."
-    available = {k[len(lead) :]: v for k, v in metadata.state_dict_metadata.items() if k.startswith(lead)}
+        _verify(url, read_marker(url, opts), opts, (MODEL,), distributed=False)
+    reader, available = _model_metadata(url, opts)
     wanted = set(available) if keys is None else set(keys)
     missing = sorted(wanted - set(available))
     if missing:

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from ppoflow.infra.checkpoint.sharded import save_checkpoint
-from ppoflow.workers.rollout.weight_sync import WeightStats, checkpoint_weights, layer_groups, live_weights
+from ppoflow.workers.rollout.weight_sync import (
+    WeightStats,
+    checkpoint_weights,
+    layer_groups,
+    live_weights,
+    read_groups,
+)
 from tests.support.rollout.vllm_scenario import LOGPROB_TOL, LONG, lp_diff, responses
 
 
@@ -50,6 +56,27 @@ def test_names_group_by_decoder_layer_in_order_of_first_appearance():
     ]
 
 
+def test_reads_pack_whole_layers_in_order_up_to_the_budget():
+    names = [
+        "model.embed_tokens.weight",
+        "model.layers.0.a",
+        "model.layers.0.b",
+        "model.layers.1.a",
+        "model.layers.2.a",
+        "model.norm.weight",
+    ]
+    nbytes = {"model.embed_tokens.weight": 50, "model.layers.0.a": 20, "model.layers.0.b": 20}
+    nbytes |= {"model.layers.1.a": 40, "model.layers.2.a": 100, "model.norm.weight": 1}
+    assert read_groups(names, nbytes, budget=100) == [
+        ["model.embed_tokens.weight", "model.layers.0.a", "model.layers.0.b"],  # 90 bytes
+        ["model.layers.1.a"],  # with layer 2 it would be 140
+        ["model.layers.2.a"],  # as large as the budget: a read of its own
+        ["model.norm.weight"],
+    ]
+    assert read_groups(names, nbytes, budget=1) == layer_groups(names)  # one read per layer
+    assert read_groups(names, nbytes, budget=10**9) == [names]
+
+
 def test_the_live_and_checkpoint_streams_give_the_module_s_tensors(tmp_path):
     """A tied tiny Qwen2: the live stream gives each parameter once under its HF name (the tied
     head as ``model.embed_tokens.weight`` only), in the dtype asked; the checkpoint stream of those
@@ -73,6 +100,8 @@ def test_the_live_and_checkpoint_streams_give_the_module_s_tensors(tmp_path):
     assert all(torch.equal(t, params[n]) for n, t in streamed)
     numel = sum(p.numel() for p in params.values())
     assert stats.as_dict() == {"tensors": len(names), "params": numel, "bytes": 4 * numel}
+    by_layer = list(checkpoint_weights(url, names, read_bytes=1))  # one read per decoder layer
+    assert [n for n, _ in by_layer] == names and all(torch.equal(t, params[n]) for n, t in by_layer)
     everything = dict(checkpoint_weights(url))  # no names: every model tensor, the tied head too
     assert set(everything) == set(names) | {"lm_head.weight"}
     assert torch.equal(everything["lm_head.weight"], params["model.embed_tokens.weight"])
