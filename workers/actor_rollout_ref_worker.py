@@ -147,6 +147,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         from transformers import AutoTokenizer
 
         from ppoflow.workers.rollout import build_rollout, build_sharding_manager
+        from ppoflow.workers.rollout.sharding_manager import default_sleep_level
 
         model = self.cfg.model
         assert self.actor is not None  # init_model builds the policy first
@@ -163,8 +164,9 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             world_size=self.world_size,
         )
         rcfg = self.cfg.rollout
-        # an engine serving adapters keeps its base weights: level 1 (level 2 would discard them)
-        sleep_level = rcfg.sleep_level or (2 if self.is_actor and not self._adapter_sync else 1)
+        sleep_level = rcfg.sleep_level
+        if sleep_level is None:
+            sleep_level = default_sleep_level(self.is_actor, self._adapter_sync)
         lora = self.cfg.actor.lora
         self.sharding_manager = build_sharding_manager(
             self.rollout,

@@ -72,12 +72,14 @@ class RolloutConfig(Section):
     enforce_eager: bool | None = Field(
         None, description="None: eager on CPU, CUDA graphs on GPU (faster decoding); or force it"
     )
-    sleep_level: Literal[1, 2] | None = Field(
+    sleep_level: Literal[0, 1, 2] | None = Field(
         None,
         description="GPU: how the engine sleeps after each rollout to give its memory to training. "
         "2 discards weights and KV cache (nothing copied; the next rollout pushes the weights); 1 also "
-        "frees the GPU but keeps the weights in host memory. None: 2 when the engine shares its ranks "
-        "with the trained actor (which pushes new weights before every rollout anyway), else 1",
+        "frees the GPU but keeps the weights in host memory; 0 never sleeps (weights, KV cache and its "
+        "prefix cache stay on the GPU). None: 2 when the engine shares its ranks with the trained actor "
+        "(which pushes new weights before every rollout anyway), 1 when it serves LoRA adapters, else "
+        "0 (an engine group of its own: the asynchronous producer, a standalone evaluation)",
     )
     weight_loader: Literal["hf", "dtensor"] = Field(
         "hf",

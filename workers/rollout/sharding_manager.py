@@ -32,8 +32,14 @@ only on a change. When the engine shares its ranks with the trained actor, the a
 newest weights and every rollout after an update pushes them anyway, so level 1 would copy the
 old weights out and back for nothing (a 0.5B bf16 model: 1 GB each way per rollout, and that
 much pinned host memory per rank): level 2 is the default there (``rollout.sleep_level`` None).
-Level 1 pays off for an engine whose weights rarely change between rollouts (the ``rollout``
-role: no optimizer, new weights only from a checkpoint).
+Level 1 pays off for an engine whose weights rarely change between rollouts and that must give
+its memory back between them. Level 0 never sleeps: the default of an engine group of its own (the
+``rollout`` role: the asynchronous producer, a standalone evaluation), which has no training in
+its processes to give memory to. The producer samples a batch in several calls (chunks of
+``asynchronous.chunk_tokens``, each continuing the sequences of the call before): awake, each call
+finds the KV blocks of the previous one in the prefix cache (unless a new version was pushed in
+between, which resets it), where a sleeping engine would copy its weights out and back and
+recompute every prompt and every token so far at each call (:func:`default_sleep_level`).
 
 ``last_sync_s``: seconds spent on the last entry (wake + push), 0.0 when nothing was pushed;
 ``last_timing``: the last entry's ``wake_s`` (both wakes and the cache release), ``release_s``
@@ -60,9 +66,18 @@ from ppoflow.workers.rollout import weight_sync
 if TYPE_CHECKING:
     from ppoflow.workers.rollout.tp_slicing import TPSlicer
 
-__all__ = ["FSDPVLLMShardingManager", "NoOpShardingManager"]
+__all__ = ["FSDPVLLMShardingManager", "NoOpShardingManager", "default_sleep_level"]
 
 _LOG = logging.getLogger("ppoflow.rollout")
+
+
+def default_sleep_level(with_trained_actor: bool, serves_adapters: bool) -> int:
+    """``rollout.sleep_level`` None: 2 beside the trained actor (it pushes new weights before every
+    rollout), 1 for an engine serving LoRA adapters (its base weights must survive the sleep), else
+    0 (an engine group of its own; see the module docstring)."""
+    if serves_adapters:
+        return 1
+    return 2 if with_trained_actor else 0
 
 
 class NoOpShardingManager:
@@ -97,7 +112,7 @@ class FSDPVLLMShardingManager:
             may be None when only checkpoint sources are used.
         loader: "hf" (full tensors) or "dtensor" (TP slices where the engine allows; falls back
             to "hf" for checkpoint sources and TP=1).
-        sleep_level: GPU sleep level on exit (1 or 2); ignored on CPU.
+        sleep_level: GPU sleep level on exit (0: stays awake, 1 or 2); ignored on CPU.
         storage_options: fsspec options for checkpoint URLs.
         quiet: a context-manager factory held around the entry's wake and push, e.g. the worker's
             ``CheckpointWriter.paused`` (a background checkpoint write in the same process slows
@@ -116,8 +131,8 @@ class FSDPVLLMShardingManager:
     ):
         if loader not in ("hf", "dtensor"):
             raise ValueError(f"loader must be 'hf' or 'dtensor', got {loader!r}")
-        if sleep_level not in (1, 2):
-            raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
+        if sleep_level not in (0, 1, 2):
+            raise ValueError(f"sleep_level must be 0, 1 or 2, got {sleep_level}")
         self.rollout, self.module = rollout, actor_module
         self.loader, self.sleep_level = loader, sleep_level
         self.storage_options = storage_options
@@ -241,12 +256,12 @@ class FSDPVLLMShardingManager:
         return None
 
     def sleep(self) -> float:
-        """GPU: put the engine to sleep at ``sleep_level`` (no-op on CPU or when asleep); returns
+        """GPU: put the engine to sleep at ``sleep_level`` (no-op at level 0, on CPU or when asleep); returns
         the seconds it took. The worker also calls it right after building the engine, so a group
         that starts with an update (a resumed or retried iteration) trains without the engine's
         memory in the way."""
         t0 = time.perf_counter()
-        if not self.rollout.cpu and not self.rollout.sleeping:
+        if self.sleep_level and not self.rollout.cpu and not self.rollout.sleeping:
             self.rollout.sleep(level=self.sleep_level)  # vLLM's sleep also empties torch's cache
             self._weights_lost = self.sleep_level >= 2
         return time.perf_counter() - t0
