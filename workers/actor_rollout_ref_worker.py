@@ -164,9 +164,11 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             world_size=self.world_size,
         )
         rcfg = self.cfg.rollout
-        sleep_level = rcfg.sleep_level
-        if sleep_level is None:
-            sleep_level = default_sleep_level(self.is_actor, self._adapter_sync)
+        sleep_level: int = (
+            rcfg.sleep_level
+            if rcfg.sleep_level is not None
+            else default_sleep_level(self.is_actor, self._adapter_sync)
+        )
         lora = self.cfg.actor.lora
         self.sharding_manager = build_sharding_manager(
             self.rollout,
