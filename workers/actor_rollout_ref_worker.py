@@ -176,6 +176,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             loader=rcfg.weight_loader,
             sleep_level=sleep_level,
             quiet=self.checkpoints.paused,
+            verify=self.cfg.checkpoint.verify,
             **(dict(lora_sync=lora.sync, base_model=model.path) if lora.enabled else {}),
         )
         info: dict[str, Any] = {"engine": type(self.rollout).__name__}

@@ -84,7 +84,7 @@ def build_sharding_manager(rollout: Rollout, actor_module: Any, **kwargs: Any):
     has one.
 
     Every manager is built as ``Manager(engine, actor_module, **kwargs)``; ``kwargs``: ``loader``,
-    ``sleep_level``, ``storage_options``, ``quiet`` (a manager takes what applies to it), and for
+    ``sleep_level``, ``storage_options``, ``quiet``, ``verify`` (a manager takes what applies to it), and for
     the LoRA manager ``lora_sync`` (as ``sync``) and ``base_model``.
     """
     engine = getattr(rollout, "engine", rollout)  # a MultiTurnRollout's manager is its engine's

@@ -56,7 +56,7 @@ class LoRAShardingManager(FSDPVLLMShardingManager):
         rollout, actor_module: as for ``FSDPVLLMShardingManager`` (the module is required).
         sync: "adapter" or "merged".
         base_model: the base model directory (recorded in each adapter's config).
-        kwargs: ``sleep_level``, ``storage_options``, ``quiet`` (``loader`` is always "hf").
+        kwargs: ``sleep_level``, ``storage_options``, ``quiet``, ``verify`` (``loader`` is always "hf").
     """
 
     def __init__(self, rollout: Any, actor_module: nn.Module, *, sync: str, base_model: str, **kwargs: Any):

@@ -114,6 +114,8 @@ class FSDPVLLMShardingManager:
             to "hf" for checkpoint sources and TP=1).
         sleep_level: GPU sleep level on exit (0: stays awake, 1 or 2); ignored on CPU.
         storage_options: fsspec options for checkpoint URLs.
+        verify: check a checkpoint source's files against its marker before reading them
+            (``checkpoint.verify``).
         quiet: a context-manager factory held around the entry's wake and push, e.g. the worker's
             ``CheckpointWriter.paused`` (a background checkpoint write in the same process slows
             the push, which is latency-bound Python).
@@ -128,6 +130,7 @@ class FSDPVLLMShardingManager:
         sleep_level: int = 2,
         storage_options: dict | None = None,
         quiet: Callable[[], AbstractContextManager[Any]] | None = None,
+        verify: bool = True,
     ):
         if loader not in ("hf", "dtensor"):
             raise ValueError(f"loader must be 'hf' or 'dtensor', got {loader!r}")
@@ -135,7 +138,7 @@ class FSDPVLLMShardingManager:
             raise ValueError(f"sleep_level must be 0, 1 or 2, got {sleep_level}")
         self.rollout, self.module = rollout, actor_module
         self.loader, self.sleep_level = loader, sleep_level
-        self.storage_options = storage_options
+        self.storage_options, self.verify = storage_options, verify
         self.quiet = quiet
         self._source: tuple[str, str | None] = ("live", None)
         self._dirty = True  # the engine holds the model_path weights, not (yet) the actor's
@@ -177,7 +180,7 @@ class FSDPVLLMShardingManager:
         if kind == "checkpoint":
             assert url is not None  # set_source_checkpoint(url)
             names = self._param_names()
-            return weight_sync.checkpoint_weights(url, names, self.storage_options)
+            return weight_sync.checkpoint_weights(url, names, self.storage_options, verify=self.verify)
         if self.module is None:
             raise ValueError(
                 "no weight source: call set_source_checkpoint(url) (the manager has no actor module)"

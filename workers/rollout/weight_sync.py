@@ -127,6 +127,7 @@ def checkpoint_weights(
     names: Iterable[str] | None = None,
     storage_options: dict | None = None,
     read_bytes: int = READ_BYTES,
+    verify: bool = True,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Stream ``(hf_name, full tensor)`` from a ppoflow DCP checkpoint, a few decoder layers at a
     time (:data:`READ_BYTES` per read, whole layers).
@@ -136,19 +137,20 @@ def checkpoint_weights(
         names: the HF names to read, e.g. the actor module's parameter names (tied models: leave
             out ``lm_head.weight``). None reads every model tensor at once (no streaming).
         read_bytes: the most bytes of tensors one read holds (whole layers; see :func:`read_groups`).
+        verify: check the model files against the checkpoint's marker first (``checkpoint.verify``).
 
     No collectives: each rank reads what it needs by itself.
     """
     from ppoflow.infra.checkpoint.sharded import load_full_state_dict, model_tensor_bytes
 
     if names is None:
-        yield from load_full_state_dict(url, storage_options=storage_options).items()
+        yield from load_full_state_dict(url, storage_options=storage_options, verify=verify).items()
         return
     names = list(names)
     sizes = model_tensor_bytes(url, storage_options)
     # a name the checkpoint lacks counts 0 here; load_full_state_dict names it in its error
     for group in read_groups(names, {n: sizes.get(n, 0) for n in names}, read_bytes):
-        tensors = load_full_state_dict(url, keys=group, storage_options=storage_options)
+        tensors = load_full_state_dict(url, keys=group, storage_options=storage_options, verify=verify)
         for name in group:
             yield name, tensors.pop(name)
 

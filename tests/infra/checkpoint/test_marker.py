@@ -12,6 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from ppoflow.infra.checkpoint import sharded as ck
+from ppoflow.workers.rollout.weight_sync import checkpoint_weights
 from tests.support.ckpt.checkpoint_run import plain_model
 from tests.support.ckpt.common import full_params, make_optim, max_diff
 
@@ -66,6 +67,10 @@ def test_a_flipped_byte_in_tensor_data_is_caught_and_named(ckpt_run, tmp_path):
         ck.load_checkpoint(bad, plain_model(work))
     with pytest.raises(ck.CorruptCheckpointError, match=match):
         ck.load_full_state_dict(bad)
+    names = list(load_file(os.path.join(work, "w1.safetensors")))
+    with pytest.raises(ck.CorruptCheckpointError, match=match):  # an engine's push from a checkpoint
+        next(checkpoint_weights(bad, names))
+    assert len(list(checkpoint_weights(bad, names, verify=False))) == len(names)  # checkpoint.verify: false
     # The byte is tensor data: unverified, the load "succeeds" with other weights.
     unverified = plain_model(work)
     ck.load_checkpoint(bad, unverified, verify=False)
