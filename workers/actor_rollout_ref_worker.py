@@ -147,7 +147,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         from transformers import AutoTokenizer
 
         from ppoflow.workers.rollout import build_rollout, build_sharding_manager
-        from ppoflow.workers.rollout.sharding_manager import default_sleep_level
+        from ppoflow.workers.rollout.sharding_manager import engine_sleep_level
 
         model = self.cfg.model
         assert self.actor is not None  # init_model builds the policy first
@@ -164,11 +164,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             world_size=self.world_size,
         )
         rcfg = self.cfg.rollout
-        sleep_level: int = (
-            rcfg.sleep_level
-            if rcfg.sleep_level is not None
-            else default_sleep_level(self.is_actor, self._adapter_sync)
-        )
+        sleep_level = engine_sleep_level(rcfg.sleep_level, self.is_actor, self._adapter_sync)
         lora = self.cfg.actor.lora
         self.sharding_manager = build_sharding_manager(
             self.rollout,

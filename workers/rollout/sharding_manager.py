@@ -39,7 +39,7 @@ its processes to give memory to. The producer samples a batch in several calls (
 ``asynchronous.chunk_tokens``, each continuing the sequences of the call before): awake, each call
 finds the KV blocks of the previous one in the prefix cache (unless a new version was pushed in
 between, which resets it), where a sleeping engine would copy its weights out and back and
-recompute every prompt and every token so far at each call (:func:`default_sleep_level`).
+recompute every prompt and every token so far at each call (:func:`engine_sleep_level`).
 
 ``last_sync_s``: seconds spent on the last entry (wake + push), 0.0 when nothing was pushed;
 ``last_timing``: the last entry's ``wake_s`` (both wakes and the cache release), ``release_s``
@@ -66,15 +66,17 @@ from ppoflow.workers.rollout import weight_sync
 if TYPE_CHECKING:
     from ppoflow.workers.rollout.tp_slicing import TPSlicer
 
-__all__ = ["FSDPVLLMShardingManager", "NoOpShardingManager", "default_sleep_level"]
+__all__ = ["FSDPVLLMShardingManager", "NoOpShardingManager", "engine_sleep_level"]
 
 _LOG = logging.getLogger("ppoflow.rollout")
 
 
-def default_sleep_level(with_trained_actor: bool, serves_adapters: bool) -> int:
-    """``rollout.sleep_level`` None: 2 beside the trained actor (it pushes new weights before every
-    rollout), 1 for an engine serving LoRA adapters (its base weights must survive the sleep), else
-    0 (an engine group of its own; see the module docstring)."""
+def engine_sleep_level(configured: int | None, with_trained_actor: bool, serves_adapters: bool) -> int:
+    """``rollout.sleep_level``, or when it is None: 2 beside the trained actor (it pushes new weights
+    before every rollout), 1 for an engine serving LoRA adapters (its base weights must survive the
+    sleep), else 0 (an engine group of its own; see the module docstring)."""
+    if configured is not None:
+        return configured
     if serves_adapters:
         return 1
     return 2 if with_trained_actor else 0

@@ -126,12 +126,15 @@ def test_kv_cache_gib_config_values():
 
 def test_default_sleep_level_per_engine_group():
     """Beside the trained actor: 2 (it pushes before every rollout); serving LoRA adapters: 1 (the
-    base weights must survive); a group of its own (producer, evaluation): 0, never asleep."""
-    from ppoflow.workers.rollout.sharding_manager import default_sleep_level
+    base weights must survive); a group of its own (producer, evaluation): 0, never asleep; a
+    configured level wins."""
+    from ppoflow.workers.rollout.sharding_manager import engine_sleep_level
 
-    assert default_sleep_level(with_trained_actor=True, serves_adapters=False) == 2
-    assert default_sleep_level(with_trained_actor=True, serves_adapters=True) == 1
-    assert default_sleep_level(with_trained_actor=False, serves_adapters=False) == 0
+    assert engine_sleep_level(None, with_trained_actor=True, serves_adapters=False) == 2
+    assert engine_sleep_level(None, with_trained_actor=True, serves_adapters=True) == 1
+    assert engine_sleep_level(None, with_trained_actor=False, serves_adapters=False) == 0
+    assert engine_sleep_level(1, with_trained_actor=False, serves_adapters=False) == 1
+    assert engine_sleep_level(0, with_trained_actor=True, serves_adapters=False) == 0
 
 
 def test_flashinfer_sampler_off_only_without_flashinfer(monkeypatch):
