@@ -63,18 +63,14 @@ def weights_read(preset: str, work: str, repeats: int) -> str:
 
     from transformers import AutoModelForCausalLM
 
-    from ppoflow.demo.tiny_models import build_char_tokenizer, tiny_config
     from ppoflow.infra.checkpoint.sharded import load_full_state_dict, model_tensor_bytes
     from ppoflow.workers.rollout.weight_sync import READ_BYTES, layer_groups, read_groups
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from iteration import PRESETS  # beside this script
+    from iteration import build_model  # beside this script
 
-    tok = build_char_tokenizer()
-    shape = dict(PRESETS[preset])
-    vocab = shape.pop("vocab_size", len(tok))
-    cfg = tiny_config(vocab, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **shape)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    build_model(os.path.join(work, "model"), preset, max_len=1024)
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(work, "model"), dtype=torch.float32)
     names = [n for n, _ in model.named_parameters()]
     url = save_checkpoint(os.path.join(work, "policy"), model)
     sizes = model_tensor_bytes(url)

@@ -246,12 +246,12 @@ def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int 
     return sum(p.numel() for p in model.parameters())
 
 
-def committed(work: str) -> int:
-    """The last iteration the experiment under ``work`` committed (0: none, or no experiment)."""
+def committed(cfg) -> int:
+    """The last iteration the experiment of ``cfg`` committed (0: none, or no experiment yet)."""
     from ppoflow.infra.experiment.manifest import read_manifest
     from ppoflow.infra.experiment.paths import ExperimentPaths
 
-    manifest = read_manifest(ExperimentPaths(os.path.join(work, "runs", "bench")))
+    manifest = read_manifest(ExperimentPaths.of(cfg))
     return manifest.iteration if manifest is not None else 0
 
 
@@ -557,7 +557,8 @@ def run_once(args, work: str) -> tuple[str, dict, list[dict]]:
     model_dir = os.path.join(work, "model")
     data_url = os.path.join(work, "prompts.parquet")
     t0 = time.perf_counter()
-    done = committed(work) if getattr(args, "resume", False) else 0
+    cfg = parse_config(experiment_config(args, model_dir, data_url, os.path.join(work, "runs")))
+    done = committed(cfg) if getattr(args, "resume", False) else 0
     if done:  # the model and prompts of the experiment's first sitting, as they are
         n_params = model_params(model_dir)
         print(f"resuming the experiment under {work} after iteration {done}", flush=True)
@@ -566,7 +567,6 @@ def run_once(args, work: str) -> tuple[str, dict, list[dict]]:
             model_dir, args.preset, args.prompt_len + args.response_len + 8, args.mean_response_len
         )
         build_prompts(data_url, max(args.prompts * (args.iters + 1), args.prompts), args.prompt_len)
-    cfg = parse_config(experiment_config(args, model_dir, data_url, os.path.join(work, "runs")))
     print(
         f"built model ({n_params / 1e6:.1f}M params) and prompts in {time.perf_counter() - t0:.1f} s",
         flush=True,
