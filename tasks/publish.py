@@ -13,7 +13,9 @@ host memory, and the actor group's checkpoint writer writes them while the train
 write is what used to keep the trainer waiting: seconds at a 0.5B model, against a fraction of a
 second to stage). A producer loads a version only once its marker has landed
 (:meth:`~ppoflow.infra.queue.policy.PolicyVersions.latest`), so it never sees a half-written one;
-the pointer follows at the next publish. A lost background write (the group died, storage
+the pointer follows at the next publish. Versions are written in the engines' dtype when that
+is narrower than the model's (``ExperimentConfig.policy_version_dtype``: bf16 engines, fp32
+weights): the weights the engines end up with are the same, at half the bytes. A lost background write (the group died, storage
 refused it) costs nothing but that version: with a bound of one or more, version n - 1 still
 admits every batch the trainer waits for, and the next publish, finding version n - 1
 incomplete, writes synchronously, so a failure that persists fails that task with its own
@@ -51,6 +53,7 @@ def publish_policy(step: Step[Receipt], update: Receipt | str) -> Receipt:
                 extra={"iteration": step.n, "policy_version": step.n},
                 weights_only=True,
                 background=background,
+                dtype=step.cfg.policy_version_dtype,
             )
         metrics["async/publish_s"] = save.seconds
         metrics["async/publish_background"] = float(background)

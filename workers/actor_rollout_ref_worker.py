@@ -18,7 +18,7 @@ Driver-callable methods (see ``ppoflow.infra.remote.driver.group.WorkerGroup.cal
     compute_log_prob(data, calculate_entropy) DP_COMPUTE_PROTO -> "old_log_probs" (+ "entropys")
     compute_ref_log_prob(data)                DP_COMPUTE_PROTO -> "ref_log_prob"
     update_actor(data)                        DP_COMPUTE_PROTO -> metrics dict (same on every rank)
-    save_checkpoint(url, extra=None, background=False, weights_only=False)
+    save_checkpoint(url, extra=None, background=False, weights_only=False, dtype=None)
                                               ONE_TO_ALL   -> per-rank timings (background: once staged)
     wait_checkpoint()                         ONE_TO_ALL   -> the background write's result (or None)
     checkpoint_write_status()                 ONE_TO_ALL   -> the background write, not waiting (or None)

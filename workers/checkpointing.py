@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ppoflow.infra.checkpoint.writer import CheckpointWriter
 from ppoflow.infra.remote.rank.worker import Dispatch, register
 
@@ -40,14 +42,19 @@ class CheckpointMethods:
         extra: dict[str, Any] | None = None,
         background: bool = False,
         weights_only: bool = False,
+        dtype: str | None = None,
     ) -> dict[str, Any]:
         """Sharded DCP checkpoint (model, optimizer, LR schedule; ``weights_only``: the model alone)
         at ``url``; ``background``: return once staged in host memory, the write goes on (see
-        ``ppoflow.infra.checkpoint.writer``). Returns this rank's timings."""
+        ``ppoflow.infra.checkpoint.writer``); ``dtype`` (weights only): the model's floating-point
+        tensors written in it (``"bfloat16"``). Returns this rank's timings."""
         model = self._trained()
         optimizer = None if weights_only else model.optimizer
         scheduler = None if weights_only else model.lr_scheduler
-        return self.checkpoints.save(url, model.module, optimizer, scheduler, extra, background=background)
+        cast = None if dtype is None else getattr(torch, dtype)
+        return self.checkpoints.save(
+            url, model.module, optimizer, scheduler, extra, background=background, dtype=cast
+        )
 
     @register(Dispatch.ONE_TO_ALL)
     def wait_checkpoint(self) -> dict[str, Any] | None:

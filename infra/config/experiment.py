@@ -315,6 +315,17 @@ class ExperimentConfig(Section):
         evaluation run in, and what another program must use to decode as they do)."""
         return self.rollout.dtype or self.model.dtype
 
+    @property
+    def policy_version_dtype(self) -> str | None:
+        """The dtype asynchronous training publishes policy versions in: the engine's, when the
+        producers' engines take them by a weight push into a narrower dtype than the trained
+        model's (their load rounds each weight to nearest in that dtype, as the cast here does: the
+        same weights, half the bytes to write and read); None (the model's own) otherwise."""
+        narrower = self.model.dtype == "float32" and self.engine_dtype in ("bfloat16", "float16")
+        if narrower and engine_spec(self.rollout.engine).can("weight_push"):
+            return self.engine_dtype
+        return None
+
     def engine_max_model_len(self) -> int:
         """The longest sequence the rollout engine holds: a prompt and the longer of a training
         response and an evaluation's (``evaluation.response_length``, which may be the longer)."""

@@ -72,3 +72,17 @@ def test_sequence_parallelism_composes_when_the_producer_has_the_actors_layout()
     assert _cfg(**sp).asynchronous.enable
     with pytest.raises(ConfigError, match="actor.sequence_parallel_size=2"):
         _cfg(**sp, **{"asynchronous.producer.nprocs": 1})
+
+
+@pytest.mark.parametrize(
+    "over, dtype",
+    [
+        ({"rollout.engine": "vllm", "rollout.dtype": "bfloat16"}, "bfloat16"),  # the GPU default
+        ({"rollout.engine": "vllm", "rollout.dtype": "float16"}, "float16"),
+        ({"rollout.engine": "vllm"}, None),  # the engine runs in the model's float32
+        ({"rollout.engine": "vllm", "rollout.dtype": "bfloat16", "model.dtype": "bfloat16"}, None),
+        ({"rollout.engine": "hf", "rollout.dtype": "bfloat16"}, None),  # samples with the module itself
+    ],
+)
+def test_policy_versions_are_published_in_a_narrower_engine_dtype(over, dtype):
+    assert _cfg(**over).policy_version_dtype == dtype
