@@ -84,6 +84,26 @@ def _local_path(url: str) -> str | None:
     return url if "://" not in url else url[len("file://") :] if url.startswith("file://") else None
 
 
+def _marker(
+    got: Any, world: int, extra: dict | None, lr_scheduler: Any, dtype: torch.dtype | None
+) -> dict[str, Any]:
+    """The marker's content but the file records (added once every rank has written)."""
+    return {
+        "format": FORMAT,
+        "world_size": world,
+        "hf_key_prefix": got.names.prefix,
+        "layout": {"model": MODEL, "optim": OPTIM if got.optim is not None else None},
+        "weights_only": got.optim_json is None,
+        "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+        "extra": enc(dict(extra or {}), "extra"),
+        "optimizer": got.optim_json,
+        "lr_scheduler": None
+        if lr_scheduler is None
+        else enc(lr_scheduler.state_dict(), "lr_scheduler.state_dict()"),
+        "torch": torch.__version__,
+    }
+
+
 def _cast(tree: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     """``tree`` with its floating-point tensors (DTensors too: each rank casts its shard) in ``dtype``."""
     return {
@@ -227,20 +247,7 @@ class CheckpointWriter:
         got = collect(model, optimizer, for_save=True)
         if dtype is not None:
             got.model = {sub: _cast(tree, dtype) for sub, tree in got.model.items()}
-        marker: dict[str, Any] = {
-            "format": FORMAT,
-            "world_size": world,
-            "hf_key_prefix": got.names.prefix,
-            "layout": {"model": MODEL, "optim": OPTIM if got.optim is not None else None},
-            "weights_only": optimizer is None,
-            "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
-            "extra": enc(dict(extra or {}), "extra"),
-            "optimizer": got.optim_json,
-            "lr_scheduler": None,
-            "torch": torch.__version__,
-        }
-        if lr_scheduler is not None:
-            marker["lr_scheduler"] = enc(lr_scheduler.state_dict(), "lr_scheduler.state_dict()")
+        marker = _marker(got, world, extra, lr_scheduler, dtype)
         trees = {MODEL: got.model, **({OPTIM: got.optim} if got.optim is not None else {})}
         rng = rng_state()
         if rank == 0:
