@@ -254,7 +254,8 @@ def load_full_state_dict(
     ``keys``: HF names to read (``"model.layers.0.mlp.up_proj.weight"``); None = every model tensor
     (tied models hold both ``model.embed_tokens.weight`` and ``lm_head.weight``). ``verify``: check
     the model files against the marker first (once per process and checkpoint). Returns
-    ``{hf_name: tensor}`` on the CPU, in the dtype the model had when saved.
+    ``{hf_name: tensor}`` on the CPU, in the dtype they were written in (the model's, or the
+    ``dtype`` of a weights-only save).
     """
     opts = options(url, storage_options)
     if verify:

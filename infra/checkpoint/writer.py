@@ -236,9 +236,7 @@ class CheckpointWriter:
         waiting for this writer's previous background write.
         """
         if dtype is not None and optimizer is not None:
-            raise ValueError(
-                "a checkpoint in another dtype than the model's is weights only: pass no optimizer"
-            )
+            raise ValueError("a checkpoint in another dtype is weights only: pass no optimizer")
         t0 = time.perf_counter()
         self.wait(raise_errors=False)  # its outcome is its own marker or failure record
         waited = time.perf_counter() - t0
@@ -262,7 +260,8 @@ class CheckpointWriter:
         t1 = time.perf_counter()
         if self._stager is None:
             self._stager = HostStager()
-        staged = {sub: self._stager.stage(sub, tree) for sub, tree in trees.items()}
+        key = "" if dtype is None else f":{dtype}"  # snapshots and narrower versions: buffers each
+        staged = {sub: self._stager.stage(sub + key, tree) for sub, tree in trees.items()}
         staged_s = time.perf_counter() - t1
         group = self._group()
         if self._pool is None:

@@ -61,3 +61,23 @@ def test_a_narrower_dtype_with_the_optimizer_is_refused(tmp_path):
     with pytest.raises(ValueError, match="weights only"):
         CheckpointWriter().save(str(tmp_path / "x"), model, opt, dtype=torch.bfloat16)
     assert not os.path.exists(tmp_path / "x" / "ppoflow_complete.json")
+
+
+def test_alternating_full_and_narrow_background_saves_keep_their_host_buffers(tmp_path):
+    """The actor's writer stages snapshots in fp32 and policy versions in bf16, in the background:
+    each kind keeps its own host buffers across the switches (no reallocation), and each write
+    holds its own dtype."""
+    model = _model(tmp_path)
+    writer = CheckpointWriter()
+    buffers = []
+    for i, dtype in enumerate((None, torch.bfloat16, None, torch.bfloat16)):
+        writer.save(str(tmp_path / f"c{i}"), model, background=True, dtype=dtype)
+        writer.wait()
+        buffers.append({k: id(v[1]) for k, v in writer._stager._buffers.items()})
+    assert buffers[0].items() <= buffers[3].items() and buffers[1].items() <= buffers[3].items()
+    assert len(buffers[3]) == 2
+    name = next(n for n, _ in model.named_parameters())
+    for i, dtype in enumerate((torch.float32, torch.bfloat16, torch.float32, torch.bfloat16)):
+        got = dict(checkpoint_weights(str(tmp_path / f"c{i}"), [name]))
+        assert got[name].dtype == dtype
+        assert torch.equal(got[name], dict(model.named_parameters())[name].detach().to(dtype))
