@@ -9,7 +9,10 @@ else at its first iteration's start. Every evaluated iteration gives one point: 
 the start to that iteration's commit, and its ``val/score``; the evaluation before training
 (iteration 0) is the point at 0 s. The first run is the reference: for each other run the summary
 says when its held-out score first reached the reference's final score, and the ratio of the
-reference's time to that. Writes ``$OUT/score_vs_time.json`` when ``OUT`` is set.
+reference's time to that. Each run's start (to its first commit: the workers' start, the
+evaluation before training, the first, cold iteration) is printed apart from the time after it, so
+that a run that paid a cold compile the other found warm is not read as slower training. Writes
+``$OUT/score_vs_time.json`` when ``OUT`` is set.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import json
 import os
 
 
-def curve(experiment: str, start: float | None) -> tuple[list[tuple[int, float, float]], float]:
+def curve(experiment: str, start: float | None) -> tuple[list[tuple[int, float, float]], dict[int, float]]:
     """``[(iteration, seconds from the start to its commit, val/score)]`` of one experiment, and the
-    seconds from the start to its last commit."""
+    seconds from the start to each committed iteration's commit."""
     from ppoflow.cli.commands import experiment_config
     from ppoflow.infra.data import storage
     from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
@@ -48,7 +51,7 @@ def curve(experiment: str, start: float | None) -> tuple[list[tuple[int, float, 
         for n, s in sorted(scores.items())
         if n == 0 or n in commits
     ]
-    return points, max(commits.values()) - start
+    return points, {n: t - start for n, t in commits.items()}
 
 
 def reached(points: list[tuple[int, float, float]], target: float) -> tuple[int, float] | None:
@@ -67,11 +70,19 @@ def main(argv=None) -> None:
         if not sep or not rest:
             raise SystemExit(f"{spec!r}: give each run as LABEL=EXPERIMENT[@START_UNIX_S]")
         where, at, start = rest.rpartition("@") if "@" in rest else (rest, "", "")
-        points, total = curve(where, float(start) if at else None)
-        runs.append({"label": label, "experiment": where, "points": points, "wall_s": total})
+        points, commits = curve(where, float(start) if at else None)
+        first, last = min(commits), max(commits)
+        total, warm = commits[last], commits[last] - commits[first]
+        run = {"label": label, "experiment": where, "points": points, "wall_s": total}
+        run |= {"first_commit_s": commits[first], "after_first_commit_s": warm, "iterations": last}
+        runs.append(run)
         print(f"{label}: {len(points)} evaluations, last commit at {total:.1f} s")
         for n, t, s in points:
             print(f"  iteration {n:>4} | {t:8.1f} s | val {s:.3f}")
+        after = f"{warm:.1f} s from it to iteration {last}'s"
+        if last > first:
+            after += f" ({warm / (last - first):.2f} s an iteration)"
+        print(f"  start: iteration {first}'s commit at {commits[first]:.1f} s; {after}")
 
     ref = runs[0]
     n_ref, t_ref, s_ref = ref["points"][-1]
