@@ -73,9 +73,17 @@ def main(argv=None) -> None:
         points, commits = curve(where, float(start) if at else None)
         first, last = min(commits), max(commits)
         total, warm = commits[last], commits[last] - commits[first]
-        run = {"label": label, "experiment": where, "points": points, "wall_s": total}
-        run |= {"first_commit_s": commits[first], "after_first_commit_s": warm, "iterations": last}
-        runs.append(run)
+        runs.append(
+            {
+                "label": label,
+                "experiment": where,
+                "points": points,
+                "wall_s": total,
+                "iterations": last,
+                "first_commit_s": commits[first],
+                "after_first_commit_s": warm,
+            }
+        )
         print(f"{label}: {len(points)} evaluations, last commit at {total:.1f} s")
         for n, t, s in points:
             print(f"  iteration {n:>4} | {t:8.1f} s | val {s:.3f}")
