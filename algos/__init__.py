@@ -20,6 +20,7 @@ from ppoflow.algos.advantages import (
     compute_reinforce_plus_plus_baseline_advantage,
     compute_rloo_outcome_advantage,
     estimator_inputs,
+    estimator_reads_values,
     get_adv_estimator,
     register_adv_estimator,
 )
@@ -63,6 +64,7 @@ from ppoflow.algos.shaping import informative_groups, overlong_penalty, truncate
 __all__ = [
     "ADV_ESTIMATORS",
     "estimator_inputs",
+    "estimator_reads_values",
     "KL_CONTROLLERS",
     "KL_PENALTY_KINDS",
     "LOSS_AGG_MODES",

@@ -31,6 +31,7 @@ from ppoflow.algos.masked import masked_sum, masked_whiten
 __all__ = [
     "ADV_ESTIMATORS",
     "estimator_inputs",
+    "estimator_reads_values",
     "register_adv_estimator",
     "get_adv_estimator",
     "compute_advantage",
@@ -77,6 +78,12 @@ def estimator_inputs(name: str) -> set[str]:
     of responses to one prompt): the parameters its signature requires."""
     params = inspect.signature(get_adv_estimator(name)).parameters
     return {k for k in ("values", "index") if k in params and params[k].default is inspect.Parameter.empty}
+
+
+def estimator_reads_values(name: str) -> bool:
+    """Whether estimator ``name`` takes the critic's ``values`` at all (required or optional):
+    what decides ``critic.enable`` when a config leaves it unset."""
+    return "values" in inspect.signature(get_adv_estimator(name)).parameters
 
 
 def compute_advantage(

@@ -34,7 +34,7 @@ from ppoflow.infra.queue.control import reconcile, request_stop
 from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.remote.procs import OutputPump, kill_process_group
 
-__all__ = ["rollout_queue", "ProducerProcess", "ProducerFailed", "trainer_roles"]
+__all__ = ["rollout_queue", "ProducerProcess", "ProducerFailed"]
 
 
 #: How long a producer SIGTERMed by a failed or interrupted trainer run may take to end.
@@ -43,14 +43,6 @@ STOP_NOW_S = 20.0
 
 class ProducerFailed(RuntimeError):
     """The rollout producer the trainer started kept dying."""
-
-
-def trainer_roles(cfg: Any) -> dict[str, str] | None:
-    """The actor group's role in a trainer's run: with asynchronous training no engine (another
-    group samples), unless held-out evaluation needs one."""
-    if not cfg.asynchronous.enable or cfg.data.val_files:
-        return None
-    return {"actor": "actor_ref"}
 
 
 class ProducerProcess:

@@ -41,13 +41,13 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from ppoflow.flows.asynchronous import rollout_queue, trainer_roles
+from ppoflow.flows.asynchronous import rollout_queue
 from ppoflow.flows.schedule import pending_roles, run_iterations
 from ppoflow.flows.session import ExperimentSession, flow_run_key
 from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
 from ppoflow.infra.experiment.manifest import Manifest
 from ppoflow.tasks import evaluate, init_experiment
-from ppoflow.tasks.graph import trained_roles
+from ppoflow.tasks.graph import actor_group_role, trained_roles
 from ppoflow.tasks.step import with_retries
 
 __all__ = ["ppo", "resolve_config"]
@@ -106,7 +106,9 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
     if iterations < 0:
         raise ConfigError(f"iterations={iterations} must be >= 0")
     metrics: dict[str, Any] = {}
-    with ExperimentSession(cfg, get_run_logger(), flow_run_key(), roles=trainer_roles(cfg)) as session:
+    with ExperimentSession(
+        cfg, get_run_logger(), flow_run_key(), roles={"actor": actor_group_role(cfg)}
+    ) as session:
         with rollout_queue(session, iterations):  # asynchronous training: its producer starts now
             manifest = session.manifest if session.manifest is not None else _initialise(session, iterations)
             if iterations:

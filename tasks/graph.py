@@ -7,6 +7,7 @@ when it runs given the config. Everything that needs the graph derives it from h
 
     steps(cfg)                   the rows that run under ``cfg``, in order
     pending_roles(cfg, missing)  the worker groups the unfinished steps of an iteration need
+    actor_group_role(cfg)        what the actor group's worker builds (engine, reference: if a step uses it)
     trained_roles(cfg)           the roles whose state an iteration updates (checkpointed roles)
     critical_path()              the stages, for ``timing_s/critical_path``
     picture()                    the graph as text (the README and docs/internals.md show it)
@@ -46,6 +47,7 @@ __all__ = [
     "picture",
     "needs_reference",
     "output_of",
+    "actor_group_role",
 ]
 
 Phase = Literal["rollout", "score", "update", "publish", "evaluate", "commit"]
@@ -260,6 +262,21 @@ def trained_roles(cfg: Any) -> list[str]:
     """The roles an iteration updates: the ones with checkpoints (``actor``, and ``critic`` with a
     critic), in table order."""
     return [s.role for s in steps(cfg, ("update",)) if s.role is not None]
+
+
+def actor_group_role(cfg: Any) -> str:
+    """What the actor group's worker holds in a training run of ``cfg``, from the steps that run
+    on it: always the trained actor; the rollout engine when ``generate`` or ``evaluate`` runs; the
+    reference policy when ``ref_log_prob`` runs (a KL term: without one no frozen copy of the model
+    is built). One of the worker's roles (``actor_rollout_ref``, ``actor_rollout``, ``actor_ref``,
+    ``actor``)."""
+    runs = {s.name for s in steps(cfg) if s.role == "actor"}
+    parts = ["actor"]
+    if runs & {"generate", "evaluate"}:
+        parts.append("rollout")
+    if "ref_log_prob" in runs:
+        parts.append("ref")
+    return "_".join(parts)
 
 
 def critical_path() -> list[tuple[str, ...]]:

@@ -95,7 +95,7 @@ class DataParallelPPOActor(MiniBatchTrainer):
         self.log_prob_max_tokens = (
             log_prob_max_token_len
             or config.log_prob_max_token_len_per_gpu
-            or config.ppo_max_token_len_per_gpu
+            or 2 * config.ppo_max_token_len_per_gpu
         )
         self.log_prob_section = log_prob_section
 

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from ppoflow.infra.config.asynchronous import AsyncConfig, check_asynchronous
 from ppoflow.infra.config.correction import check_rollout_correction
+from ppoflow.infra.config.defaults import resolve_defaults
 from ppoflow.infra.config.evaluation import EvaluationConfig
 from ppoflow.infra.config.iteration import AlgorithmConfig, DataConfig, RolloutConfig
 from ppoflow.infra.config.models import ActorConfig, CriticConfig, ModelConfig, RefConfig, RewardConfig
@@ -53,6 +54,7 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
+        resolve_defaults(self)  # first: the checks below read the resolved settings
         n = self.resources.nprocs
         for name, fsdp in (("actor", self.actor.fsdp), ("critic", self.critic.fsdp), ("ref", self.ref.fsdp)):
             if fsdp.fsdp_size != -1 and (fsdp.fsdp_size < 1 or n % fsdp.fsdp_size):

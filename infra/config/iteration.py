@@ -6,9 +6,9 @@ settings that need a capability the engine lacks (tensor parallelism, multi-turn
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ppoflow.infra.config.correction import RolloutCorrectionConfig
 from ppoflow.infra.config.multiturn import MultiTurnConfig
@@ -188,10 +188,18 @@ class AlgorithmConfig(Section):
 
 
 class DataConfig(Section):
-    train_files: list[str] = Field(description="parquet files in veRL's format")
+    """The prompts. ``train_files`` and ``val_files`` take a list or one path (as veRL's); both are
+    checked when the config is loaded (an empty training list, an empty entry) and their files by the
+    preflight, before any rank starts (which also says when a file is in both lists)."""
+
+    train_files: list[str] = Field(
+        description="parquet files in veRL's format (paths, fsspec URLs, globs or directories); one "
+        "path may be given without a list"
+    )
     val_files: list[str] = Field(
         default_factory=list,
-        description="held-out parquet files in the same format (evaluation section: when and how)",
+        description="held-out parquet files in the same format (evaluation section: when and how); one "
+        "path may be given without a list",
     )
     prompt_key: str = "prompt"
     train_batch_size: int = Field(16, ge=1, description="prompts per iteration")
@@ -208,3 +216,22 @@ class DataConfig(Section):
         description="drop prompts longer than rollout.prompt_length when the dataset is loaded "
         "(tokenizes every prompt once per run)",
     )
+
+    @field_validator("train_files", "val_files", mode="before")
+    @classmethod
+    def _one_path(cls, value: Any) -> Any:
+        """One path as a list of one (veRL's ``data.train_files=PATH``)."""
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check_files(self) -> DataConfig:
+        if not self.train_files:
+            raise ValueError(
+                "data.train_files is empty: name at least one parquet file (a path, fsspec URL, glob "
+                "or directory); an empty list is often a path or variable that expanded to nothing"
+            )
+        for field, files in (("data.train_files", self.train_files), ("data.val_files", self.val_files)):
+            blank = [i for i, f in enumerate(files) if not f.strip()]
+            if blank:
+                raise ValueError(f"{field}[{blank[0]}] is an empty string: give a path or URL, or remove it")
+        return self

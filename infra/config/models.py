@@ -4,7 +4,7 @@ reward (rule and model), with their FSDP and optimizer settings."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -32,10 +32,11 @@ class ModelConfig(Section):
     trust_remote_code: bool = False
     dtype: Dtype = Field("float32", description="parameter dtype of the trained copy")
     enable_gradient_checkpointing: bool = False
-    use_torch_compile: bool = Field(
-        False,
+    use_torch_compile: bool | None = Field(
+        None,
         description="torch.compile each decoder layer and the policy's LM-head math (fuses the "
-        "elementwise work around the matmuls; meant for GPUs, compiles once per run)",
+        "elementwise work around the matmuls; compiles once per run). null: on with "
+        "resources.device cuda (without LoRA), off on CPU",
     )
     override_config: dict[str, Any] = Field(default_factory=dict)
 
@@ -50,12 +51,20 @@ class FSDPConfig(Section):
 
     fsdp_size: int = -1
     param_dtype: Dtype | None = Field(
-        None, description="mixed-precision compute dtype (e.g. bfloat16 on GPU); None = the model dtype"
+        None,
+        description="mixed-precision compute dtype; null: bfloat16 with resources.device cuda (over "
+        "the model dtype's master weights), the model dtype on CPU",
     )
     reduce_dtype: Dtype = "float32"
     param_offload: bool = False
     optimizer_offload: bool = False
     reshard_after_forward: bool = True
+
+
+#: A token budget's ``auto`` for an update micro-batch (per GPU), when the longest row is shorter.
+AUTO_UPDATE_TOKENS = 16384
+#: A per-GPU token budget: a number of tokens, or ``auto`` (resolved when the config is loaded).
+TokenBudget = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
 LINEAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
@@ -154,26 +163,31 @@ class ActorConfig(Section):
     kl_loss_coef: float = 0.001
     kl_loss_type: KLPenaltyKind = "low_var_kl"
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
-    logprob_head: Literal["checkpoint", "fused"] = Field(
-        "checkpoint",
+    logprob_head: Literal["checkpoint", "fused"] | None = Field(
+        None,
         description="LM head for log-probs: chunks under activation checkpointing, or the fused "
-        "chunked head with a hand-written backward (fewer passes over the logits)",
+        "chunked head with a hand-written backward (fewer passes over the logits); null: fused "
+        "with resources.device cuda, checkpoint on CPU",
     )
     logprob_chunk_size: int = Field(
         1024, ge=1, description="tokens per LM-head chunk (never the full logits)"
     )
     use_dynamic_bsz: bool = Field(
-        False,
-        description="pack each micro-batch's real tokens into one row (no compute on padding) and form micro-batches "
-        "by a token budget instead of a row count",
+        True,
+        description="pack each micro-batch's real tokens into one row (no compute on padding) and form "
+        "micro-batches by a token budget instead of a row count (false: ppo_micro_batch_size_per_gpu "
+        "padded rows)",
     )
-    ppo_max_token_len_per_gpu: int = Field(
-        16384, ge=1, description="with use_dynamic_bsz: real tokens per update micro-batch per GPU"
+    ppo_max_token_len_per_gpu: TokenBudget = Field(
+        "auto",
+        description="with use_dynamic_bsz: real tokens per update micro-batch per GPU; auto: "
+        f"{AUTO_UPDATE_TOKENS} or the longest row, whichever is larger",
     )
     log_prob_max_token_len_per_gpu: int | None = Field(
         None,
         ge=1,
-        description="with use_dynamic_bsz: tokens per log-prob micro-batch; None = ppo_max_token_len_per_gpu",
+        description="with use_dynamic_bsz: tokens per log-prob micro-batch; null: twice "
+        "ppo_max_token_len_per_gpu (a forward keeps no activations for a backward)",
     )
     sequence_parallel_size: int = Field(
         1,
@@ -217,8 +231,11 @@ class RefConfig(Section):
 
 
 class CriticConfig(Section):
-    enable: bool = Field(
-        True, description="needed by GAE; outcome estimators (grpo, rloo, ...) run without it"
+    enable: bool | None = Field(
+        None,
+        description="null (the default): on exactly when algorithm.adv_estimator reads values (gae); "
+        "true with an estimator that reads none (grpo, rloo, ...) is refused: the critic would "
+        "train every iteration and nothing would read it",
     )
     model: ModelConfig | None = Field(None, description="defaults to the actor's base model")
     ppo_mini_batch_size: int = Field(16, ge=1)
@@ -228,18 +245,20 @@ class CriticConfig(Section):
     cliprange_value: float = 0.5
     loss_agg_mode: LossAggMode = "token-mean"
     forward_micro_batch_size_per_gpu: int = Field(8, ge=1)
-    use_dynamic_bsz: bool = Field(
-        False,
-        description="pack each micro-batch's real tokens into one row (no compute on padding) and form micro-batches "
-        "by a token budget instead of a row count",
+    use_dynamic_bsz: bool | None = Field(
+        None,
+        description="pack each micro-batch's real tokens into one row and form micro-batches by a "
+        "token budget (null: as actor.use_dynamic_bsz)",
     )
-    ppo_max_token_len_per_gpu: int = Field(
-        32768, ge=1, description="with use_dynamic_bsz: real tokens per update micro-batch per GPU"
+    ppo_max_token_len_per_gpu: TokenBudget = Field(
+        "auto",
+        description="with use_dynamic_bsz: real tokens per update micro-batch per GPU; auto: "
+        f"{AUTO_UPDATE_TOKENS} or the longest row, whichever is larger",
     )
     forward_max_token_len_per_gpu: int | None = Field(
         None,
         ge=1,
-        description="with use_dynamic_bsz: tokens per values micro-batch; None = ppo_max_token_len_per_gpu",
+        description="with use_dynamic_bsz: tokens per values micro-batch; null: twice ppo_max_token_len_per_gpu",
     )
     sequence_parallel_size: int = Field(
         1,
@@ -260,8 +279,10 @@ class RewardModelConfig(Section):
     enable: bool = False
     model: ModelConfig | None = None
     micro_batch_size_per_gpu: int = Field(8, ge=1)
-    use_dynamic_bsz: bool = Field(
-        False, description="score packed micro-batches of forward_max_token_len_per_gpu real tokens"
+    use_dynamic_bsz: bool | None = Field(
+        None,
+        description="score packed micro-batches of forward_max_token_len_per_gpu real tokens "
+        "(null: as actor.use_dynamic_bsz)",
     )
     forward_max_token_len_per_gpu: int = Field(32768, ge=1)
     max_length: int | None = None

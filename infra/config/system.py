@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -15,6 +17,7 @@ __all__ = [
     "ResourcesConfig",
     "DETERMINISTIC_ENV",
     "ROOT_ENTRIES",
+    "visible_gpus",
 ]
 
 # the environment of a group with ``resources.deterministic`` (read by cuBLAS and Inductor when a rank starts)
@@ -142,6 +145,30 @@ class CheckpointConfig(Section):
     )
 
 
+def visible_gpus() -> int:
+    """The GPUs a process started here would see, without initialising CUDA (a config is read in
+    processes that must not): NVIDIA's driver lists one directory per GPU under
+    ``/proc/driver/nvidia/gpus``, and ``CUDA_VISIBLE_DEVICES`` keeps the entries before its first
+    invalid one (``-1`` hides them all), as CUDA does; where the driver's list is missing and torch is
+    already imported, ``torch.cuda.device_count()``."""
+    try:
+        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        torch = sys.modules.get("torch")
+        count = int(torch.cuda.device_count()) if torch is not None else 0
+        return count
+    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if shown is None:
+        return count
+    kept = 0
+    for entry in shown.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        kept += 1
+    return min(count, kept)
+
+
 class ResourcesConfig(Section):
     launch: Literal["local", "rendezvous"] = Field(
         "local",
@@ -149,9 +176,16 @@ class ResourcesConfig(Section):
         "rendezvous: on `rendezvous.nnodes` nodes, each running `ppoflow agent`",
     )
     nprocs: int = Field(
-        2, ge=1, description="ranks per worker group (one per GPU); rendezvous: nnodes x nproc_per_node"
+        2,
+        ge=1,
+        description="ranks per worker group (one per GPU); absent or 'auto': every GPU this host "
+        "shows (resources.device cuda), 2 on CPU; rendezvous: nnodes x nproc_per_node",
     )
-    device: Literal["cpu", "cuda"] = "cpu"
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="absent or 'auto': cuda when this host shows a GPU (NVIDIA's driver, narrowed "
+        "by CUDA_VISIBLE_DEVICES), else cpu",
+    )
     threads_per_rank: int | None = Field(None, description="CPU threads per rank; None = cores / ranks")
     visible_devices: str | None = Field(
         None,
@@ -184,14 +218,27 @@ class ResourcesConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _world_from_nodes(cls, data: Any) -> Any:
-        """With ``launch: rendezvous`` and no ``nprocs``, the world is nnodes x nproc_per_node."""
-        if isinstance(data, dict) and data.get("launch") == "rendezvous" and "nprocs" not in data:
+        """``device`` absent or ``auto``: what this host shows (:func:`visible_gpus`). ``nprocs``
+        absent or ``auto``: with ``launch: rendezvous`` the world (nnodes x nproc_per_node), else
+        one rank per visible GPU on cuda, 2 on CPU."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("device", "auto") == "auto":
+            data["device"] = "cuda" if visible_gpus() else "cpu"
+        if data.get("nprocs", "auto") != "auto":
+            return data
+        if data.get("launch") == "rendezvous":
             nodes = data.get("rendezvous")
             nodes = nodes.model_dump() if isinstance(nodes, RendezvousConfig) else dict(nodes or {})
             try:
-                data = {**data, "nprocs": int(nodes.get("nnodes", 2)) * int(nodes.get("nproc_per_node", 1))}
+                data["nprocs"] = int(nodes.get("nnodes", 2)) * int(nodes.get("nproc_per_node", 1))
             except (TypeError, ValueError):
-                pass  # the field validators report the bad number
+                data.pop("nprocs", None)  # the field validators report the bad number
+        elif data["device"] == "cuda":
+            data["nprocs"] = max(1, visible_gpus())
+        else:
+            data["nprocs"] = 2
         return data
 
     @model_validator(mode="after")

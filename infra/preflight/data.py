@@ -207,6 +207,13 @@ def check_data(cfg: ExperimentConfig, tokenizer: Any, c: Checks) -> list[dict[st
     returns rows for :func:`check_reward`: up to :data:`REWARD_ROWS` of each list's sample rows
     that passed every check."""
     samples: list[dict[str, Any]] = []
+    shared = [f for f in cfg.data.val_files if f in cfg.data.train_files]
+    if shared:
+        c.report.notes.append(
+            f"{shared[0]} is in both data.train_files and data.val_files: its held-out score is on "
+            "prompts the policy trains on (memory, not learning); if a held-out list went where the "
+            "training list was meant, swap them"
+        )
     for field in ("data.train_files", "data.val_files"):
         passed: list[dict[str, Any]] = []
         for url in _data_files(field, cfg, c):

@@ -182,7 +182,10 @@ def test_sequence_parallel_checks_name_the_field_and_the_fix():
     assert ok.actor.sequence_parallel_size == 2 and ok.ref.sequence_parallel_size is None
     cases = [
         ({"actor": {**packed, "sequence_parallel_size": 3}}, "actor.sequence_parallel_size=3 must divide"),
-        ({"actor": {"sequence_parallel_size": 2}}, "set actor.use_dynamic_bsz=true"),
+        (
+            {"actor": {"use_dynamic_bsz": False, "sequence_parallel_size": 2}},
+            "set actor.use_dynamic_bsz=true",
+        ),
         (
             {"actor": {**packed, "sequence_parallel_size": 2}, "ref": {"log_prob_use_dynamic_bsz": False}},
             "set ref.log_prob_use_dynamic_bsz=true",

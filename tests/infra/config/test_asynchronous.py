@@ -79,7 +79,8 @@ def test_sequence_parallelism_composes_when_the_producer_has_the_actors_layout()
     [
         ({"rollout.engine": "vllm", "rollout.dtype": "bfloat16"}, "bfloat16"),  # the GPU default
         ({"rollout.engine": "vllm", "rollout.dtype": "float16"}, "float16"),
-        ({"rollout.engine": "vllm"}, None),  # the engine runs in the model's float32
+        ({"rollout.engine": "vllm"}, "bfloat16"),  # unset on cuda: a bf16 engine
+        ({"rollout.engine": "vllm", "rollout.dtype": "float32"}, None),  # the model's float32
         ({"rollout.engine": "vllm", "rollout.dtype": "bfloat16", "model.dtype": "bfloat16"}, None),
         ({"rollout.engine": "hf", "rollout.dtype": "bfloat16"}, None),  # samples with the module itself
     ],

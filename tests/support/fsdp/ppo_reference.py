@@ -30,7 +30,8 @@ def make_config(
     epochs: int = 1,
     micro_batch: int = 3,
 ) -> ExperimentConfig:
-    """Tiny PPO config: 8 prompts x n=2 per iteration, ``mini_batch`` prompts per optimizer step."""
+    """Tiny PPO config: 8 prompts x n=2 per iteration, ``mini_batch`` prompts per optimizer step,
+    padded micro-batches of ``micro_batch`` rows (the tests of packing turn it on themselves)."""
     # eps 1e-6, not 1e-8: at a gradient g ~ 0 Adam's step lr*g/(|g|+eps) has slope lr/eps, which
     # turns fp32 summation-order noise in g (~1e-10) into 1e-5 weight differences for a few elements.
     optim = {"lr": 1e-3, "eps": 1e-6, "weight_decay": 0.01, "grad_clip": 1.0}
@@ -49,6 +50,7 @@ def make_config(
             "actor": {
                 "ppo_mini_batch_size": mini_batch,
                 "ppo_micro_batch_size_per_gpu": micro_batch,
+                "use_dynamic_bsz": False,
                 "ppo_epochs": epochs,
                 "log_prob_micro_batch_size_per_gpu": 3,
                 "entropy_coeff": 0.01,
