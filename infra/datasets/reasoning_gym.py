@@ -55,6 +55,7 @@ from ppoflow.infra.rewards.reasoning_gym import (
     decode_entry,
     encode_entry,
     import_reasoning_gym,
+    reasoning_gym_version,
 )
 
 __all__ = ["TaskSpec", "TaskMix", "split_counts", "task_config", "build_rows", "write_task_mix"]
@@ -135,7 +136,7 @@ def task_config(spec: TaskSpec) -> dict[str, Any]:
     rg = import_reasoning_gym()
     if spec.name == "composite" or spec.name not in rg.factory.DATASETS:
         raise ValueError(
-            f"reasoning-gym {rg.__version__} has no task {spec.name!r}"
+            f"reasoning-gym {reasoning_gym_version()} has no task {spec.name!r}"
             + (" to list (a mix is the composite)" if spec.name == "composite" else "")
             + f"; tasks: {', '.join(sorted(set(rg.factory.DATASETS) - {'composite'}))}"
         )

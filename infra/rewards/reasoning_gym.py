@@ -35,6 +35,7 @@ __all__ = [
     "decode_entry",
     "reasoning_gym_score",
     "import_reasoning_gym",
+    "reasoning_gym_version",
     "ANSWER_FORMATS",
     "answer_of",
 ]
@@ -57,6 +58,17 @@ def import_reasoning_gym() -> Any:
     except ImportError as exc:
         raise ImportError(f"reasoning-gym tasks need the reasoning-gym package: {EXTRA}") from exc
     return reasoning_gym
+
+
+def reasoning_gym_version() -> str:
+    """The installed reasoning-gym distribution's version, as errors name it (the package's own
+    ``__version__`` lags its releases: 0.1.25 says 0.1.19)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("reasoning-gym")
+    except PackageNotFoundError:  # importable, but not installed as a distribution (a source tree)
+        return str(getattr(import_reasoning_gym(), "__version__", "(version unknown)"))
 
 
 def data_source_of(task: str) -> str:
@@ -101,7 +113,7 @@ def _dataset(task: str, config_json: str) -> Any:
     except ValueError as exc:
         if task not in rg.factory.DATASETS:
             raise ValueError(
-                f"{data_source_of(task)!r}: reasoning-gym {rg.__version__} has no task {task!r}"
+                f"{data_source_of(task)!r}: reasoning-gym {reasoning_gym_version()} has no task {task!r}"
             ) from exc
         raise
 

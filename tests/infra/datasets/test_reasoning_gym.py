@@ -5,7 +5,9 @@ task's seed, its own scorer), with no question in both files; the errors (the co
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -131,3 +133,24 @@ def test_the_answer_format_travels_in_the_row(tmp_path):
     assert score_batch(args[0][:1], texts[:1], args[1][:1], [tags_only]).tolist() == [0.0]
     with pytest.raises(RewardError, match="answer_format 'words'"):
         score_batch(args[0][:1], texts[:1], args[1][:1], [{**tags_only, "answer_format": "words"}])
+
+
+def test_an_unknown_task_is_refused_at_once_naming_the_installed_version(tmp_path):
+    """Writing files of a task reasoning-gym does not have, and scoring a row of one, fail at once
+    (no dataset is generated first), naming the installed distribution's version: the package's
+    own ``__version__`` lags its releases."""
+    said = f"reasoning-gym {importlib.metadata.version('reasoning-gym')} has no task 'no_such_task'"
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="; tasks: .*basic_arithmetic") as err:
+        write_task_mix(TaskMix(tasks=[TaskSpec(name="no_such_task")], train=2, test=1), str(tmp_path))
+    writing = time.monotonic() - t0
+    assert said in str(err.value) and not list(tmp_path.iterdir())
+    entry = json.dumps({"question": "q", "answer": "1", "metadata": {}})
+    t0 = time.monotonic()
+    with pytest.raises(RewardError) as err:
+        score_batch(
+            ["reasoning_gym/no_such_task"], ["<answer>1</answer>"], ["1"], [{"reasoning_gym_entry": entry}]
+        )
+    scoring = time.monotonic() - t0
+    assert said in str(err.value) and "'reasoning_gym/no_such_task'" in str(err.value)
+    assert writing < 0.25 and scoring < 0.25, (writing, scoring)
