@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
 from ppoflow.infra.config.experiment import ExperimentConfig
+
+if TYPE_CHECKING:
+    from ppoflow.infra.config.verl import Translation
 
 __all__ = [
     "ConfigError",
@@ -15,6 +19,8 @@ __all__ = [
     "parse_config",
     "apply_overrides",
     "load_config",
+    "read_config_data",
+    "with_verl",
     "dump_config",
 ]
 
@@ -55,9 +61,39 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any] | None) -> d
 
 def load_config(path_or_url: str, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read a YAML config from a path or fsspec URL; ``overrides`` are dotted keys (``{"rollout.n": 4}``).
+    A ``verl:`` section is translated (:func:`with_verl`) under the file's own sections.
 
     A file that is not valid YAML is a :class:`ConfigError` naming the file, the line and the
     column, with that line shown."""
+    data, _ = with_verl(read_config_data(path_or_url))
+    return parse_config(apply_overrides(data, overrides), source=path_or_url)
+
+
+def with_verl(data: dict[str, Any], verl: Sequence[str] = ()) -> tuple[dict[str, Any], Translation | None]:
+    """A config mapping with its ``verl:`` section (a mapping of veRL's keys, or a list of
+    ``KEY=VALUE`` strings) and then ``verl`` (a command's overrides) translated, the file's own
+    sections over the translation; and the translation (None without either). A veRL key ppoflow
+    cannot honour is a :class:`ConfigError` naming every such key (docs/verl.md)."""
+    from ppoflow.infra.config.verl import VerlError, translate, under
+
+    data = dict(data)
+    section = data.pop("verl", None)
+    if section is None and not verl:
+        return data, None
+    if section is not None and not isinstance(section, (dict, list)):
+        raise ConfigError(
+            f"verl: expected a mapping of veRL's keys or a list of KEY=VALUE strings, got {section!r}"
+        )
+    try:
+        translation = translate(section or {}, list(verl))
+        translation.check()
+    except VerlError as err:
+        raise ConfigError(str(err)) from None
+    return under(translation.config, data), translation
+
+
+def read_config_data(path_or_url: str) -> dict[str, Any]:
+    """The mapping a YAML config file holds (ConfigError for a file that is not one)."""
     from ppoflow.infra.data import storage
 
     text = storage.read_bytes(path_or_url).decode()
@@ -69,7 +105,7 @@ def load_config(path_or_url: str, overrides: dict[str, Any] | None = None) -> Ex
         raise ConfigError(
             f"{path_or_url}: the top level of a config must be a mapping, got {type(data).__name__}"
         )
-    return parse_config(apply_overrides(data, overrides), source=path_or_url)
+    return data
 
 
 def yaml_problem(source: str, text: str, err: yaml.YAMLError) -> str:
