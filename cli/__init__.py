@@ -1,6 +1,7 @@
 """ppoflow.cli: the ``ppoflow`` command line, a terminal over the flows.
 
 main.py       the parser, ``run`` / ``demo`` / ``eval`` (the flows run in this process), the entry point
+verl.py       ``run``'s arguments and config: a file, its ``verl:`` section, ``--verl``, ``--set``; veRL's length
 commands.py   the commands that read or change an experiment on storage: status, export-hf, rollback, ...
 promotion.py  ``ppoflow promote``
 data.py       ``ppoflow data``: training files from a task library (reasoning-gym)

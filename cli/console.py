@@ -255,10 +255,12 @@ def print_summary(
     wall_s: float | None = None,
     out: Callable[[str], None] = print,
     overrides: Sequence[str] = (),
+    verl: Sequence[str] = (),
 ) -> None:
     """Where the experiment lives, its reward trend, the plot, and the commands to go on (after a
     successful run; a failed one gets ``ppoflow.cli.failure.print_failure`` instead). ``config_path``
-    and ``overrides``: the config file and the ``--set KEY=VALUE`` items the run was given."""
+    and ``overrides``: the config file and the ``--set KEY=VALUE`` items the run was given; ``verl``:
+    its ``--verl`` items (docs/verl.md)."""
     from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
 
     paths = ExperimentPaths.of(cfg)
@@ -280,11 +282,14 @@ def print_summary(
     )
     for line in _ui_hint(run.get("flow_run_id")):
         out(line)
-    cfg_arg = shlex.quote(config_path) if config_path else "<config.yaml>"
+    cfg_arg = shlex.quote(config_path) if config_path else ("" if verl else "<config.yaml>")
     sets = "".join(f" --set {shlex.quote(item)}" for item in overrides)
-    out(f"continue training: {ppoflow} run {cfg_arg} --iterations 20{sets}")
+    sets += (" --verl " + " ".join(shlex.quote(item) for item in verl)) if verl else ""
+    out(f"continue training: {ppoflow} run {cfg_arg} --iterations 20{sets}".replace("run  ", "run "))
     recorded = manifest.config_history[-1]["config"] if manifest and manifest.config_history else None
-    source, note = deployment_config(cfg, config_path, overrides, paths.url(recorded) if recorded else None)
+    source, note = deployment_config(
+        cfg, config_path, [*overrides, *verl], paths.url(recorded) if recorded else None
+    )
     deploy = f"{prefect} deploy -n iteration && {prefect} deployment run ppo/iteration"
     if source is None:
         out(f"   or deployment:  {deploy} -p config=<path or URL> -p iterations=20   (docs/deployments.md)")

@@ -2,6 +2,7 @@
 
     ppoflow demo [--storage DIR] [--iterations N] [--verbose]   build + train the tiny CPU demo
     ppoflow run CONFIG [--iterations N] [--set KEY=VALUE ...]    run the ``ppo`` flow on a config
+    ppoflow run [CONFIG] --verl KEY=VALUE ...                    the same from a veRL command (docs/verl.md)
     ppoflow status EXPERIMENT [--json]                           manifest + last metrics
     ppoflow export-hf EXPERIMENT [--iteration N] [--merge] OUT   a Hugging Face directory (LoRA: adapter)
     ppoflow rollback EXPERIMENT --to N                           make committed iteration N the latest
@@ -108,20 +109,13 @@ def _add_run_commands(sub: Any) -> None:
         "--verbose", action="store_true", help="show Prefect's and the ranks' logs, and tracebacks"
     )
 
-    p = sub.add_parser("run", help="run the ppo flow on an experiment config")
-    p.add_argument("config", help="YAML config: a path or fsspec URL")
-    p.add_argument("--iterations", type=_positive, default=1, help="iterations to add (default 1)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set rollout.n=4 (YAML value; repeatable)",
+    p = sub.add_parser(
+        "run",
+        help="run the ppo flow on an experiment config (or a veRL command: --verl KEY=VALUE ...)",
     )
-    p.add_argument(
-        "--verbose", action="store_true", help="show Prefect's and the ranks' logs, and tracebacks"
-    )
+    from ppoflow.cli.verl import add_run_arguments
+
+    add_run_arguments(p, _positive)
 
 
 def _add_experiment_commands(sub: Any) -> None:
@@ -183,18 +177,6 @@ def _add_experiment_commands(sub: Any) -> None:
     )
 
 
-def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    import yaml
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise CLIError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rollout.n=4", code=2)
-        out[key.strip()] = yaml.safe_load(value)
-    return out
-
-
 def _rerun(args: argparse.Namespace) -> str:
     """The command line that runs this command again (what the failure screen suggests)."""
     import shlex
@@ -203,8 +185,11 @@ def _rerun(args: argparse.Namespace) -> str:
 
     if args.command == "demo":
         return f"{command('ppoflow')} demo --storage {shlex.quote(args.storage)}"
+    from ppoflow.cli.verl import verl_rerun
+
     sets = "".join(f" --set {shlex.quote(item)}" for item in args.overrides)
-    return f"{command('ppoflow')} run {shlex.quote(args.config)} --iterations {args.iterations}{sets}"
+    again = "" if args.iterations is None else f" --iterations {args.iterations}"
+    return f"{command('ppoflow')} run{verl_rerun(args, again + sets)}"
 
 
 @contextlib.contextmanager
@@ -231,27 +216,29 @@ def _err(line: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ppoflow.infra.config import ConfigError, load_config
-    from ppoflow.infra.data import storage
+    from ppoflow.cli import verl
 
     # the config's own checks come first: a bad config is told at once, before the run's heavy
     # imports and without starting a Prefect server
-    if not storage.exists(args.config):
-        raise CLIError(f"config {args.config} does not exist", code=2)
-    try:
-        cfg = load_config(args.config, _parse_overrides(args.overrides))
-    except ConfigError as err:
-        raise CLIError(str(err), code=2) from None
+    cfg, translation = verl.run_config(args)
+    if args.print_config:
+        verl.print_config(cfg, translation)
+        return 0
+    verl.announce(translation)
+    n = verl.iterations(args, cfg, translation)
+    if n == 0:
+        print("nothing to run: the experiment has reached the length the veRL command asks for")
+        return 0
     _prepare_run()
     from ppoflow.cli.console import print_summary, run_with_progress
     from ppoflow.cli.failure import print_failure, terminal
 
     with terminal(args.verbose), _interrupts(args, cfg), _prefect_api():
-        result = run_with_progress(cfg, args.iterations)
+        result = run_with_progress(cfg, n)
         if not result["ok"]:  # while the API is up: the block reads the failed task's attempts from it
             print_failure(cfg, result, rerun=_rerun(args), verbose=args.verbose, out=_err)
             return 1
-    print_summary(cfg, result, config_path=args.config, overrides=args.overrides)
+    print_summary(cfg, result, config_path=args.config, overrides=args.overrides, verl=args.verl)
     return 0
 
 
