@@ -26,6 +26,9 @@ expectations under ``mu``:
   (default [0.5, 2]: a probability off by more than a factor 2);
 - ``seq_ratio_outside`` = the share of sequences whose ratio ``exp(sum_t d)`` (the importance
   ratio of the whole sequence, what sequence-level importance sampling uses) lies outside it;
+- ``geo_ratio_outside`` = the share of sequences whose per-token geometric mean ratio
+  ``exp(mean_t d)`` lies outside ``GEOMETRIC_BOUNDS`` ([0.999, 1.001]: the geometric level's default
+  band). With the two shares above, what each rejection level's default band would reject;
 - ``tokens``, ``sequences``: how many response tokens and non-empty sequences were measured.
 
 "Mean" is over all response tokens of the batch (token-mean), "over sequences" over the rows with
@@ -46,10 +49,12 @@ import torch
 
 from ppoflow.algos.masked import masked_mean
 
-__all__ = ["MISMATCH_BOUNDS", "LOG_RATIO_CLAMP", "mismatch_metrics"]
+__all__ = ["MISMATCH_BOUNDS", "GEOMETRIC_BOUNDS", "LOG_RATIO_CLAMP", "mismatch_metrics"]
 
 #: The ratio band outside which a token or sequence counts as off (a factor of 2 either way).
 MISMATCH_BOUNDS = (0.5, 2.0)
+#: The band of a sequence's per-token geometric mean ratio (``geo_ratio_outside``).
+GEOMETRIC_BOUNDS = (0.999, 1.001)
 #: |log-ratio| beyond which ``exp`` is taken of the clamped value (as the policy losses do).
 LOG_RATIO_CLAMP = 20.0
 
@@ -68,12 +73,15 @@ def _sequence_metrics(
     mean_pi, mean_mu = (pi * mask).sum(-1) / lengths, (mu * mask).sum(-1) / lengths
     cap = LOG_RATIO_CLAMP
     seq_ratio = torch.exp(((pi - mu) * mask).sum(-1).clamp(-cap, cap))
+    geo_ratio = torch.exp((mean_pi - mean_mu).clamp(-cap, cap))
+    geo_low, geo_high = GEOMETRIC_BOUNDS
     return {
         "sequences": float(has.sum()),
         "ppl_ratio": _mean_over(torch.exp((mean_mu - mean_pi).clamp(-cap, cap)), has, 1.0),
         "trainer_ppl": _mean_over(torch.exp((-mean_pi).clamp(max=10 * cap)), has, 1.0),
         "sampler_ppl": _mean_over(torch.exp((-mean_mu).clamp(max=10 * cap)), has, 1.0),
         "seq_ratio_outside": _mean_over(((seq_ratio < low) | (seq_ratio > high)).double(), has, 0.0),
+        "geo_ratio_outside": _mean_over(((geo_ratio < geo_low) | (geo_ratio > geo_high)).double(), has, 0.0),
     }
 
 
@@ -97,7 +105,8 @@ def mismatch_metrics(
     Returns:
         ``{name: float}`` with the keys ``tokens``, ``sequences``, ``kl_k1``, ``kl_k3``,
         ``token_mult_prob_error``, ``abs_log_ratio_mean``, ``abs_log_ratio_max``, ``ppl_ratio``,
-        ``trainer_ppl``, ``sampler_ppl``, ``token_ratio_outside``, ``seq_ratio_outside``.
+        ``trainer_ppl``, ``sampler_ppl``, ``token_ratio_outside``, ``seq_ratio_outside``,
+        ``geo_ratio_outside``.
     """
     if not 0 < low < high:
         raise ValueError(f"the ratio band needs 0 < low < high, got [{low}, {high}]")

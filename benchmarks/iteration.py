@@ -186,8 +186,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     mm.add_argument("--tis", choices=("none", "token", "sequence"), default="none")
     mm.add_argument("--tis-cap", type=float, default=2.0)
     mm.add_argument("--mis", choices=("none", "token", "sequence", "geometric"), default="none")
-    mm.add_argument("--mis-lower", type=float, default=0.5)
-    mm.add_argument("--mis-upper", type=float, default=2.0)
+    mm.add_argument("--mis-lower", type=float, default=None, help="default: the level's band")
+    mm.add_argument("--mis-upper", type=float, default=None, help="default: the level's band")
     mm.add_argument(
         "--compare",
         choices=("log-probs", "behaviour", "trainer-dtype", "correction"),

@@ -30,6 +30,7 @@ COLUMNS = (
     ("max|d|", "mismatch/abs_log_ratio_max", "{:.2e}"),
     ("tok_out", "mismatch/token_ratio_outside", "{:.4f}"),
     ("seq_out", "mismatch/seq_ratio_outside", "{:.4f}"),
+    ("geo_out", "mismatch/geo_ratio_outside", "{:.4f}"),
     ("ppl_ratio", "mismatch/ppl_ratio", "{:.5f}"),
     ("masked", "correction/masked_token_share", "{:.4f}"),
     ("w_mean", "correction/weight_mean", "{:.4f}"),

@@ -51,7 +51,7 @@ from ppoflow.infra.rewards.rollouts import (
     rule_scores,
 )
 from ppoflow.tasks.graph import output_of
-from ppoflow.tasks.mismatch import measure_and_correct
+from ppoflow.tasks.mismatch import measure_and_correct, rejection_warning
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, Receipt
 from ppoflow.tasks.step import Step, ppo_task, shorten
 
@@ -160,6 +160,9 @@ def advantage(
     metrics.update(compute_data_metrics(batch.batch))
     metrics.update(_overlong_metrics(cfg, mask))
     metrics.update(measure_and_correct(cfg, batch))  # sampler vs trainer (tasks/mismatch.py)
+    warning = rejection_warning(cfg, metrics)
+    if warning is not None:
+        step.logger.warning(warning)
     if cfg.algorithm.filter_overlong_responses:
         truncated = overlong_rows(batch, cfg.rollout.response_length)
         batch.batch["response_mask"] = mask * (~truncated).unsqueeze(-1).to(mask.dtype)

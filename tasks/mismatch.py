@@ -11,8 +11,11 @@ result from ``advantages.arrow``:
 - with ``algorithm.rollout_correction.tis`` the column ``rollout_is_weights`` (B, R), with
   ``mis`` the column ``rollout_rs_mask`` (B, R) (``ppoflow.algos.correction``), and the
   ``correction/*`` metrics. The actor multiplies each token's policy loss by its weight and drops
-  the rejected tokens from its response mask (``ppoflow.workers.actor``); the critic, the
-  advantages and ``response_mask`` itself are left as they are.
+  the rejected tokens' weight to 0 (``mis_normaliser: all``) or drops them from its response mask
+  (``kept``) (``ppoflow.workers.actor``); the critic, the advantages and ``response_mask`` itself
+  are left as they are. An iteration whose rejection removes more than
+  ``warn_rejected_share`` of its tokens or sequences also gets ``correction/rejected_over_limit``
+  (the larger share) and a warning in the task's log (:func:`rejection_warning`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from ppoflow.algos import correction_metrics, mismatch_metrics, rejection_mask, 
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.dataproto import DataProto
 
-__all__ = ["measure_and_correct", "IS_WEIGHTS", "RS_MASK", "SAMPLER_LOG_PROBS"]
+__all__ = ["measure_and_correct", "rejection_warning", "IS_WEIGHTS", "RS_MASK", "SAMPLER_LOG_PROBS"]
 
 SAMPLER_LOG_PROBS = "rollout_log_probs"
 IS_WEIGHTS = "rollout_is_weights"
@@ -45,8 +48,29 @@ def measure_and_correct(cfg: ExperimentConfig, batch: DataProto) -> dict[str, fl
         weights = truncated_is_weights(trainer, sampler, mask, rc.tis, rc.tis_cap)
         batch.batch[IS_WEIGHTS] = weights
     if rc.mis != "none":
-        kept = rejection_mask(trainer, sampler, mask, rc.mis, rc.mis_lower, rc.mis_upper)
+        kept = rejection_mask(trainer, sampler, mask, rc.mis, *rc.band)
         batch.batch[RS_MASK] = kept
     cap = rc.tis_cap if weights is not None else None
-    metrics.update({f"correction/{k}": v for k, v in correction_metrics(mask, weights, kept, cap).items()})
+    corrected = correction_metrics(mask, weights, kept, cap)
+    metrics.update({f"correction/{k}": v for k, v in corrected.items()})
+    rejected = max(corrected["masked_token_share"], corrected["masked_seq_share"])
+    if kept is not None and rejected > rc.warn_rejected_share:
+        metrics["correction/rejected_over_limit"] = rejected
     return metrics
+
+
+def rejection_warning(cfg: ExperimentConfig, metrics: dict[str, float]) -> str | None:
+    """The warning for an iteration whose rejection went over ``warn_rejected_share`` (None if not)."""
+    if "correction/rejected_over_limit" not in metrics:
+        return None
+    rc = cfg.algorithm.rollout_correction
+    lower, upper = rc.band
+    return (
+        f"the rollout correction (mis: {rc.mis}, band [{lower:g}, {upper:g}]) rejected "
+        f"{metrics['correction/masked_token_share']:.1%} of the response tokens and "
+        f"{metrics['correction/masked_seq_share']:.1%} of the sequences, more than "
+        f"warn_rejected_share={rc.warn_rejected_share:g}: what is rejected does not train the actor. "
+        "Look at mismatch/* (a stale or broken engine shows there first); a band too tight for "
+        "the engine's precision or the response length rejects what is only rounding (mis: geometric "
+        "or token, or wider bounds)"
+    )

@@ -13,7 +13,7 @@ are the critic's too: ``ppoflow.workers.minibatch``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -32,7 +32,8 @@ RS_MASK = "rollout_rs_mask"  # (B, R) 1 on the tokens the rollout correction kee
 
 def _rejected_dropped(data):
     """``data`` whose response mask leaves out what the rollout correction rejected (its
-    ``rollout_rs_mask``); ``data`` itself without one. The caller's batch is not changed."""
+    ``rollout_rs_mask``; ``mis_normaliser: kept``); ``data`` itself without one. The caller's batch
+    is not changed."""
     if RS_MASK not in data.batch:
         return data
     batch = dict(data.batch)
@@ -58,6 +59,9 @@ class DataParallelPPOActor(MiniBatchTrainer):
         log_prob_use_dynamic_bsz, log_prob_max_token_len: overrides of ``config.use_dynamic_bsz``
             and of the log-prob token budget for ``compute_log_prob`` (ref); ``log_prob_section``
             names their config section in errors.
+        rejected: what a token the rollout correction rejected (``rollout_rs_mask`` 0) counts for:
+            ``"all"`` (weight 0 in the policy loss, still in its normaliser and in the entropy and
+            KL terms) or ``"kept"`` (dropped from the response mask altogether).
     """
 
     section = "actor"
@@ -78,6 +82,7 @@ class DataParallelPPOActor(MiniBatchTrainer):
         log_prob_max_token_len: int | None = None,
         log_prob_section: str = "actor",
         seed: int = 0,
+        rejected: Literal["all", "kept"] = "all",
     ):
         super().__init__(
             config,
@@ -92,12 +97,9 @@ class DataParallelPPOActor(MiniBatchTrainer):
         self.default_temperature = default_temperature
         self.log_prob_micro_batch_size = log_prob_micro_batch_size or config.log_prob_micro_batch_size_per_gpu
         self.log_prob_packed = self.packed if log_prob_use_dynamic_bsz is None else log_prob_use_dynamic_bsz
-        self.log_prob_max_tokens = (
-            log_prob_max_token_len
-            or config.log_prob_max_token_len_per_gpu
-            or 2 * config.ppo_max_token_len_per_gpu
-        )
+        self.log_prob_max_tokens = log_prob_max_token_len or config.log_prob_tokens
         self.log_prob_section = log_prob_section
+        self.rejected = rejected
 
     def _temperature(self, data) -> float:
         """Sampling temperature of the rollout (``meta_info["temperature"]``, else the default)."""
@@ -165,6 +167,9 @@ class DataParallelPPOActor(MiniBatchTrainer):
         )
         log_prob = out["log_probs"]
         weights = mb.get(IS_WEIGHTS)  # the rollout correction's TIS weights, when it has them
+        if RS_MASK in mb:  # mis_normaliser all: a rejected token weighs 0 and stays in the normaliser
+            kept = mb[RS_MASK].to(log_prob.dtype)
+            weights = kept if weights is None else weights * kept
         pg_loss, pg_metrics = get_policy_loss(cfg.policy_loss)(
             mb["old_log_probs"],
             log_prob,
@@ -187,6 +192,16 @@ class DataParallelPPOActor(MiniBatchTrainer):
             metrics["actor/kl_loss"] = kl_loss.item()
         return loss, metrics
 
+    def _contributing(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> float:
+        """The response tokens of ``rows`` that can move the loss: with ``rejected="all"`` and no
+        entropy or KL term, those the rollout correction did not reject (a rejected token weighs 0);
+        otherwise every masked-in token (with ``kept`` the rejected ones are already out of it)."""
+        mask = response_mask_of(batch)[rows] != 0
+        cfg = self.config
+        if RS_MASK in batch and cfg.entropy_coeff == 0 and not cfg.use_kl_loss:
+            mask = mask & (batch[RS_MASK][rows] != 0)
+        return float(mask.sum())
+
     def update_policy(self, data) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches (gradient accumulation), one optimizer step per
         mini-batch; a step whose gradient norm is not finite is skipped (``actor/skipped_steps``).
@@ -196,9 +211,11 @@ class DataParallelPPOActor(MiniBatchTrainer):
                 ``response_mask`` (optional) and ``ref_log_prob`` (with ``use_kl_loss``); from the
                 rollout correction (``ppoflow.algos.correction``), optionally ``rollout_is_weights``
                 (B, R) (each token's policy loss is multiplied by its weight before aggregation)
-                and ``rollout_rs_mask`` (B, R) (the tokens it rejected are dropped from the
-                response mask: no policy, entropy or KL loss, and not counted in the
-                normalisation).
+                and ``rollout_rs_mask`` (B, R) (the tokens it rejected weigh 0 in the policy loss
+                and still count in its normalisation, as in IcePop's objective; with
+                ``rejected="kept"`` they are dropped from the response mask instead: no policy,
+                entropy or KL loss, and not counted in the normalisation). A mini-batch in which
+                no token can move the loss takes no optimizer step (``actor/skipped_steps``).
 
         Returns:
             metrics averaged over the optimizer steps (identical on every rank): ``actor/pg_loss``,
@@ -211,9 +228,11 @@ class DataParallelPPOActor(MiniBatchTrainer):
         """
         if self.optimizer is None:
             raise RuntimeError("this actor has no optimizer (a reference policy cannot be updated)")
-        data = _rejected_dropped(data)
+        if self.rejected == "kept":
+            data = _rejected_dropped(data)
         keys = [*MODEL_INPUTS, "old_log_probs", "advantages"]
-        keys += [k for k in ("response_mask", IS_WEIGHTS) if k in data.batch]
+        carried = ("response_mask", IS_WEIGHTS) + ((RS_MASK,) if self.rejected == "all" else ())
+        keys += [k for k in carried if k in data.batch]
         keys += ["ref_log_prob"] if self.config.use_kl_loss else []
         temperature = self._temperature(data)
         return self._update(data, keys, "update_policy", lambda mb: self._micro_losses(mb, temperature))

@@ -113,8 +113,8 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             functools.partial(
                 PolicyLM,
                 chunk_size=actor.logprob_chunk_size,
-                head_impl=actor.logprob_head,
-                compiled_head=self.cfg.model.use_torch_compile,
+                head_impl=actor.logprob_head or "checkpoint",
+                compiled_head=bool(self.cfg.model.use_torch_compile),
                 sequence_parallel=self.sp,
             ),
             actor.lora if adapters else None,
@@ -222,7 +222,10 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             if self.is_actor:
                 optimizer, scheduler = build_optimizer(module, cfg.actor.optim)
                 info["actor"]["optimizer"] = optimizer_kernel(optimizer)
-            self.actor = DataParallelPPOActor(cfg.actor, module, optimizer, scheduler, **common)
+            rejected = cfg.algorithm.rollout_correction.mis_normaliser
+            self.actor = DataParallelPPOActor(
+                cfg.actor, module, optimizer, scheduler, **common, rejected=rejected
+            )
         self._ref_is_base = False  # the reference is the actor's module with its adapters off
         if self.is_ref:
             if cfg.actor.lora.enabled and self.actor is not None:

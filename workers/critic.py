@@ -57,7 +57,7 @@ class DataParallelPPOCritic(MiniBatchTrainer):
             device=device,
             seed=seed,
         )
-        self.forward_max_tokens = config.forward_max_token_len_per_gpu or 2 * config.ppo_max_token_len_per_gpu
+        self.forward_max_tokens = config.forward_tokens
 
     def _values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         """(b, R) float32 values of one micro-batch (packed with ``use_dynamic_bsz``: 0 off the mask)."""

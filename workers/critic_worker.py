@@ -74,7 +74,7 @@ class CriticWorker(CheckpointMethods, Worker):
             self.device,
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
             seed=cfg.seed,
-            varlen_attention=cfg.critic.use_dynamic_bsz,
+            varlen_attention=cfg.critic.packed,
         )
         hf = module.hf_model
         optimizer, scheduler = build_optimizer(module, cfg.critic.optim)

@@ -141,11 +141,12 @@ def micro_batches(
 
 
 def summarize_steps(steps: list[dict[str, float]], prefix: str) -> dict[str, float]:
-    """Mean of each metric over the optimizer steps; ``*/lr`` is the last value, ``*/skipped_steps``
-    a sum; adds ``<prefix>/optimizer_steps``."""
+    """Mean of each metric over the optimizer steps that have it (a skipped step has only its step
+    metrics); ``*/lr`` is the last value, ``*/skipped_steps`` a sum; adds ``<prefix>/optimizer_steps``
+    (mini-batches, stepped or skipped)."""
     out: dict[str, float] = {}
-    for key in steps[0] if steps else []:
-        values = [s[key] for s in steps]
+    for key in dict.fromkeys(k for s in steps for k in s):
+        values = [s[key] for s in steps if key in s]
         if key.endswith("/lr"):
             out[key] = values[-1]
         elif key.endswith("/skipped_steps"):
@@ -236,18 +237,42 @@ class MiniBatchTrainer:
         self.module.eval()
         return summarize_steps(steps, self.section)
 
+    def _contributing(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> float:
+        """How many of ``rows``' response tokens can move the loss (here: every masked-in token; the
+        actor leaves out what its rollout correction weighs 0 when nothing else reads them)."""
+        return float((response_mask_of(batch)[rows] != 0).sum())
+
+    def _skipped(self) -> dict[str, float]:
+        """The metrics of a mini-batch with no contributing token: no optimizer or schedule step."""
+        assert self.optimizer is not None
+        return {
+            f"{self.section}/lr": self.optimizer.param_groups[0]["lr"],
+            f"{self.section}/skipped_steps": 1.0,
+            f"{self.section}/micro_batches": 0.0,
+        }
+
     def _train_mini_batch(
         self, batch: dict[str, torch.Tensor], rows: torch.Tensor, micro_loss: MicroLoss
     ) -> dict[str, float]:
-        """Gradient accumulation over the micro-batches of one mini-batch, then one optimizer step."""
+        """Gradient accumulation over the micro-batches of one mini-batch, then one optimizer step.
+
+        A mini-batch in which no token can move the loss on any rank (every token rejected by the
+        rollout correction, or no response tokens) runs no micro-batch and takes no step: its zero
+        gradient would still move AdamW's moments, decay the weights and advance the schedule
+        (``<section>/skipped_steps`` counts it; every rank decides the same from the global count)."""
         cfg = self.config
-        (total,) = global_sum([agg_count(response_mask_of(batch)[rows], cfg.loss_agg_mode)], self.device)
+        mask = response_mask_of(batch)[rows]
+        total, contributing = global_sum(
+            [agg_count(mask, cfg.loss_agg_mode), self._contributing(batch, rows)], self.device
+        )
+        if contributing == 0:
+            return self._skipped()
         sums: dict[str, float] = {}
         groups = micro_batches(
             rows,
             batch["attention_mask"],
             cfg.ppo_micro_batch_size_per_gpu,
-            cfg.ppo_max_token_len_per_gpu * self.sp_size if self.packed else None,
+            cfg.update_tokens * self.sp_size if self.packed else None,
             self.device,
             f"{self.section}.ppo_max_token_len_per_gpu",
         )

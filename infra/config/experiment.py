@@ -140,6 +140,7 @@ class ExperimentConfig(Section):
             top_p=r.top_p,
             top_k=r.top_k,
             policy_loss=self.actor.policy_loss,
+            response_length=r.response_length,
         )
         return self
 
@@ -220,7 +221,7 @@ class ExperimentConfig(Section):
                 (
                     "critic",
                     self.critic.sequence_parallel_size,
-                    self.critic.use_dynamic_bsz,
+                    self.critic.packed,
                     "critic.use_dynamic_bsz",
                 )
             )
@@ -245,9 +246,7 @@ class ExperimentConfig(Section):
         critic_sp = self.critic.sequence_parallel_size
         budgets: list[tuple[str, int | None, int]] = []
         if self.actor.use_dynamic_bsz:
-            budgets.append(
-                ("actor.ppo_max_token_len_per_gpu", self.actor.ppo_max_token_len_per_gpu, actor_sp)
-            )
+            budgets.append(("actor.ppo_max_token_len_per_gpu", self.actor.update_tokens, actor_sp))
         if self.actor.use_dynamic_bsz or self.ref.log_prob_use_dynamic_bsz:
             budgets.append(
                 ("actor.log_prob_max_token_len_per_gpu", self.actor.log_prob_max_token_len_per_gpu, actor_sp)
@@ -256,9 +255,7 @@ class ExperimentConfig(Section):
                 ("ref.log_prob_max_token_len_per_gpu", self.ref.log_prob_max_token_len_per_gpu, ref_sp)
             )
         if self.critic.enable and self.critic.use_dynamic_bsz:
-            budgets.append(
-                ("critic.ppo_max_token_len_per_gpu", self.critic.ppo_max_token_len_per_gpu, critic_sp)
-            )
+            budgets.append(("critic.ppo_max_token_len_per_gpu", self.critic.update_tokens, critic_sp))
             budgets.append(
                 ("critic.forward_max_token_len_per_gpu", self.critic.forward_max_token_len_per_gpu, critic_sp)
             )

@@ -67,6 +67,14 @@ AUTO_UPDATE_TOKENS = 16384
 TokenBudget = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
+def resolved_budget(value: int | Literal["auto"], field: str) -> int:
+    """A token budget as a number; ``auto`` is resolved only when the whole config is validated
+    (``ExperimentConfig``), so a section built alone that still holds it is an error naming it."""
+    if value == "auto":
+        raise ValueError(f"{field} is 'auto', which only a whole experiment config resolves")
+    return value
+
+
 LINEAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 
@@ -200,6 +208,16 @@ class ActorConfig(Section):
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
 
+    @property
+    def update_tokens(self) -> int:
+        """Real tokens per packed update micro-batch per GPU (``ppo_max_token_len_per_gpu``)."""
+        return resolved_budget(self.ppo_max_token_len_per_gpu, "actor.ppo_max_token_len_per_gpu")
+
+    @property
+    def log_prob_tokens(self) -> int:
+        """Tokens per packed log-prob micro-batch: the budget given, else twice the update's."""
+        return self.log_prob_max_token_len_per_gpu or 2 * self.update_tokens
+
     @model_validator(mode="after")
     def _check_clip_ratio_low(self) -> ActorConfig:
         """``clip_ratio_low`` > 1 puts the lower bound ``1 - clip_ratio_low`` below 0, where no ratio
@@ -273,6 +291,21 @@ class CriticConfig(Section):
         default_factory=LoRAConfig,
         description="adapters on the critic's base; its value head stays fully trained",
     )
+
+    @property
+    def packed(self) -> bool:
+        """``use_dynamic_bsz`` as resolved (null follows the actor's once the config is whole)."""
+        return bool(self.use_dynamic_bsz)
+
+    @property
+    def update_tokens(self) -> int:
+        """Real tokens per packed update micro-batch per GPU (``ppo_max_token_len_per_gpu``)."""
+        return resolved_budget(self.ppo_max_token_len_per_gpu, "critic.ppo_max_token_len_per_gpu")
+
+    @property
+    def forward_tokens(self) -> int:
+        """Tokens per packed values micro-batch: the budget given, else twice the update's."""
+        return self.forward_max_token_len_per_gpu or 2 * self.update_tokens
 
 
 class RewardModelConfig(Section):

@@ -218,6 +218,13 @@ HEADLINES: tuple[Headline, ...] = (
         ".4f",
         sometimes=True,
     ),
+    # with a rejection (rollout_correction.mis) that removed more than warn_rejected_share
+    Headline(
+        "REJECTED",
+        (("correction/rejected_over_limit", "share rejected by the rollout correction"),),
+        ".1%",
+        sometimes=True,
+    ),
     Headline(
         "val",
         (("val/score", "held-out score (evaluation)"),),

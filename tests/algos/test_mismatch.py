@@ -50,6 +50,8 @@ def ref_mismatch(trainer, sampler, mask, low=0.5, high=2.0) -> dict[str, float]:
         "sampler_ppl": sum(math.exp(-sum(m) / len(m)) for m in mus if m) / len(seqs),
         "token_ratio_outside": sum(not low <= math.exp(clamp20(d)) <= high for d in flat) / n,
         "seq_ratio_outside": sum(not low <= math.exp(clamp20(sum(r))) <= high for r in seqs) / len(seqs),
+        "geo_ratio_outside": sum(not 0.999 <= math.exp(clamp20(sum(r) / len(r))) <= 1.001 for r in seqs)
+        / len(seqs),
     }
 
 
@@ -83,5 +85,6 @@ def test_a_factor_of_two_is_on_the_band_and_stale_tokens_are_outside():
     m = mismatch_metrics(trainer, sampler, mask)
     assert m["token_ratio_outside"] == pytest.approx(1 / 4)  # only 3 is outside [0.5, 2]
     assert m["seq_ratio_outside"] == pytest.approx(1 / 2)  # 2 * 0.5 * 1 = 1 is in; 3 is out
+    assert m["geo_ratio_outside"] == pytest.approx(1 / 2)  # the first's geometric mean is 1; 3 is out
     assert m["token_mult_prob_error"] == pytest.approx((2 + 2 + 1 + 3) / 4)
     assert m["abs_log_ratio_max"] == pytest.approx(math.log(3.0))

@@ -57,3 +57,32 @@ def test_nothing_to_compare_without_the_engines_log_probs_or_under_the_bypass(tm
     )
     batch = _batch()
     assert measure_and_correct(bypass, batch) == {} and "rollout_is_weights" not in batch.batch
+
+
+def test_a_rejection_over_the_stated_share_is_a_metric_a_warning_and_a_console_mark(tmp_path):
+    from ppoflow.infra.experiment.metrics import headline_line
+    from ppoflow.tasks.mismatch import rejection_warning
+
+    geometric = {"algorithm.rollout_correction.mis": "geometric"}  # [0.999, 1.001]: 0.4 noise rejects all
+    cfg = make_config(tmp_path, "m", ["x.parquet"], **geometric)
+    m = measure_and_correct(cfg, _batch())
+    b = _batch().batch
+    d = (b["old_log_probs"] - b["rollout_log_probs"]) * b["response_mask"]
+    rows = b["response_mask"].sum(-1) > 0
+    geo = torch.exp(d.sum(-1)[rows] / b["response_mask"].sum(-1)[rows])
+    share = float(((geo < 0.999) | (geo > 1.001)).double().mean())
+    assert share > 0.5 and m["correction/masked_seq_share"] == pytest.approx(share)
+    assert m["correction/rejected_over_limit"] == pytest.approx(
+        max(share, m["correction/masked_token_share"])
+    )
+    text = rejection_warning(cfg, m)
+    assert text is not None and "mis: geometric, band [0.999, 1.001]" in text
+    assert "warn_rejected_share=0.1" in text and "mismatch/*" in text
+    assert "REJECTED" in headline_line(3, m)
+
+    calm = make_config(
+        tmp_path, "m", ["x.parquet"], **geometric, **{"algorithm.rollout_correction.warn_rejected_share": 1.0}
+    )
+    m = measure_and_correct(calm, _batch())
+    assert "correction/rejected_over_limit" not in m and rejection_warning(calm, m) is None
+    assert "REJECTED" not in headline_line(3, m)

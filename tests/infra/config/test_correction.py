@@ -33,10 +33,49 @@ def test_defaults_measure_and_correct_nothing():
         "none",
         "none",
         2.0,
-        0.5,
-        2.0,
+        None,
+        None,
     )
+    assert rc.mis_normaliser == "all" and rc.warn_rejected_share == 0.1
     assert not rc.needs_sampler_log_probs
+
+
+@pytest.mark.parametrize(
+    "level, band", [("token", (0.5, 2.0)), ("sequence", (0.5, 2.0)), ("geometric", (0.999, 1.001))]
+)
+def test_each_rejection_level_has_its_own_default_band(level, band):
+    rc = _cfg(algorithm={"rollout_correction": {"mis": level}}).algorithm.rollout_correction
+    assert rc.band == band and rc.mis_lower is None  # the config keeps "the level's default"
+    given = {"mis": level, "mis_lower": 0.99, "mis_upper": 1.01}
+    assert _cfg(algorithm={"rollout_correction": given}).algorithm.rollout_correction.band == (0.99, 1.01)
+
+
+def test_a_geometric_band_too_wide_to_reject_anything_is_refused():
+    text = _error(algorithm={"rollout_correction": {"mis": "geometric", "mis_lower": 0.5, "mis_upper": 2.0}})
+    assert "mis=geometric with the band [0.5, 2]" in text and "off by 2x" in text
+    assert "0.999 / 1.001" in text and "mis: token" in text
+    upper = _error(algorithm={"rollout_correction": {"mis": "geometric", "mis_upper": 1.2}})
+    assert "band [0.999, 1.2]" in upper and "off by 1.2x" in upper
+    ok = {"mis": "geometric", "mis_lower": 0.95, "mis_upper": 1.05}  # wide, but it can reject
+    assert _cfg(algorithm={"rollout_correction": ok}).algorithm.rollout_correction.band == (0.95, 1.05)
+
+
+def test_bounds_without_a_rejection_level_are_refused():
+    text = _error(algorithm={"rollout_correction": {"tis": "token", "mis_upper": 1.5}})
+    assert "mis_upper=1.5 with mis: none rejects nothing" in text
+
+
+def test_sequence_rejection_at_its_default_band_is_refused_past_2048_tokens():
+    seq = {"algorithm": {"rollout_correction": {"mis": "sequence"}}}
+    assert _cfg(**seq, rollout={"calculate_log_probs": True, "response_length": 2048})
+    text = _error(**seq, rollout={"calculate_log_probs": True, "response_length": 4096})
+    assert "mis=sequence with rollout.response_length=4096" in text
+    assert "mis: geometric" in text and "mis: token" in text and "docs/benchmarks.md" in text
+    chosen = {"algorithm": {"rollout_correction": {"mis": "sequence", "mis_lower": 0.1, "mis_upper": 10.0}}}
+    assert _cfg(**chosen, rollout={"calculate_log_probs": True, "response_length": 4096})  # a band for it
+    for level in ("token", "geometric"):  # their bands do not grow with the length
+        long = {"calculate_log_probs": True, "response_length": 16384}
+        assert _cfg(rollout=long, algorithm={"rollout_correction": {"mis": level}})
 
 
 @pytest.mark.parametrize(
@@ -103,19 +142,18 @@ def test_truncated_sampling_alone_is_fine_the_metrics_still_run():
     assert cfg.rollout.top_p == 0.9
 
 
-def test_a_loss_without_the_weights_keyword_is_refused_only_with_tis():
+def test_a_loss_without_the_weights_keyword_is_refused_only_where_weights_reach_it():
     @register_policy_loss("test_plain_pg")
     def plain_pg(old_log_prob, log_prob, advantages, response_mask, **_clips):  # no rollout_is_weights
         return -(advantages * log_prob * response_mask).sum(), {}
 
     try:
-        assert _cfg(
-            actor={"policy_loss": "test_plain_pg"}, algorithm={"rollout_correction": {"mis": "token"}}
-        )
-        text = _error(
-            actor={"policy_loss": "test_plain_pg"}, algorithm={"rollout_correction": {"tis": "token"}}
-        )
-        assert "takes no rollout_is_weights keyword" in text and "set tis: none" in text
+        kept = {"mis": "token", "mis_normaliser": "kept"}  # rejected tokens leave the mask: no weights
+        assert _cfg(actor={"policy_loss": "test_plain_pg"}, algorithm={"rollout_correction": kept})
+        for rc, setting in (({"tis": "token"}, "tis=token"), ({"mis": "token"}, "mis=token")):
+            text = _error(actor={"policy_loss": "test_plain_pg"}, algorithm={"rollout_correction": rc})
+            assert setting in text and "takes no rollout_is_weights keyword" in text, text
+            assert "turn the correction off" in text
     finally:
         POLICY_LOSSES.pop("test_plain_pg")
 

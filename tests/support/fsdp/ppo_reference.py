@@ -259,4 +259,7 @@ def plain_actor(model_dir: str, cfg: ExperimentConfig, chunk_size: int = 1024):
 
     module = PolicyLM(load_hf_model(ModelConfig(path=model_dir), "causal_lm"), chunk_size=chunk_size)
     optimizer, scheduler = build_optimizer(module, cfg.actor.optim)
-    return DataParallelPPOActor(cfg.actor, module, optimizer, scheduler, rollout_n=cfg.rollout.n)
+    rejected = cfg.algorithm.rollout_correction.mis_normaliser
+    return DataParallelPPOActor(
+        cfg.actor, module, optimizer, scheduler, rollout_n=cfg.rollout.n, rejected=rejected
+    )
