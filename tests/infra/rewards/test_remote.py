@@ -1,12 +1,18 @@
 """ppoflow.infra.rewards.remote against a real HTTP reward service on 127.0.0.1 (FastAPI +
 uvicorn in a process of its own, tests/support/reward_server.py): scores in row order whatever
 order the answers arrive in, retries of transient failures, one clear error naming the endpoint
-and the rows for everything else, and a bearer token that reaches the service and nothing else."""
+and the rows for everything else, and a bearer token that reaches the service and nothing else.
+A service that never answers, or answers HTTP 500 every time, is the standard library's
+http.server in a thread (``plain``): the scoring call fails within timeout_s x attempts plus the
+backoff (the bound and its arithmetic: the test's docstring), after exactly the attempts set."""
 
 from __future__ import annotations
 
+import http.server
 import logging
+import threading
 import time
+from collections import Counter
 
 import pytest
 from pydantic import ValidationError
@@ -68,16 +74,102 @@ def test_a_500_is_retried_and_then_scores(server, caplog):
     assert "HTTP 500 for rows 0..1; retry 1 of 2" in caplog.text
 
 
-def test_a_stalled_service_is_retried_then_a_retryable_error(server):
-    cfg = _cfg(server, "stall", timeout_s=0.3, retries=1)
+#: How long /hang holds a request: far beyond any timeout the tests set.
+HANG_S = 10.0
+
+
+class _Plain(http.server.BaseHTTPRequestHandler):
+    """POST /hang: read the request and answer nothing (for HANG_S, then close the connection:
+    a scorer without a timeout fails its test in seconds instead of hanging it); /error: HTTP 500."""
+
+    server: _PlainServer
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with self.server.lock:
+            self.server.calls[self.path] += 1
+        if self.path == "/hang":
+            self.server.stopping.wait(HANG_S)
+            return
+        body = b'{"detail": "internal error"}'
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _PlainServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Plain)
+        self.lock, self.stopping, self.calls = threading.Lock(), threading.Event(), Counter[str]()
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """A service of the standard library's http.server, in a thread of this process: it starts
+    at once, and /hang holds every request it accepts (HANG_S, or until the module ends)."""
+    server = _PlainServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.stopping.set()
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+#: What the bound allows beyond the config's own seconds: connecting, the threads' start and
+#: scheduling on two busy cores.
+SLACK_S = 1.0
+
+
+def test_a_service_that_never_answers_fails_within_timeout_times_attempts(plain):
+    """Bound: a request that gets no answer waits ``timeout_s`` per attempt (httpx's read
+    timeout; connecting to a listening socket is immediate), ``retries + 1`` attempts, with the
+    backoff's delays between them: retry k waits min(backoff_s * 2**(k-1), backoff_max_s) times a
+    jitter in [0.5, 1]. Here timeout_s = 0.2, retries = 2, backoff_s = 0.05:
+
+        at least  3 * 0.2 + 0.5 * (0.05 + 0.10) = 0.675 s
+        at most   3 * 0.2 +       (0.05 + 0.10) = 0.75 s,  + SLACK_S (1 s) = 1.75 s
+
+    The requests of one wave (up to ``concurrency`` at once: here both of the two) wait side by
+    side, not one after the other; more requests than ``concurrency`` add a wave each."""
+    cfg = _cfg(plain.url, "hang", timeout_s=0.2, retries=2, backoff_s=0.05, batch_size=2, concurrency=2)
+    attempts = cfg.retries + 1
+    backoff = sum(min(cfg.backoff_s * 2 ** (k - 1), cfg.backoff_max_s) for k in range(1, attempts))
+    before = plain.calls["/hang"]
     t0 = time.monotonic()
     with pytest.raises(RewardServiceError) as err:
-        score_requests(_requests(["1"]), RemoteScorer(cfg))
-    assert time.monotonic() - t0 < 5
-    text = str(err.value)
-    assert f"reward service {server}/stall: no answer within 0.3 s for row 0 (2 attempts)" in text
-    assert "reward.remote.timeout_s" in text
+        score_requests(_requests(["1", "2", "3", "4"]), RemoteScorer(cfg))
+    took = time.monotonic() - t0
+    assert attempts * cfg.timeout_s + 0.5 * backoff <= took <= attempts * cfg.timeout_s + backoff + SLACK_S
+    assert plain.calls["/hang"] - before == 2 * attempts  # both requests, every attempt
+    assert str(err.value).startswith(
+        f"reward service {plain.url}/hang: no answer within 0.2 s for rows 0..1 (3 attempts); "
+    )
+    assert "reward.remote.timeout_s" in str(err.value)
     assert not isinstance(err.value, RewardError)  # the task may retry it
+
+
+def test_http_500_every_time_fails_after_exactly_the_configured_attempts(plain, caplog):
+    cfg = _cfg(plain.url, "error", retries=3, backoff_s=0.01)
+    before = plain.calls["/error"]
+    with caplog.at_level(logging.WARNING, logger="ppoflow.rewards"):
+        with pytest.raises(RewardServiceError) as err:
+            score_requests(_requests(["1", "2"]), RemoteScorer(cfg))
+    assert plain.calls["/error"] - before == cfg.retries + 1 == 4
+    assert str(err.value).startswith(
+        f"reward service {plain.url}/error: HTTP 500 for rows 0..1 (4 attempts); "
+    )
+    assert "HTTP 500 for rows 0..1; retry 3 of 3" in caplog.text
+    assert not isinstance(err.value, RewardError)
 
 
 @pytest.mark.parametrize(
