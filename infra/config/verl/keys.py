@@ -218,6 +218,10 @@ CHECKED: dict[str, tuple[tuple[Any, ...], str]] = _rows(
 )
 
 _SPEED = "speed only: ppoflow packs micro-batches by token budgets of its own (actor.use_dynamic_bsz)"
+_KERNEL = (
+    "speed or memory only: a kernel, offload or memory option of veRL's; ppoflow picks its own (docs/gpus.md)"
+)
+_LOADER = "veRL's data loading plumbing: ppoflow reads the parquet files itself"
 _ENGINE = "an engine memory or speed knob: ppoflow sizes vLLM for the batch (rollout.kv_cache_gib: auto)"
 _OBSERVE = (
     "logging, profiling or tracing: ppoflow keeps metrics and samples on storage, the Prefect UI shows them"
@@ -242,19 +246,19 @@ IGNORED: dict[str, str] = _rows(
         f"{{{A},{REF},critic,reward_model}}.{{use_remove_padding,model.use_remove_padding}}": _SPEED,
         f"{M}.use_remove_padding": _SPEED,
         f"{{{A},{REF}}}.{_KERNELS}": "speed only: ppoflow chunks its LM head itself (actor.logprob_head)",
-        f"{A}.{{calculate_sum_pi_squared,sum_pi_squared_checkpointing,use_prefix_grouper,use_fused_kernels}}": _SPEED,
+        f"{A}.{{calculate_sum_pi_squared,sum_pi_squared_checkpointing,use_prefix_grouper,use_fused_kernels}}": _KERNEL,
         f"{{{A},{REF}}}.use_torch_compile": _COMPILE,
         f"{{{A},{REF}}}.fsdp_config.{{use_torch_compile,{_FSDP_SPEED}}}": _COMPILE,
         f"critic.model.fsdp_config.{{use_torch_compile,ulysses_sequence_parallel_size,{_FSDP_SPEED}}}": _COMPILE,
-        f"{{{A},{REF},critic.model}}.fsdp_config.offload_policy": _SPEED,
+        f"{{{A},{REF},critic.model}}.fsdp_config.offload_policy": _KERNEL,
         f"{REF}.fsdp_config.full_determinism": "a reference runs forward passes only: resources.deterministic "
         "(from the actor's) covers the trained models' updates",
-        "reward_model.model.fsdp_config.{wrap_policy.*,forward_prefetch}": _SPEED,
+        "reward_model.model.fsdp_config.{wrap_policy.*,forward_prefetch}": _KERNEL,
         f"{REF}.fsdp_config.{{optimizer_offload,ulysses_sequence_parallel_size}}": "a reference has no optimizer and "
         "follows the actor's sequence parallelism (actor_rollout_ref.ref.ulysses_sequence_parallel_size)",
-        f"{M}.{{use_shm,use_liger,use_fused_kernels,fused_kernel_options.*,enable_activation_offload,tiled_mlp.*}}": _SPEED,
-        "critic.model.{use_shm,enable_activation_offload,tiled_mlp.*}": _SPEED,
-        "reward_model.model.{use_shm,use_fused_kernels,external_lib}": _SPEED,
+        f"{M}.{{use_shm,use_liger,use_fused_kernels,fused_kernel_options.*,enable_activation_offload,tiled_mlp.*}}": _KERNEL,
+        "critic.model.{use_shm,enable_activation_offload,tiled_mlp.*}": _KERNEL,
+        "reward_model.model.{use_shm,use_fused_kernels,external_lib}": _KERNEL,
         "reward_model.model.input_tokenizer": "ppoflow writes the conversation again in the reward model's "
         "own tokenizer when it differs from the policy's, as veRL does with input_tokenizer",
         f"{M}.mtp.*": "read only with model.mtp.enable (refused)",
@@ -289,7 +293,7 @@ IGNORED: dict[str, str] = _rows(
         "ray_kwargs.*": _RAY,
         "transfer_queue.*": _RAY,
         "hydra.*": "Hydra's own settings (its output directory, logging)",
-        "data.{use_shm,dataloader_num_workers,filter_overlong_prompts_workers,return_raw_input_ids}": _SPEED,
+        "data.{use_shm,dataloader_num_workers,filter_overlong_prompts_workers,return_raw_input_ids}": _LOADER,
         "data.{return_raw_chat,return_full_prompt,trust_remote_code}": "veRL's dataloader plumbing "
         "(the tokenizer's trust_remote_code is actor_rollout_ref.model.trust_remote_code)",
         "data.{val_batch_size,validation_shuffle}": "ppoflow evaluates every held-out prompt in one pass",
@@ -297,7 +301,7 @@ IGNORED: dict[str, str] = _rows(
         "data.{custom_cls.name,sampler.class_name,datagen.name}": "read only with its path (refused)",
         "reward_model.{enable_resource_pool,n_gpus_per_node,nnodes,num_workers,use_reward_loop}": _RAY,
         "reward_model.{reward_loop_source,reward_loop_class_name,launch_reward_fn_async}": _RAY,
-        "reward_model.{ulysses_sequence_parallel_size,sandbox_fusion.max_concurrent}": _SPEED,
+        "reward_model.{ulysses_sequence_parallel_size,sandbox_fusion.max_concurrent}": _KERNEL,
         "reward_model.sandbox_fusion.memory_limit_mb": "read only with sandbox_fusion.url (refused)",
         "reward_model.rollout.*": "the engine of veRL's generative reward model: ppoflow's reward model scores",
         "reward_model.{overlong_buffer.log,reward_kwargs.overlong_buffer_cfg.log}": "ppoflow always reports "
