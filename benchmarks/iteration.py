@@ -213,6 +213,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="plain vLLM's sampled tokens/s on one GPU at the same shape (benchmarks/vllm_reference.py)",
     )
     c.add_argument("--baseline", default=None, help="summary JSON (or its file) of a run to scale against")
+    c.add_argument(
+        "--minimal-compare",
+        action="store_true",
+        help="run the shape twice, tuned by these flags and then as a config that names only the "
+        "model, the data (files, batch, lengths) and the estimator (GAE, KL in the reward), and "
+        "compare the seconds between commits",
+    )
     return p.parse_args(argv)
 
 
@@ -291,7 +298,23 @@ def build_prompts(url: str, count: int, prompt_len: int) -> None:
     pq.write_table(pa.Table.from_pylist(rows), url)
 
 
+def minimal_config(args, model_dir: str, data_url: str, root: str) -> dict:
+    """What a user writes who names only the model, the data and the estimator, at the benchmark's
+    shape (its prompts per iteration and lengths) and algorithm (GAE, the KL in the reward):
+    device, ranks, dtypes, packing, token budgets, compile and the engine's settings are the
+    config's defaults (``ppoflow.infra.config.defaults``)."""
+    return {
+        "model": {"path": model_dir},
+        "data": {"train_files": [data_url], "train_batch_size": args.prompts},
+        "rollout": {"prompt_length": args.prompt_len, "response_length": args.response_len},
+        "algorithm": {"adv_estimator": "gae", "use_kl_in_reward": True},
+        "storage": {"root": root, "experiment": "bench"},
+    }
+
+
 def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
+    if getattr(args, "minimal", False):
+        return minimal_config(args, model_dir, data_url, root)
     cuda = args.device == "cuda"
     mini = args.mini_batch or max(1, args.prompts // 4)
     bf16 = (getattr(args, "trainer_dtype", None) or ("bf16" if cuda else "fp32")) == "bf16"
@@ -402,6 +425,13 @@ def with_lora(config: dict, args) -> dict:
     return config
 
 
+def batching(args) -> str:
+    """How the run's micro-batches were formed, for the table's head."""
+    if getattr(args, "minimal", False):
+        return "minimal config (model, data, estimator; the rest the defaults)"
+    return "packed micro-batches (dynamic bsz)" if args.dynamic_bsz else "padded micro-batches"
+
+
 def mean(rows: list[dict], key: str) -> float:
     vals = [r[key] for r in rows if key in r]
     return sum(vals) / len(vals) if vals else float("nan")
@@ -455,7 +485,7 @@ def report(
         f"ppoflow iteration benchmark: {args.preset} (N={n_params / 1e6:.1f}M), {args.ranks} rank(s) on "
         f"{args.device}, engine {engine}, {args.prompts} prompts x {args.n}, prompt {args.prompt_len}, "
         f"response {args.response_len} (mean {mean(rows, 'response_length/mean'):.1f}), "
-        f"{'packed micro-batches (dynamic bsz)' if args.dynamic_bsz else 'padded micro-batches'}; "
+        f"{batching(args)}; "
         f"checkpoints {'sync' if args.sync_checkpoints else 'async'}, snapshot every "
         f"{args.snapshot_every or 'default'}, overlap {args.overlap}, "
         f"{'deterministic' if args.deterministic else 'default'} kernels; "
@@ -574,7 +604,7 @@ def run_once(args, work: str) -> tuple[str, dict, list[dict]]:
     from gpu_report import DeviceMemorySampler
 
     sampler = DeviceMemorySampler().start() if args.device == "cuda" else None
-    t0 = time.perf_counter()
+    t0, start_unix = time.perf_counter(), time.time()
     try:
         ppo(cfg, iterations=max(0, 1 + args.iters - done))
     finally:
@@ -594,6 +624,7 @@ def run_once(args, work: str) -> tuple[str, dict, list[dict]]:
 
     extra = [*generation_lines(rows), *(sampler.lines() if sampler else []), *mismatch_lines(rows)]
     text, run = report(args, rows[1:], n_params, extra, before=rows[0])
+    run["run_start_unix_s"] = start_unix if not done else None
     run["checkpoint_bytes_actor"] = mean(rows, "perf/checkpoint_bytes_actor")
     run["checkpoint_bytes_critic"] = mean(rows, "perf/checkpoint_bytes_critic")
     for key in (
@@ -636,6 +667,36 @@ def lora_table(full: dict, lora: dict, args) -> str:
     return "\n".join(lines)
 
 
+def commit_times(run: dict, rows: list[dict]) -> dict:
+    """Seconds between commits over the whole run (the first iteration's from the flow run's
+    start, the last one's snapshot included): mean, median, and the warm iterations' mean."""
+    import statistics
+
+    stamps = [run["run_start_unix_s"]] + [r["time/committed_unix_s"] for r in rows]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {
+        "whole_run_mean_s": sum(gaps) / len(gaps),
+        "median_s": statistics.median(gaps),
+        "warm_mean_s": sum(gaps[1:]) / max(1, len(gaps) - 1),
+        "per_iteration_s": [round(g, 2) for g in gaps],
+    }
+
+
+def minimal_table(tuned: dict, minimal: dict) -> str:
+    """The tuned and the minimal config side by side, and the minimal one's time over the tuned's."""
+    lines = [f"{'seconds between commits':<44}{'tuned':>10}{'minimal':>10}{'ratio':>8}"]
+    for name, key in (
+        ("whole run, mean (first and last included)", "whole_run_mean_s"),
+        ("whole run, median", "median_s"),
+        ("warm iterations (2..), mean", "warm_mean_s"),
+    ):
+        a, b = tuned[key], minimal[key]
+        lines.append(f"{name:<44}{a:>10.2f}{b:>10.2f}{b / a:>8.3f}")
+    lines.append(f"per iteration, tuned:   {tuned['per_iteration_s']}")
+    lines.append(f"per iteration, minimal: {minimal['per_iteration_s']}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -653,6 +714,18 @@ def main(argv=None) -> None:
 
         text, run = compare_runs(args, work, run_once)
         rows = []
+    elif args.minimal_compare:
+        tuned_args = argparse.Namespace(**{**vars(args), "minimal": False})
+        tuned_text, tuned_run, tuned_rows = run_once(tuned_args, os.path.join(work, "tuned"))
+        print(tuned_text, flush=True)
+        min_args = argparse.Namespace(**{**vars(args), "minimal": True})
+        text, run, rows = run_once(min_args, os.path.join(work, "minimal"))
+        print(text)
+        times = commit_times(tuned_run, tuned_rows), commit_times(run, rows)
+        table = minimal_table(*times)
+        print("\n" + table)
+        run = {"tuned": {**tuned_run, **times[0]}, "minimal": {**run, **times[1]}}
+        text = tuned_text + "\n\n" + text + "\n\n" + table
     elif args.lora_compare:
         if not args.lora_rank:
             raise SystemExit("--lora-compare needs --lora-rank R")
