@@ -9,7 +9,8 @@ silently ignored setting. Workers receive ``config.model_dump(mode="json")`` and
 
 The sections live by subject: ``models`` (policy, reference, critic, reward), ``iteration``
 (rollout, algorithm, data), ``multiturn`` (the rollout's episodes), ``evaluation`` (held-out
-evaluation), ``asynchronous`` (the rollout queue of asynchronous training), ``system`` (storage, checkpoints, resources), ``experiment`` (the whole tree and the
+evaluation), ``asynchronous`` (the rollout queue of asynchronous training), ``system`` (storage,
+checkpoints, resources), ``tracking`` (Weights & Biases), ``experiment`` (the whole tree and the
 checks that span sections); ``names`` holds their shared pieces (the section base, dtypes, names
 checked against the registries), ``recipes`` the named recipes (PPO, GRPO, ...), ``loading``
 YAML in and out and its errors.
@@ -42,6 +43,7 @@ from ppoflow.infra.config.models import (
 from ppoflow.infra.config.multiturn import MultiTurnConfig
 from ppoflow.infra.config.names import Dtype
 from ppoflow.infra.config.system import CheckpointConfig, RendezvousConfig, ResourcesConfig, StorageConfig
+from ppoflow.infra.config.tracking import TrackingConfig, WandbConfig
 
 __all__ = [
     "ExperimentConfig",
@@ -67,6 +69,8 @@ __all__ = [
     "RendezvousConfig",
     "CheckpointConfig",
     "ResourcesConfig",
+    "TrackingConfig",
+    "WandbConfig",
     "Dtype",
     "ConfigError",
     "format_validation_error",

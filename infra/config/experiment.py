@@ -17,6 +17,7 @@ from ppoflow.infra.config.models import ActorConfig, CriticConfig, ModelConfig, 
 from ppoflow.infra.config.names import RecipeName, Section
 from ppoflow.infra.config.recipes import apply_recipe
 from ppoflow.infra.config.system import CheckpointConfig, ResourcesConfig, StorageConfig
+from ppoflow.infra.config.tracking import TrackingConfig
 from ppoflow.infra.rollout_engines import engine_spec
 
 __all__ = ["ExperimentConfig"]
@@ -45,6 +46,7 @@ class ExperimentConfig(Section):
         description="training that does not wait for generation: a staleness-bounded queue of "
         "rollouts on storage between a producer flow and the trainer (docs/async.md)",
     )
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     seed: int = 0
 
     @model_validator(mode="before")
