@@ -54,10 +54,11 @@ class RolloutTestWorker(Worker):
                     "calculate_log_probs": c.get("calculate_log_probs", True),
                     "multi_turn": c.get("multi_turn", {}),
                 },
-                "actor": {
+                "actor": {  # padded micro-batches: init_model builds a plain (not varlen) module
                     "optim": {"lr": c.get("lr", 0.05), "weight_decay": 0.0},
                     "ppo_mini_batch_size": 16,
                     "log_prob_micro_batch_size_per_gpu": 64,
+                    "use_dynamic_bsz": False,
                 },
             }
         )
