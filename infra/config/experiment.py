@@ -17,6 +17,7 @@ from ppoflow.infra.config.models import ActorConfig, CriticConfig, ModelConfig, 
 from ppoflow.infra.config.names import RecipeName, Section
 from ppoflow.infra.config.recipes import apply_recipe
 from ppoflow.infra.config.system import CheckpointConfig, ResourcesConfig, StorageConfig
+from ppoflow.infra.config.teacher import TeacherConfig, check_teacher, resolve_teacher
 from ppoflow.infra.config.tracking import TrackingConfig
 from ppoflow.infra.rollout_engines import engine_spec
 
@@ -27,7 +28,8 @@ class ExperimentConfig(Section):
     recipe: RecipeName | None = Field(
         None,
         description="a named recipe (ppo, grpo, grpo_token_mean, dr_grpo, dapo, gspo, cispo, rloo, "
-        "reinforce_plus_plus) whose settings fill in what the config does not set (docs/algorithms.md)",
+        "reinforce_plus_plus, distill, distill+rl) whose settings fill in what the config does not set "
+        "(docs/algorithms.md)",
     )
     model: ModelConfig
     data: DataConfig
@@ -36,6 +38,11 @@ class ExperimentConfig(Section):
     ref: RefConfig = Field(default_factory=RefConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    teacher: TeacherConfig | None = Field(
+        None,
+        description="a frozen model the policy is distilled toward, on the actor group's ranks "
+        "(docs/distillation.md); null: none",
+    )
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
@@ -101,10 +108,13 @@ class ExperimentConfig(Section):
                 f"critic.ppo_mini_batch_size={self.critic.ppo_mini_batch_size}"
             )
         reward = self.reward
-        if not (reward.rule or reward.reward_model.enable or reward.custom_function or reward.remote):
+        # a teacher is a source; the distill estimator's reward is one (_check_teacher asks for it)
+        teacher = self.teacher is not None or self.algorithm.adv_estimator == "distill"
+        sources = (reward.rule, reward.reward_model.enable, reward.custom_function, reward.remote, teacher)
+        if not any(sources):
             raise ValueError(
                 "no reward source: enable reward.rule, reward.custom_function, reward.remote or "
-                "reward.reward_model"
+                "reward.reward_model, or distill from a teacher"
             )
         if self.reward.reward_model.enable and self.reward.reward_model.model is None:
             raise ValueError("reward.reward_model.enable=true needs reward.reward_model.model.path")
@@ -144,6 +154,13 @@ class ExperimentConfig(Section):
             policy_loss=self.actor.policy_loss,
             response_length=r.response_length,
         )
+        return self
+
+    @model_validator(mode="after")
+    def _check_teacher(self) -> ExperimentConfig:
+        """The teacher's null settings resolved, and the teacher against what reads it."""
+        resolve_teacher(self)
+        check_teacher(self)
         return self
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from ppoflow.infra.config.names import (
     KLPenaltyKind,
     Section,
 )
+from ppoflow.infra.config.teacher import DistillConfig
 from ppoflow.infra.rollout_engines import engine_spec
 
 __all__ = ["RolloutConfig", "KLControlConfig", "DynamicSamplingConfig", "AlgorithmConfig", "DataConfig"]
@@ -171,6 +172,10 @@ class AlgorithmConfig(Section):
     kl_penalty: KLPenaltyKind = "kl"
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    distill: DistillConfig = Field(
+        default_factory=DistillConfig,
+        description="the distill estimator's per-token reward from the teacher (docs/distillation.md)",
+    )
     filter_overlong_responses: bool = Field(
         False,
         description="DAPO's overlong filtering: responses cut at rollout.response_length get no "

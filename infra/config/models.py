@@ -170,6 +170,17 @@ class ActorConfig(Section):
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: KLPenaltyKind = "low_var_kl"
+    teacher_kl_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="on-policy distillation as a loss term: + this x KL(policy || teacher) per token, "
+        "aggregated as the policy loss (needs a teacher; 0 = off; docs/distillation.md)",
+    )
+    teacher_kl_type: KLPenaltyKind = Field(
+        "k2",
+        description="the teacher term's estimator: k2 (= mse), whose gradient on the policy's own "
+        "samples is the reverse KL's; k3 (low_var_kl) gives the forward KL's, k1 (kl) none",
+    )
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
     logprob_head: Literal["checkpoint", "fused"] | None = Field(
         None,

@@ -1,4 +1,5 @@
-"""Named recipes: the settings that make PPO, GRPO, Dr. GRPO, DAPO, GSPO, CISPO, RLOO, REINFORCE++.
+"""Named recipes: the settings that make PPO, GRPO, Dr. GRPO, DAPO, GSPO, CISPO, RLOO, REINFORCE++,
+and on-policy distillation from a teacher (alone or beside GRPO).
 
 A config's top-level ``recipe: <name>`` fills these settings in *under* the config: every key the
 config sets itself wins. The recipe's name stays in the config (and so in the manifest's copy);
@@ -78,6 +79,25 @@ RECIPES: dict[str, dict[str, Any]] = {
     "reinforce_plus_plus": {
         "algorithm": {"adv_estimator": "reinforce_plus_plus", "use_kl_in_reward": True},
         "critic": {"enable": False},
+    },
+    # on-policy distillation (Agarwal et al., 2024; Thinking Machines, 2025): the teacher's per-token
+    # reverse KL as the reward, each token's own (gamma 0), no task reward, no critic, no reference
+    "distill": {
+        "algorithm": {"adv_estimator": "distill", "use_kl_in_reward": False},
+        "critic": {"enable": False},
+        "actor": {"loss_agg_mode": "token-mean", "use_kl_loss": False},
+        "reward": {"rule": False},
+    },
+    # the task's reward with GRPO, and the teacher's reverse KL as a loss term (k2: the reverse
+    # KL's gradient) in the reference's place; coefficient 1: a token's teacher gradient as in distill
+    "distill+rl": {
+        **_GROUP,
+        "actor": {
+            "loss_agg_mode": "seq-mean-token-mean",
+            "use_kl_loss": False,
+            "teacher_kl_coef": 1.0,
+            "teacher_kl_type": "k2",
+        },
     },
 }
 
