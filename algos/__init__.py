@@ -3,10 +3,10 @@
 masked.py         masked_sum / masked_mean / masked_var / masked_whiten
 logits.py         entropy_from_logits, logprobs_from_logits
 losses.py         agg_loss, compute_policy_loss, compute_value_loss, compute_entropy_loss
-advantages.py     GAE, GRPO, RLOO, REINFORCE++ (+ baseline), the ADV_ESTIMATORS registry
+advantages.py     GAE, GRPO, RLOO, REINFORCE++ (+ baseline), distill, the ADV_ESTIMATORS registry
 policy_losses.py  vanilla / GSPO / GSPO-token / CISPO, the POLICY_LOSSES registry
 shaping.py        DAPO's overlong penalty, truncated rows, informative groups (dynamic sampling)
-kl.py             kl_penalty, Fixed/AdaptiveKLController, apply_kl_penalty
+kl.py             kl_penalty, Fixed/AdaptiveKLController, apply_kl_penalty, teacher_rewards
 mismatch.py       how far the rollout engine's policy is from the trainer's (k1/k3 KL, token_mult_prob_error, ...)
 correction.py     truncated importance sampling (TIS) and rejection (MIS) between the two
 """
@@ -14,6 +14,7 @@ correction.py     truncated importance sampling (TIS) and rejection (MIS) betwee
 from ppoflow.algos.advantages import (
     ADV_ESTIMATORS,
     compute_advantage,
+    compute_distill_advantage,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
     compute_reinforce_plus_plus_advantage,
@@ -39,6 +40,7 @@ from ppoflow.algos.kl import (
     apply_kl_penalty,
     get_kl_controller,
     kl_penalty,
+    teacher_rewards,
 )
 from ppoflow.algos.logits import entropy_from_logits, logprobs_from_logits
 from ppoflow.algos.losses import (
@@ -87,6 +89,7 @@ __all__ = [
     "agg_loss",
     "apply_kl_penalty",
     "compute_advantage",
+    "compute_distill_advantage",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
@@ -108,4 +111,5 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "register_adv_estimator",
+    "teacher_rewards",
 ]

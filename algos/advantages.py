@@ -13,6 +13,9 @@ Outcome estimators (``grpo``, ``rloo``, ``reinforce_plus_plus_baseline``) reduce
 one score, the sum of its token-level rewards, compare it with the other responses to the same
 prompt (same entry of ``index``), and broadcast the result over the response tokens.
 
+``distill`` (on-policy distillation) takes per-token rewards from a teacher and returns their
+discounted return, with no baseline.
+
 Add an estimator with ``@register_adv_estimator("name")``; :func:`compute_advantage` passes it the
 keyword arguments its signature names.
 """
@@ -40,6 +43,7 @@ __all__ = [
     "compute_rloo_outcome_advantage",
     "compute_reinforce_plus_plus_advantage",
     "compute_reinforce_plus_plus_baseline_advantage",
+    "compute_distill_advantage",
 ]
 
 AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -365,3 +369,28 @@ def compute_reinforce_plus_plus_baseline_advantage(
         baseline = torch.where(counts < 2, 0.0, means)
         advantages = masked_whiten(_broadcast(scores - baseline, response_mask), response_mask)
     return advantages, advantages
+
+
+@register_adv_estimator("distill")
+def compute_distill_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """On-policy distillation: each token's discounted return of per-token rewards, no baseline.
+
+    With the teacher's rewards ``r_t = coef * (log pi_teacher(y_t) - log pi(y_t))``
+    (:func:`ppoflow.algos.teacher_rewards`), ``A_t = r_t + gamma * A_next`` over valid positions
+    (masked positions skipped); ``gamma`` 0 gives ``A_t = r_t``, whose policy gradient on the
+    policy's own samples is minus the per-token reverse KL's. Neither centred nor whitened: the
+    advantage keeps the KL's scale and sign.
+
+    Args:
+        token_level_rewards: (B, T).
+        response_mask: (B, T).
+        gamma: discount (``algorithm.distill.gamma``).
+
+    Returns:
+        ``(advantages, returns)``, each (B, T), equal, 0 where the mask is 0.
+    """
+    with torch.no_grad():
+        returns = _discounted_backward(token_level_rewards, response_mask, gamma)
+    return returns, returns

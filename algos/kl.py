@@ -25,6 +25,7 @@ __all__ = [
     "AdaptiveKLController",
     "get_kl_controller",
     "apply_kl_penalty",
+    "teacher_rewards",
 ]
 
 KL_PENALTY_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -158,3 +159,21 @@ def apply_kl_penalty(
     kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
     metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
     return token_level_rewards, metrics
+
+
+def teacher_rewards(
+    log_prob: torch.Tensor, teacher_log_prob: torch.Tensor, response_mask: torch.Tensor, coef: float
+) -> torch.Tensor:
+    """On-policy distillation's per-token reward: ``coef * (log pi_teacher(y_t) - log pi(y_t))``,
+    minus ``coef`` times the ``k1`` estimate of KL(pi || pi_teacher) at each sampled token.
+
+    Args:
+        log_prob: (B, T) log-probs of the sampled tokens under the policy that sampled them.
+        teacher_log_prob: (B, T) log-probs of the same tokens under the teacher.
+        response_mask: (B, T).
+        coef: the reward's scale (``algorithm.distill.coef``).
+
+    Returns:
+        (B, T) rewards, 0 where the mask is 0.
+    """
+    return torch.where(response_mask != 0, -coef * kl_penalty(log_prob, teacher_log_prob, "k1"), 0.0)

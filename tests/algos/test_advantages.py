@@ -330,3 +330,38 @@ def test_register_custom_estimator():
             register_adv_estimator("test_constant")(lambda **kw: None)
     finally:
         ADV_ESTIMATORS.pop("test_constant", None)
+
+
+# ---------------------------------------------------------------- on-policy distillation
+
+
+def test_distill_advantage_is_each_tokens_discounted_teacher_reward():
+    """``r_t = coef * (log pi_teacher - log pi)``, written out by hand for one row with a hole,
+    then its return to go for gamma 0 (the token itself) and 0.5, skipping the hole; no baseline."""
+    from ppoflow.algos import teacher_rewards
+
+    student = torch.tensor([[-1.0, -2.0, -0.5, -3.0, 0.0]], dtype=F64)
+    teacher = torch.tensor([[-0.5, -4.0, -9.0, -1.0, -7.0]], dtype=F64)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0, 0.0]], dtype=F64)  # a hole at 2, padding at 4
+    rewards = teacher_rewards(student, teacher, mask, coef=2.0)
+    close(rewards, [[1.0, -4.0, 0.0, 4.0, 0.0]])  # 2 x (t - s) where the mask is 1
+    for gamma, want in (
+        (0.0, [1.0, -4.0, 0.0, 4.0, 0.0]),
+        (0.5, [1.0 - 2.0 + 1.0, -4.0 + 2.0, 0.0, 4.0, 0.0]),
+    ):
+        adv, ret = compute_advantage("distill", token_level_rewards=rewards, response_mask=mask, gamma=gamma)
+        close(adv, [want])
+        close(ret, [want])
+    # a batch: the same as a plain loop, whatever the other rows hold (nothing is centred)
+    gen = torch.Generator().manual_seed(3)
+    r, m = randn(gen, 3, 6), random_mask(gen, 3, 6)
+    adv, _ = compute_advantage("distill", token_level_rewards=r, response_mask=m, gamma=0.9)
+    want = []
+    for rr, mr in zip(rows(r), rows(m)):
+        g, row = 0.0, [0.0] * len(rr)
+        for t in reversed(range(len(rr))):
+            if mr[t]:
+                g = rr[t] + 0.9 * g
+                row[t] = g
+        want.append(row)
+    close(adv, want)

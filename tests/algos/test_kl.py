@@ -130,3 +130,39 @@ def test_apply_kl_penalty_matches_reference(kind, adaptive):
         assert ctrl.value == pytest.approx(0.1 * (1.0 + err * batch / 100), rel=1e-12)
     else:
         assert ctrl.value == 0.1
+
+
+def test_which_estimator_as_a_loss_has_the_reverse_kls_gradient():
+    """Why the teacher's loss term defaults to k2: on the policy's own samples, the expected
+    gradient of k2(log pi(y) - log t(y)) is the gradient of KL(pi || t), k3's is that of KL(t || pi),
+    k1's is zero; and the distill estimator's advantage (teacher_rewards, detached) in the policy
+    gradient gives -coef x the reverse KL's. Exact expectations over a categorical's 5 outcomes,
+    against autograd of the closed-form KLs."""
+    from ppoflow.algos import teacher_rewards
+
+    gen = torch.Generator().manual_seed(0)
+    # mild distributions: k3's clamp at 10 (a teacher 30x likelier than pi, say) has no gradient
+    logits = (0.5 * torch.randn(5, generator=gen, dtype=F64)).requires_grad_()
+    log_t = torch.log_softmax(0.5 * torch.randn(5, generator=gen, dtype=F64), -1)
+
+    def grad(f):
+        (g,) = torch.autograd.grad(f(), logits)
+        return g
+
+    def expected(per_token):  # E_{y~pi}[d/dlogits per_token(y)], pi held fixed in the expectation
+        def f():
+            log_p = torch.log_softmax(logits, -1)
+            return (log_p.exp().detach() * per_token(log_p)).sum()
+
+        return grad(f)
+
+    reverse = grad(
+        lambda: (torch.log_softmax(logits, -1).exp() * (torch.log_softmax(logits, -1) - log_t)).sum()
+    )
+    forward = grad(lambda: (log_t.exp() * (log_t - torch.log_softmax(logits, -1))).sum())
+    close(expected(lambda lp: kl_penalty(lp, log_t, "k2")), reverse)
+    close(expected(lambda lp: kl_penalty(lp, log_t, "k3")), forward)
+    close(expected(lambda lp: kl_penalty(lp, log_t, "k1")), torch.zeros(5, dtype=F64))
+    mask = torch.ones(5, dtype=F64)
+    adv = teacher_rewards(torch.log_softmax(logits, -1).detach(), log_t, mask, coef=0.5)
+    close(expected(lambda lp: -adv * lp), 0.5 * reverse)
