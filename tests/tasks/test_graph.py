@@ -131,3 +131,26 @@ def test_the_docs_show_the_tables_picture():
     for page in ("README.md", os.path.join("docs", "internals.md")):
         with open(os.path.join(ROOT, page)) as f:
             assert text in f.read(), f"{page} does not show ppoflow.tasks.graph.picture(); paste it"
+
+
+@pytest.mark.parametrize(
+    "over, role",
+    [
+        ({"recipe": "ppo", "algorithm.use_kl_in_reward": True}, "actor_rollout_ref"),
+        ({"recipe": "dr_grpo"}, "actor_rollout"),  # no KL term: no frozen copy of the model
+        ({"algorithm.adv_estimator": "grpo"}, "actor_rollout"),  # a veRL user's GRPO: no critic, no ref
+        ({"recipe": "grpo"}, "actor_rollout_ref"),  # KL as a loss
+        ({"recipe": "grpo", "asynchronous.enable": True}, "actor_ref"),  # the producer samples
+        ({"recipe": "dr_grpo", "asynchronous.enable": True}, "actor"),
+        (
+            {"recipe": "dr_grpo", "asynchronous.enable": True, "data.val_files": ["v.parquet"]},
+            "actor_rollout",
+        ),
+    ],
+)
+def test_the_actor_group_builds_an_engine_and_a_reference_only_where_a_step_uses_them(over, role):
+    from ppoflow.tasks.graph import actor_group_role
+
+    cfg = _config(over)
+    assert actor_group_role(cfg) == role
+    assert cfg.critic.enable is (cfg.algorithm.adv_estimator == "gae")  # the critic follows the estimator
