@@ -145,14 +145,18 @@ class CheckpointConfig(Section):
     )
 
 
-def visible_gpus() -> int:
+#: Where NVIDIA's driver lists the host's GPUs, one directory each.
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def visible_gpus(driver_list: str = NVIDIA_GPUS) -> int:
     """The GPUs a process started here would see, without initialising CUDA (a config is read in
-    processes that must not): NVIDIA's driver lists one directory per GPU under
-    ``/proc/driver/nvidia/gpus``, and ``CUDA_VISIBLE_DEVICES`` keeps the entries before its first
-    invalid one (``-1`` hides them all), as CUDA does; where the driver's list is missing and torch is
-    already imported, ``torch.cuda.device_count()``."""
+    processes that must not): NVIDIA's driver lists one directory per GPU under ``driver_list``,
+    and ``CUDA_VISIBLE_DEVICES`` keeps the entries before its first invalid one (``-1`` hides them
+    all), as CUDA does; where the driver's list is missing and torch is already imported,
+    ``torch.cuda.device_count()``."""
     try:
-        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+        count = len(os.listdir(driver_list))
     except OSError:
         torch = sys.modules.get("torch")
         count = int(torch.cuda.device_count()) if torch is not None else 0
