@@ -190,6 +190,11 @@ class DataParallelPPOActor(MiniBatchTrainer):
             kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.item()
+        if cfg.teacher_kl_coef > 0:  # on-policy distillation as a loss term: KL(policy || teacher)
+            kld = kl_penalty(log_prob, mb["teacher_log_prob"], cfg.teacher_kl_type)
+            teacher_loss = agg_loss(kld, mask, cfg.loss_agg_mode)
+            loss = loss + cfg.teacher_kl_coef * teacher_loss
+            metrics["actor/teacher_kl_loss"] = teacher_loss.item()
         return loss, metrics
 
     def _contributing(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> float:
@@ -198,7 +203,7 @@ class DataParallelPPOActor(MiniBatchTrainer):
         otherwise every masked-in token (with ``kept`` the rejected ones are already out of it)."""
         mask = response_mask_of(batch)[rows] != 0
         cfg = self.config
-        if RS_MASK in batch and cfg.entropy_coeff == 0 and not cfg.use_kl_loss:
+        if RS_MASK in batch and cfg.entropy_coeff == 0 and not cfg.use_kl_loss and not cfg.teacher_kl_coef:
             mask = mask & (batch[RS_MASK][rows] != 0)
         return float(mask.sum())
 
@@ -208,7 +213,8 @@ class DataParallelPPOActor(MiniBatchTrainer):
 
         Args:
             data: DataProto with the model inputs, ``old_log_probs``, ``advantages`` (B, R),
-                ``response_mask`` (optional) and ``ref_log_prob`` (with ``use_kl_loss``); from the
+                ``response_mask`` (optional), ``ref_log_prob`` (with ``use_kl_loss``) and
+                ``teacher_log_prob`` (with ``teacher_kl_coef``); from the
                 rollout correction (``ppoflow.algos.correction``), optionally ``rollout_is_weights``
                 (B, R) (each token's policy loss is multiplied by its weight before aggregation)
                 and ``rollout_rs_mask`` (B, R) (the tokens it rejected weigh 0 in the policy loss
@@ -222,7 +228,8 @@ class DataParallelPPOActor(MiniBatchTrainer):
             ``actor/entropy`` and the policy loss's metrics (``actor/pg_clipfrac``,
             ``actor/pg_clipfrac_low``, ``actor/pg_clipfrac_high``, ``actor/ppo_kl``; ``vanilla``:
             ``actor/pg_clipfrac_lower`` (dual clip); ``gspo*``: ``actor/seq_ratio/mean|min|max``),
-            ``actor/kl_loss`` (with ``use_kl_loss``), ``actor/grad_norm``, ``actor/lr`` (the LR of
+            ``actor/kl_loss`` (with ``use_kl_loss``), ``actor/teacher_kl_loss`` (with
+            ``teacher_kl_coef``), ``actor/grad_norm``, ``actor/lr`` (the LR of
             the last step), ``actor/skipped_steps`` (a sum), ``actor/optimizer_steps`` and
             ``actor/micro_batches`` (per optimizer step, the same on every rank).
         """
@@ -234,5 +241,6 @@ class DataParallelPPOActor(MiniBatchTrainer):
         carried = ("response_mask", IS_WEIGHTS) + ((RS_MASK,) if self.rejected == "all" else ())
         keys += [k for k in carried if k in data.batch]
         keys += ["ref_log_prob"] if self.config.use_kl_loss else []
+        keys += ["teacher_log_prob"] if self.config.teacher_kl_coef > 0 else []
         temperature = self._temperature(data)
         return self._update(data, keys, "update_policy", lambda mb: self._micro_losses(mb, temperature))

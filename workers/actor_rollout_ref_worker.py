@@ -9,6 +9,7 @@ with role one of
     actor               trained actor only
     rollout             rollout engine + an FSDP copy of the policy (no optimizer) for old log-probs
     ref                 frozen reference only
+    <role>+teacher      a role with the actor, and a frozen teacher (``ppoflow.workers.teacher``)
 
 Driver-callable methods (see ``ppoflow.infra.remote.driver.group.WorkerGroup.call``):
 
@@ -17,6 +18,7 @@ Driver-callable methods (see ``ppoflow.infra.remote.driver.group.WorkerGroup.cal
     generate_responses(prompts)               DP_COMPUTE_PROTO -> rollout only (evaluation)
     compute_log_prob(data, calculate_entropy) DP_COMPUTE_PROTO -> "old_log_probs" (+ "entropys")
     compute_ref_log_prob(data)                DP_COMPUTE_PROTO -> "ref_log_prob"
+    compute_teacher_log_prob(data)            DP_COMPUTE_PROTO -> "teacher_log_prob"
     update_actor(data)                        DP_COMPUTE_PROTO -> metrics dict (same on every rank)
     save_checkpoint(url, extra=None, background=False, weights_only=False, dtype=None)
                                               ONE_TO_ALL   -> per-rank timings (background: once staged)
@@ -66,6 +68,7 @@ from ppoflow.workers.modeling import PolicyLM
 from ppoflow.workers.optim import build_optimizer, optimizer_kernel, optimizer_state_on
 from ppoflow.workers.rollout.episodes import EPISODE_METRIC_RULES
 from ppoflow.workers.sequence_parallel import SequenceParallel
+from ppoflow.workers.teacher import TeacherMethods, split_teacher_role
 from ppoflow.workers.worker_setup import parse_worker_config
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
@@ -73,10 +76,11 @@ __all__ = ["ActorRolloutRefWorker", "ROLES"]
 ROLES = ("actor_rollout_ref", "actor_rollout", "actor_ref", "actor", "rollout", "ref")
 
 
-class ActorRolloutRefWorker(CheckpointMethods, Worker):
+class ActorRolloutRefWorker(CheckpointMethods, TeacherMethods, Worker):
     """Actor (FSDP policy + AdamW), rollout engine and reference policy on the ranks of one group."""
 
     def __init__(self, config: dict[str, Any]):
+        config, self.with_teacher = split_teacher_role(config)
         super().__init__(config)
         self.cfg, self.role = parse_worker_config(config, ROLES, "actor_rollout_ref")
         self.is_actor = self.role in ("actor_rollout_ref", "actor_rollout", "actor_ref", "actor")
@@ -101,26 +105,27 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
         return self._meshes[size]
 
     def _build_policy(
-        self, fsdp_cfg: FSDPConfig, trainable: bool, packed: bool, adapters: bool = True
+        self, fsdp_cfg: FSDPConfig, trainable: bool, packed: bool, adapters: bool = True, model: Any = None
     ) -> tuple[PolicyLM, dict[str, Any]]:
-        """The base model as a sharded ``PolicyLM`` (rank 0 reads the weights, the others get shards);
-        ``packed``: with the attention packed forwards need; ``adapters``: with ``actor.lora``'s
-        adapters when it is on (the base frozen)."""
+        """The base model (or ``model``, a model section) as a sharded ``PolicyLM`` (rank 0 reads the
+        weights, the others get shards); ``packed``: with the attention packed forwards need;
+        ``adapters``: with ``actor.lora``'s adapters when it is on (the base frozen)."""
         mesh = self._mesh(fsdp_cfg)
-        ckpt = trainable and self.cfg.model.enable_gradient_checkpointing
+        model = model or self.cfg.model
+        ckpt = trainable and model.enable_gradient_checkpointing
         actor = self.cfg.actor
         wrap = with_adapters(
             functools.partial(
                 PolicyLM,
                 chunk_size=actor.logprob_chunk_size,
                 head_impl=actor.logprob_head or "checkpoint",
-                compiled_head=bool(self.cfg.model.use_torch_compile),
+                compiled_head=bool(model.use_torch_compile),
                 sequence_parallel=self.sp,
             ),
             actor.lora if adapters else None,
         )
         module = build_fsdp_model(
-            self.cfg.model,
+            model,
             "causal_lm",
             wrap,
             mesh,
@@ -197,23 +202,17 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
         """Build what the role needs: the actor (FSDP module, AdamW, LR schedule), the rollout
-        engine, the frozen reference. Returns a JSON summary of this rank's layout. Every rank's
+        engine, the frozen reference and teacher. Returns a JSON summary of this rank's layout. Every rank's
         torch, Python and numpy RNGs are seeded first (they go into checkpoints)."""
         t0 = time.perf_counter()
         cfg = self.cfg
         seed_rngs(cfg.seed)
         info: dict[str, Any] = {"rank": self.rank, "role": self.role}
         self._set_layout()
-        common: dict[str, Any] = dict(
-            rollout_n=cfg.rollout.n,
-            dp_size=self.dp_size,
-            device=self.device,
-            default_temperature=cfg.rollout.temperature,
-            seed=cfg.seed,
-        )
-        ref_packed = cfg.actor.use_dynamic_bsz
-        if cfg.ref.log_prob_use_dynamic_bsz is not None:
-            ref_packed = cfg.ref.log_prob_use_dynamic_bsz
+        common: dict[str, Any] = dict(rollout_n=cfg.rollout.n, dp_size=self.dp_size, device=self.device)
+        common.update(default_temperature=cfg.rollout.temperature, seed=cfg.seed)
+        ref_packed = cfg.ref.log_prob_use_dynamic_bsz
+        ref_packed = cfg.actor.use_dynamic_bsz if ref_packed is None else ref_packed
         if self.is_actor or self.is_rollout:
             module, info["actor"] = self._build_policy(
                 cfg.actor.fsdp, trainable=self.is_actor, packed=cfg.actor.use_dynamic_bsz
@@ -245,6 +244,7 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
                 log_prob_max_token_len=cfg.ref.log_prob_max_token_len_per_gpu,
                 log_prob_section="ref",
             )
+        self._build_teacher(info, common)
         if self.is_rollout:
             with preserved_rngs():  # the engine reseeds them: a group with one starts as one without
                 info["rollout"] = self._build_rollout()
@@ -334,12 +334,12 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:
         """``old_log_probs`` (B, R) (+ ``entropys`` (B, R)) of ``responses`` under the actor."""
-        log_probs, entropy = self._need("actor").compute_log_prob(data, calculate_entropy=calculate_entropy)
+        actor = self._need("actor")
+        log_probs, entropy = actor.compute_log_prob(data, calculate_entropy=calculate_entropy)
         tensors = {"old_log_probs": log_probs}
         if entropy is not None:
             tensors["entropys"] = entropy
-        assert self.actor is not None  # _need("actor") above
-        return DataProto.from_dict(tensors, meta_info={"temperature": self.actor._temperature(data)})
+        return DataProto.from_dict(tensors, meta_info={"temperature": actor._temperature(data)})
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -395,6 +395,6 @@ class ActorRolloutRefWorker(CheckpointMethods, Worker):
             self.sharding_manager.close()  # a LoRA manager's adapter directories
         if self.rollout is not None and hasattr(self.rollout, "shutdown"):
             self.rollout.shutdown()
-        self.rollout = self.sharding_manager = self.actor = self.ref = None
+        self.rollout = self.sharding_manager = self.actor = self.ref = self.teacher = None
         self._meshes.clear()
         gc.collect()
