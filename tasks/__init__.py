@@ -22,7 +22,7 @@ from ppoflow.tasks.graph import STEPS
 from ppoflow.tasks.preflight import preflight
 from ppoflow.tasks.produce import produce
 from ppoflow.tasks.publish import publish_policy
-from ppoflow.tasks.score import old_log_prob, ref_log_prob, rm_score, values
+from ppoflow.tasks.score import old_log_prob, ref_log_prob, rm_score, teacher_log_prob, values
 from ppoflow.tasks.update import update_actor, update_critic
 
 #: The Prefect task of every step of :data:`ppoflow.tasks.graph.STEPS`, by the step's name.
@@ -33,6 +33,7 @@ TASKS: dict[str, Any] = {
         consume,
         old_log_prob,
         ref_log_prob,
+        teacher_log_prob,
         values,
         rm_score,
         advantage,
@@ -61,6 +62,7 @@ __all__ = [
     "publish_policy",
     "ref_log_prob",
     "rm_score",
+    "teacher_log_prob",
     "update_actor",
     "update_critic",
     "values",

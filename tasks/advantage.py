@@ -10,8 +10,13 @@
    coefficient comes from the manifest of iteration n-1 and its updated value goes into the
    receipt (``AdvantageReceipt.kl_coef``), which ``commit`` stores in manifest n. Otherwise the scores.
    (KL as a loss, ``actor.use_kl_loss``, happens in ``update_actor`` with ``ref_log_prob``.)
+   With ``algorithm.adv_estimator: distill`` (on-policy distillation, docs/distillation.md) the
+   teacher's per-token reward ``coef * (teacher_log_prob - old_log_probs)`` is added
+   (``ppoflow.algos.teacher_rewards``); with a teacher the metric ``distill/reverse_kl`` is the mean
+   over response tokens of ``old_log_probs - teacher_log_prob``.
 3. ``advantages``, ``returns`` by ``algorithm.adv_estimator`` (GAE with the critic's values;
-   GRPO / RLOO group the responses of one prompt by ``uid``).
+   GRPO / RLOO group the responses of one prompt by ``uid``; ``distill`` discounts with
+   ``algorithm.distill.gamma``).
 
 DAPO's settings: ``reward.overlong_buffer`` adds the soft overlong penalty
 (``ppoflow.algos.overlong_penalty``) to the score on the last response token (step 1);
@@ -36,7 +41,9 @@ from ppoflow.algos import (
     apply_kl_penalty,
     compute_advantage,
     get_kl_controller,
+    masked_mean,
     overlong_penalty,
+    teacher_rewards,
     truncated_rows,
 )
 from ppoflow.infra.config import ExperimentConfig
@@ -111,6 +118,22 @@ def _overlong_metrics(cfg: ExperimentConfig, mask: torch.Tensor) -> dict[str, fl
     return out
 
 
+def _with_teacher(
+    cfg: ExperimentConfig, batch: DataProto, rewards: torch.Tensor, metrics: dict[str, float]
+) -> tuple[torch.Tensor, float]:
+    """The rewards and the estimator's discount, with a teacher's part: its per-token reward added
+    for the ``distill`` estimator (discounted by ``algorithm.distill.gamma``), and the student's
+    distance from it per token (``distill/reverse_kl``, the k1 estimate) into ``metrics``."""
+    if "teacher_log_prob" not in batch.batch:
+        return rewards, cfg.algorithm.gamma
+    mask, student, teacher = (batch.batch[k] for k in ("response_mask", "old_log_probs", "teacher_log_prob"))
+    metrics["distill/reverse_kl"] = float(masked_mean(student - teacher, mask)) if mask.any() else 0.0
+    if cfg.algorithm.adv_estimator != "distill":
+        return rewards, cfg.algorithm.gamma
+    distill = cfg.algorithm.distill
+    return rewards + teacher_rewards(student, teacher, mask, distill.coef), distill.gamma
+
+
 @ppo_task("advantage", AdvantageReceipt)
 def advantage(
     step: Step[AdvantageReceipt], generated: GenerateReceipt, scored: list[Receipt], kl_coef: float | None
@@ -119,7 +142,7 @@ def advantage(
 
     Args:
         generated: the ``generate`` receipt.
-        scored: the receipts of the ``ref_log_prob`` / ``values`` / ``rm_score`` tasks that ran.
+        scored: the receipts of the score steps that ran (``ref_log_prob``, ``values``, ...).
         kl_coef: the KL controller's coefficient after iteration n-1 (None: the config's).
     """
     cfg = step.cfg
@@ -129,7 +152,7 @@ def advantage(
     mask = batch.batch["response_mask"]
     scores = _token_level_scores(cfg, batch, step.ctx.inputs.tokenizer)
     metrics: dict[str, float] = {}
-    new_kl = kl_coef
+    rewards, new_kl = scores, kl_coef
     if cfg.algorithm.use_kl_in_reward:
         ctrl = kl_controller(cfg, kl_coef)
         rewards, kl_metrics = apply_kl_penalty(
@@ -142,15 +165,14 @@ def advantage(
         )
         metrics.update(kl_metrics)
         new_kl = ctrl.value
-    else:
-        rewards = scores
+    rewards, gamma = _with_teacher(cfg, batch, rewards, metrics)
     adv, ret = compute_advantage(
         cfg.algorithm.adv_estimator,
         token_level_rewards=rewards,
         response_mask=mask,
         values=batch.batch.get("values"),
         index=batch.non_tensor_batch["uid"],
-        gamma=cfg.algorithm.gamma,
+        gamma=gamma,
         lam=cfg.algorithm.lam,
         norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
     )

@@ -7,7 +7,7 @@ when it runs given the config. Everything that needs the graph derives it from h
 
     steps(cfg)                   the rows that run under ``cfg``, in order
     pending_roles(cfg, missing)  the worker groups the unfinished steps of an iteration need
-    actor_group_role(cfg)        what the actor group's worker builds (engine, reference: if a step uses it)
+    actor_group_role(cfg)        what the actor group's worker builds (engine, reference, teacher: if a step uses it)
     trained_roles(cfg)           the roles whose state an iteration updates (checkpointed roles)
     critical_path()              the stages, for ``timing_s/critical_path``
     picture()                    the graph as text (the README and docs/internals.md show it)
@@ -46,6 +46,7 @@ __all__ = [
     "critical_path",
     "picture",
     "needs_reference",
+    "has_teacher",
     "output_of",
     "actor_group_role",
 ]
@@ -56,6 +57,11 @@ Phase = Literal["rollout", "score", "update", "publish", "evaluate", "commit"]
 def needs_reference(cfg: Any) -> bool:
     """True when a KL term (in the reward or as a loss) needs the reference policy's log-probs."""
     return bool(cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss)
+
+
+def has_teacher(cfg: Any) -> bool:
+    """True when a teacher is configured (on-policy distillation): its log-probs are a step."""
+    return getattr(cfg, "teacher", None) is not None
 
 
 def _always(cfg: Any) -> bool:
@@ -149,6 +155,16 @@ STEPS: tuple[StepSpec, ...] = (
         when="with a KL term",
     ),
     StepSpec(
+        "teacher_log_prob",
+        1,
+        "score",
+        "actor",
+        reads=("generate",),
+        output="teacher_log_prob",
+        runs_if=has_teacher,
+        when="with a teacher",
+    ),
+    StepSpec(
         "values",
         1,
         "score",
@@ -174,7 +190,7 @@ STEPS: tuple[StepSpec, ...] = (
         2,
         "score",
         reads=("generate",),
-        gathers=("old_log_prob", "ref_log_prob", "values", "rm_score"),
+        gathers=("old_log_prob", "ref_log_prob", "teacher_log_prob", "values", "rm_score"),
         state=("kl_coef",),
         output="advantages",
     ),
@@ -269,14 +285,14 @@ def actor_group_role(cfg: Any) -> str:
     on it: always the trained actor; the rollout engine when ``generate`` or ``evaluate`` runs; the
     reference policy when ``ref_log_prob`` runs (a KL term: without one no frozen copy of the model
     is built). One of the worker's roles (``actor_rollout_ref``, ``actor_rollout``, ``actor_ref``,
-    ``actor``)."""
+    ``actor``), with the ``+teacher`` flag when ``teacher_log_prob`` runs (a frozen teacher too)."""
     runs = {s.name for s in steps(cfg) if s.role == "actor"}
     parts = ["actor"]
     if runs & {"generate", "evaluate"}:
         parts.append("rollout")
     if "ref_log_prob" in runs:
         parts.append("ref")
-    return "_".join(parts)
+    return "_".join(parts) + ("+teacher" if "teacher_log_prob" in runs else "")
 
 
 def critical_path() -> list[tuple[str, ...]]:

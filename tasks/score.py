@@ -1,12 +1,14 @@
-"""The independent reads of a rollout: ``old_log_prob``, ``ref_log_prob``, ``values``, ``rm_score``.
+"""The independent reads of a rollout: ``old_log_prob``, ``ref_log_prob``, ``teacher_log_prob``,
+``values``, ``rm_score``.
 
 Each runs one DP_COMPUTE_PROTO method on its worker group and writes one DataProto with the new
 column(s) only, under ``iterations/{n:06d}/``:
 
-    old_log_prob   actor group   compute_log_prob     -> old_log_prob.arrow  ("old_log_probs")
-    ref_log_prob   actor group   compute_ref_log_prob -> ref_log_prob.arrow  ("ref_log_prob")
-    values         critic group  compute_values       -> values.arrow        ("values")
-    rm_score       reward group  compute_rm_score     -> rm_scores.arrow     ("rm_scores")
+    old_log_prob      actor group   compute_log_prob          -> old_log_prob.arrow  ("old_log_probs")
+    ref_log_prob      actor group   compute_ref_log_prob      -> ref_log_prob.arrow  ("ref_log_prob")
+    teacher_log_prob  actor group   compute_teacher_log_prob  -> teacher_log_prob.arrow
+    values            critic group  compute_values            -> values.arrow        ("values")
+    rm_score          reward group  compute_rm_score          -> rm_scores.arrow     ("rm_scores")
 
 The flow submits them together; those on different groups run concurrently. ``old_log_prob`` runs
 with asynchronous training only (``generate`` recomputes them otherwise): the actor of iteration
@@ -20,7 +22,7 @@ from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.tasks.receipts import GenerateReceipt, Receipt
 from ppoflow.tasks.step import Step, ppo_task
 
-__all__ = ["old_log_prob", "ref_log_prob", "values", "rm_score"]
+__all__ = ["old_log_prob", "ref_log_prob", "teacher_log_prob", "values", "rm_score"]
 
 
 @ppo_task("old_log_prob", roles=("actor",))
@@ -44,6 +46,14 @@ def ref_log_prob(step: Step[Receipt], generated: GenerateReceipt) -> Receipt:
     out = step.file("ref_log_prob.arrow")
     step.worker("actor").compute_ref_log_prob(generated.output("rollout"), out_url=out)
     return step.receipt(outputs={"ref_log_prob": out})
+
+
+@ppo_task("teacher_log_prob", roles=("actor",))
+def teacher_log_prob(step: Step[Receipt], generated: GenerateReceipt) -> Receipt:
+    """Log-probs of the sampled responses under the frozen teacher (on-policy distillation)."""
+    out = step.file("teacher_log_prob.arrow")
+    step.worker("actor").compute_teacher_log_prob(generated.output("rollout"), out_url=out)
+    return step.receipt(outputs={"teacher_log_prob": out})
 
 
 @ppo_task("values", roles=("critic",))

@@ -73,3 +73,29 @@ def test_token_level_scores_sit_on_each_rows_last_response_token():
         overlong = min(0.0, (4 - 2 - length) / 2 * cfg.reward.overlong_buffer.penalty_factor)
         expected[i, last] += 0.5 * rm[i].sum() + rule + overlong
     torch.testing.assert_close(scores, expected)
+
+
+def test_a_teachers_reward_enters_with_the_distill_estimator_only():
+    """With ``adv_estimator: distill`` the rewards gain ``coef x (teacher - student)`` per response
+    token and the discount is ``algorithm.distill.gamma``; with the teacher as a loss term (GRPO)
+    the rewards are the task's; either way the student's distance from the teacher is measured."""
+    from ppoflow.tasks.advantage import _with_teacher
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    student = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+    teacher = torch.tensor([[-0.5, -3.0, -9.0], [-0.5, -9.0, -9.0]])
+    batch = DataProto.from_dict(
+        {"response_mask": mask, "old_log_probs": student, "teacher_log_prob": teacher}
+    )
+    scores = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # a task's score on a last token
+    over = {"teacher.model.path": "t", "algorithm.distill.coef": 2.0, "algorithm.distill.gamma": 0.5}
+    distill = _cfg(**{"recipe": "distill", **over})
+    metrics: dict[str, float] = {}
+    rewards, gamma = _with_teacher(distill, batch, scores, metrics)
+    assert gamma == 0.5
+    assert rewards.tolist() == [[1.0, 1.0 - 2.0, 0.0], [0.0, 0.0, 0.0]]  # 2 x (t - s) + the score
+    assert abs(metrics["distill/reverse_kl"] - (-0.5 + 1.0 + 0.0) / 3) < 1e-7  # mean of s - t, 3 tokens
+    loss_term = _cfg(**{"recipe": "distill+rl", "rollout.n": 2, **over})
+    rewards, gamma = _with_teacher(loss_term, batch, scores, metrics := {})
+    assert gamma == loss_term.algorithm.gamma and torch.equal(rewards, scores)
+    assert abs(metrics["distill/reverse_kl"] - (-0.5 + 1.0 + 0.0) / 3) < 1e-7

@@ -11,7 +11,16 @@ import pytest
 
 from ppoflow.infra.config import apply_overrides, parse_config
 from ppoflow.tasks import TASKS
-from ppoflow.tasks.graph import STEP, STEPS, critical_path, pending_roles, picture, steps, trained_roles
+from ppoflow.tasks.graph import (
+    STEP,
+    STEPS,
+    actor_group_role,
+    critical_path,
+    pending_roles,
+    picture,
+    steps,
+    trained_roles,
+)
 from tests.support.paths import ROOT
 
 BASE = {
@@ -61,6 +70,18 @@ RECIPES = {
         ["actor"],
         ["actor"],
     ),
+    "on-policy distillation (the teacher's reward alone)": (
+        {"recipe": "distill", "teacher.model.path": "t"},
+        ["generate", "teacher_log_prob", "advantage", "update_actor"],
+        ["actor"],
+        ["actor"],
+    ),
+    "GRPO with the teacher's KL as a loss, asynchronous": (
+        {"recipe": "distill+rl", "teacher.model.path": "t", "asynchronous.enable": True},
+        ["consume", "old_log_prob", "teacher_log_prob", "advantage", "update_actor", "publish_policy"],
+        ["actor"],
+        ["actor"],
+    ),
     "LoRA on actor and critic": (
         {"recipe": "ppo", "actor.lora.rank": 8, "critic.lora.rank": 8, "algorithm.use_kl_in_reward": False},
         ["generate", "values", "advantage", "update_actor", "update_critic"],
@@ -91,7 +112,8 @@ def test_each_recipe_runs_the_steps_it_needs(name):
         assert set(spec.reads) <= ran, (spec.name, spec.reads)
         ran |= {spec.name, spec.provides} - {None}
     # with everything of the data side done, only the groups of the missing updates are needed
-    done = {"generate", "consume", "old_log_prob", "ref_log_prob", "values", "rm_score", "advantage"}
+    done = {"generate", "consume", "old_log_prob", "ref_log_prob", "teacher_log_prob", "values", "rm_score"}
+    done |= {"advantage"}
     assert pending_roles(cfg, lambda step: step not in done) == trained
 
 
@@ -112,12 +134,13 @@ def test_every_step_has_its_task_and_the_critical_path_covers_every_step():
     stages = critical_path()
     assert [name for stage in stages for name in stage] == [s.name for s in STEPS]
     assert stages[0] == ("generate", "consume") and stages[-1] == ("commit",)
-    assert ("old_log_prob", "ref_log_prob", "values", "rm_score") in stages
+    assert ("old_log_prob", "ref_log_prob", "teacher_log_prob", "values", "rm_score") in stages
     assert ("update_actor", "update_critic") in stages
     # the outputs later steps read are named by the table; consume stands in for generate
     assert {STEP[r].output for r in STEP["advantage"].gathers} == {
         "old_log_prob",
         "ref_log_prob",
+        "teacher_log_prob",
         "values",
         "rm_score",
     }
@@ -154,3 +177,22 @@ def test_the_actor_group_builds_an_engine_and_a_reference_only_where_a_step_uses
     cfg = _config(over)
     assert actor_group_role(cfg) == role
     assert cfg.critic.enable is (cfg.algorithm.adv_estimator == "gae")  # the critic follows the estimator
+
+
+@pytest.mark.parametrize(
+    "over, role",
+    [
+        ({"recipe": "ppo", "algorithm.use_kl_in_reward": True}, "actor_rollout_ref"),
+        ({"recipe": "dr_grpo"}, "actor_rollout"),
+        ({"recipe": "distill", "teacher.model.path": "t"}, "actor_rollout+teacher"),
+        (
+            {"recipe": "distill+rl", "teacher.model.path": "t", "actor.use_kl_loss": True},
+            "actor_rollout_ref+teacher",
+        ),
+        ({"recipe": "distill", "teacher.model.path": "t", "asynchronous.enable": True}, "actor+teacher"),
+    ],
+)
+def test_the_actor_groups_role_holds_what_its_steps_use(over, role):
+    """The worker builds an engine, a reference and a teacher only where a step of the actor
+    group uses one; the teacher is a flag on any of the roles."""
+    assert actor_group_role(_config(over)) == role
