@@ -47,8 +47,10 @@ from ppoflow.algos import (
     truncated_rows,
 )
 from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.metrics import compute_data_metrics
+from ppoflow.infra.experiment.tracking import SAMPLES_FILE
 from ppoflow.infra.rewards.remote import run_reward
 from ppoflow.infra.rewards.rollouts import (
     decode_prompts,
@@ -198,7 +200,8 @@ def advantage(
 
 def _samples_artifact(step: Step[AdvantageReceipt], batch: DataProto, rows: int) -> None:
     """A table artifact of the iteration's first ``rows`` training rollouts: prompt, response,
-    score, reward and advantage (what one opens first when a run looks wrong)."""
+    score, reward and advantage (what one opens first when a run looks wrong); its rows are kept
+    in ``samples.json`` too, for the trackers."""
     from prefect.artifacts import create_table_artifact
 
     tok = step.ctx.inputs.tokenizer
@@ -222,6 +225,7 @@ def _samples_artifact(step: Step[AdvantageReceipt], batch: DataProto, rows: int)
         }
         for i in range(len(head))
     ]
+    storage.write_json_atomic(step.file(SAMPLES_FILE), table)
     create_table_artifact(
         table,
         key=f"{step.slug}-rollouts",

@@ -34,11 +34,14 @@ from typing import Any
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.metrics import finite_scalars
 
-__all__ = ["ENV", "RUN_FILE", "MlflowTracker", "metric_name", "flatten"]
+__all__ = ["ENV", "RUN_FILE", "SAMPLES_FILE", "MlflowTracker", "metric_name", "flatten", "flat_config"]
 
 ENV = "MLFLOW_TRACKING_URI"
 #: ``<experiment>/mlflow.json``: ``{tracking_uri, experiment_id, run_id}``
 RUN_FILE = "mlflow.json"
+#: ``iterations/<n>/samples.json``: the rows of iteration n's table of its first rollouts (the
+#: ``advantage`` task's Prefect table artifact), which W&B gets as a table
+SAMPLES_FILE = "samples.json"
 _BATCH = 900  # MLflow takes at most 1000 metrics / 100 params per log_batch request
 _PARAM_MAX = 6000
 
@@ -48,14 +51,19 @@ def metric_name(key: str) -> str:
     return re.sub(r"[^/\w.\- :]", "_", key.replace("@", "_at_"))
 
 
-def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
-    """A config dump as ``{"a.b.c": "value"}`` (lists and None as their JSON-ish text)."""
+def flat_config(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A config dump as ``{"a.b.c": value}``: the keys every tracker gets, the values as they are."""
     if isinstance(tree, dict):
-        out: dict[str, str] = {}
+        out: dict[str, Any] = {}
         for key, value in tree.items():
-            out.update(flatten(value, f"{prefix}{key}."))
+            out.update(flat_config(value, f"{prefix}{key}."))
         return out
-    return {prefix.rstrip("."): str(tree)[:_PARAM_MAX]}
+    return {prefix.rstrip("."): tree}
+
+
+def flatten(tree: Any) -> dict[str, str]:
+    """A config dump as MLflow's params, ``{"a.b.c": "value"}`` (lists and None as their text)."""
+    return {key: str(value)[:_PARAM_MAX] for key, value in flat_config(tree).items()}
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
