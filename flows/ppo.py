@@ -30,7 +30,8 @@ The UI shows per iteration a table artifact of the metrics and a markdown trend 
 progress artifact during generation, the ranks' output in each task's logs, and at the end of the
 run a plot of the experiment's metrics. With ``MLFLOW_TRACKING_URI`` set, the config, each
 iteration's metrics and evaluation files and the plot go to the experiment's MLflow run too
-(:mod:`ppoflow.infra.experiment.tracking`).
+(:mod:`ppoflow.infra.experiment.tracking`); with ``tracking.wandb`` in the config, the config,
+metrics and sample tables to its W&B run (:mod:`ppoflow.infra.experiment.wandb_tracking`).
 """
 
 from __future__ import annotations

@@ -20,11 +20,13 @@ device slots and worker groups only; the rollout producer of asynchronous traini
 one more with ``slots=False`` when the trainer started it on the trainer's devices.
 
 Leaving: the groups are shut down and the slots released first; then, still under the lock, a
-failed run marks its MLflow run failed, and a run that trained draws the experiment's plot
-(``plots/metrics.png``, a markdown artifact, an MLflow artifact) and marks its MLflow run finished.
+failed run marks its tracked runs failed, and a run that trained draws the experiment's plot
+(``plots/metrics.png``, a markdown artifact, an MLflow artifact) and marks its tracked runs finished.
 
-:attr:`ExperimentSession.tracker` is the experiment's MLflow run when ``MLFLOW_TRACKING_URI`` is set
-(:mod:`ppoflow.infra.experiment.tracking`), else a tracker that records nothing.
+:attr:`ExperimentSession.tracker` is where the run's records go beside the experiment's own: the
+experiment's MLflow run when ``MLFLOW_TRACKING_URI`` is set (:mod:`ppoflow.infra.experiment.tracking`),
+its W&B run when the config sets ``tracking.wandb`` (:mod:`ppoflow.infra.experiment.wandb_tracking`),
+both at once (:class:`Trackers`), or a tracker that records nothing.
 """
 
 from __future__ import annotations
@@ -45,16 +47,18 @@ from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_i
 from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend_markdown
 from ppoflow.infra.experiment.plots import plot_metrics
 from ppoflow.infra.experiment.tracking import MlflowTracker
+from ppoflow.infra.experiment.wandb_tracking import WandbTracker
 from ppoflow.infra.remote.driver.slots import device_slots
 from ppoflow.tasks import preflight as preflight_task
 from ppoflow.tasks.run import RunContext, open_run, worker_groups
 from ppoflow.tasks.step import artifact_slug, with_retries
 
-__all__ = ["ExperimentSession", "Tracker", "NoTracker", "flow_run_key"]
+__all__ = ["ExperimentSession", "Tracker", "NoTracker", "Trackers", "flow_run_key"]
 
 
 class Tracker(Protocol):
-    """What the flows record to an experiment tracker (:class:`MlflowTracker`'s methods)."""
+    """What the flows record to an experiment tracker (:class:`MlflowTracker`'s and
+    :class:`WandbTracker`'s methods)."""
 
     def start(self, config: dict[str, Any]) -> None: ...
     def log_iteration(self, n: int, metrics: dict[str, Any], eval_dir: str | None = None) -> None: ...
@@ -76,6 +80,30 @@ class NoTracker:
 
     def finish(self, ok: bool = True) -> None:
         pass
+
+
+class Trackers:
+    """Several trackers at once (MLflow and W&B): each call goes to every one, in order (each
+    swallows its own failures)."""
+
+    def __init__(self, trackers: list[Tracker]):
+        self.trackers = trackers
+
+    def start(self, config: dict[str, Any]) -> None:
+        for t in self.trackers:
+            t.start(config)
+
+    def log_iteration(self, n: int, metrics: dict[str, Any], eval_dir: str | None = None) -> None:
+        for t in self.trackers:
+            t.log_iteration(n, metrics, eval_dir)
+
+    def log_file(self, url: str, artifact_path: str | None = None) -> None:
+        for t in self.trackers:
+            t.log_file(url, artifact_path)
+
+    def finish(self, ok: bool = True) -> None:
+        for t in self.trackers:
+            t.finish(ok)
 
 
 def flow_run_key() -> str:
@@ -121,10 +149,18 @@ class ExperimentSession:
 
     @property
     def tracker(self) -> Tracker:
-        """The experiment's MLflow run, or :class:`NoTracker` when tracking is off."""
+        """The experiment's MLflow and W&B runs, either, or :class:`NoTracker` (tracking off)."""
         if self._tracker is None:
-            found = MlflowTracker.of(self.paths.root, self.cfg.storage.experiment, self.logger.warning)
-            self._tracker = found if found is not None else NoTracker()
+            warn = self.logger.warning
+            found: list[Tracker] = [
+                t
+                for t in (
+                    MlflowTracker.of(self.paths.root, self.cfg.storage.experiment, warn),
+                    WandbTracker.of(self.cfg, self.paths.root, warn),
+                )
+                if t is not None
+            ]
+            self._tracker = Trackers(found) if len(found) > 1 else found[0] if found else NoTracker()
         return self._tracker
 
     # -- opening and closing -------------------------------------------------------------------

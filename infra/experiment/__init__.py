@@ -10,5 +10,6 @@ retention.py    which checkpoints are kept, and their sizes
 rollback.py     moving an experiment back to an earlier committed iteration
 promotion.py    the promoted policy: the rule, the published directory, the records
 tensorboard.py  TensorBoard event files of the metrics (optional)
-tracking.py     MLflow tracking (optional)
+tracking.py     MLflow tracking (optional), and what every tracker shares
+wandb_tracking.py  Weights & Biases tracking (optional: ``tracking.wandb``)
 """

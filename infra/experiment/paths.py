@@ -21,8 +21,9 @@ class OutsideExperiment(ConfigError):
 #: What an experiment directory holds (the module docstring; ``data/`` is
 #: :mod:`ppoflow.infra.data.stream`'s, ``scratch/`` a multi-node run's and an export's, ``promoted*``
 #: and ``promotions/`` :mod:`ppoflow.infra.experiment.promotion`'s, ``mlflow.json``
-#: :mod:`ppoflow.infra.experiment.tracking`'s, ``tensorboard/`` ``ppoflow tensorboard``'s, ``queue/``
-#: asynchronous training's, :mod:`ppoflow.infra.queue`).
+#: :mod:`ppoflow.infra.experiment.tracking`'s, ``wandb.json`` and ``wandb/`` (W&B's run files)
+#: :mod:`ppoflow.infra.experiment.wandb_tracking`'s, ``tensorboard/`` ``ppoflow tensorboard``'s,
+#: ``queue/`` asynchronous training's, :mod:`ppoflow.infra.queue`).
 LAYOUT = frozenset(
     {
         "manifest.json",
@@ -37,6 +38,8 @@ LAYOUT = frozenset(
         "promoted.json",
         "promotions",
         "mlflow.json",
+        "wandb.json",
+        "wandb",
         "tensorboard",
         "queue",
     }

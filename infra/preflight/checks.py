@@ -30,6 +30,9 @@ What is checked, and what it costs (independent of the dataset's size):
   :data:`~ppoflow.infra.preflight.data.REWARD_ROWS` sample rows of each list (for an empty
   response and for the ground truth as response);
 - multi-turn: ``rollout.multi_turn``'s environment and tools load (``preflight.multiturn``);
+- tracking: with ``tracking.wandb`` on, the ``wandb`` package is installed, an online run has
+  ``WANDB_API_KEY`` in the environment, and a ``dir`` can be written (the package is looked up,
+  not imported: :func:`~ppoflow.infra.experiment.wandb_tracking.wandb_problems`);
 - checkpoints: the checkpoints the manifest points at are complete and every file's size and
   content hash match the marker (:func:`checkpoint_problem`; each file read once: this one grows
   with the model, about 0.2-0.4 s per GB).
@@ -52,6 +55,7 @@ from ppoflow.infra.checkpoint.sharded import CheckpointError, verify_checkpoint
 from ppoflow.infra.config import ExperimentConfig, ModelConfig
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import LAYOUT, ExperimentPaths, read_manifest
+from ppoflow.infra.experiment.wandb_tracking import wandb_problems
 from ppoflow.infra.hub import cached_on_this_machine, hub_unreachable, is_hub_id
 from ppoflow.infra.preflight.data import check_data, check_reward
 from ppoflow.infra.preflight.multiturn import check_multi_turn
@@ -223,6 +227,17 @@ def _check_checkpoints(cfg: ExperimentConfig, c: Checks) -> None:
         c.ok(f"checkpoints: iteration {n}'s are complete")
 
 
+def _check_tracking(cfg: ExperimentConfig, c: Checks) -> None:
+    wb = cfg.tracking.wandb
+    if wb is None or wb.mode == "disabled":
+        return
+    problems = wandb_problems(cfg)
+    for problem in problems:
+        c.problem(*problem)
+    if not problems:
+        c.ok(f"tracking: W&B {wb.mode}, project {wb.project}")
+
+
 def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> PreflightReport:
     """Run every check (module docstring); raise :class:`PreflightError` listing all problems.
 
@@ -256,6 +271,7 @@ def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> Prefl
     rows = check_data(cfg, tokenizer, c)
     check_reward(cfg, rows, c)
     check_multi_turn(cfg, c)
+    _check_tracking(cfg, c)
     _check_checkpoints(cfg, c)
     c.report.seconds = time.perf_counter() - t0
     if c.problems:

@@ -159,6 +159,20 @@ def test_a_multi_turn_environment_or_tool_that_does_not_load(tmp_path, model_dir
     assert "multi-turn: environment 'tools', tools ['python']" in report.passed
 
 
+def test_tracking_wandb_online_without_its_key_is_a_problem_and_offline_passes(
+    tmp_path, model_dir, monkeypatch
+):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    data = write(tmp_path / "d.parquet", rows(["1+2="] * 8))
+    cfg = make_config(tmp_path, model_dir, [data], **{"tracking.wandb": {"project": "p"}})
+    with pytest.raises(PreflightError) as err:
+        preflight(cfg, lambda: tokenizer_of(model_dir))
+    [problem] = err.value.problems
+    assert problem.where == "tracking.wandb (mode: online)" and "WANDB_API_KEY is not set" in problem.found
+    cfg = make_config(tmp_path, model_dir, [data], **{"tracking.wandb": {"project": "p", "mode": "offline"}})
+    assert "tracking: W&B offline, project p" in preflight(cfg, lambda: tokenizer_of(model_dir)).passed
+
+
 def test_a_reward_function_that_raises_fails_the_preflight(tmp_path, model_dir):
     data = write(tmp_path / "d.parquet", rows(["1+2="] * 8))
     fn = "tests.support.rewards:raises_key_error"
