@@ -33,8 +33,8 @@ class WandbConfig(Section):
     )
     dir: str | None = Field(
         None,
-        description="a local directory W&B writes the run's files under (<dir>/wandb/); null: the "
-        "experiment's directory when storage.root is local, else W&B's default (WANDB_DIR or ./wandb)",
+        description="a local directory W&B writes the run's files under (<dir>/wandb/); null: "
+        "WANDB_DIR when set, else the experiment's directory when storage.root is local, else ./wandb",
     )
     name: str | None = Field(None, description="the run's display name (null: the experiment's name)")
     group: str | None = Field(None, description="the W&B group of the run (e.g. a sweep's name)")
