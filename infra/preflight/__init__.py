@@ -4,7 +4,8 @@
 
 ``checks`` runs the checks of storage, models and checkpoints; ``resources`` those of what this
 machine can hold of the run's ranks; ``data`` those of the data files (training and held-out) and
-the reward function (a sample, not a pass); ``report`` is what they report.
+the reward function (a sample, not a pass); ``teacher`` that a distillation teacher shares the
+student's tokenizer; ``report`` is what they report.
 """
 
 from ppoflow.infra.preflight.checks import checkpoint_problem, preflight, rollback_hint

@@ -16,7 +16,7 @@ What is checked, and what it costs (independent of the dataset's size):
 - storage: the experiment directory is writable (one small file written, read back, removed), and
   is an experiment's or new: a directory at ``<root>/<experiment>`` that holds other files and no
   ``manifest.json`` is someone else's (one listing);
-- models: ``model.path`` and the critic's and reward model's paths are model directories (a
+- models: ``model.path`` and the critic's, reward model's and teacher's paths are model directories (a
   ``config.json`` and weight files) or hub ids transformers can resolve; the tokenizer loads; with
   a hub id, one connection to the hub first (``ppoflow.infra.hub``): where it cannot be reached the
   problem is said at once, not after a minute of ``huggingface_hub``'s retries;
@@ -30,6 +30,7 @@ What is checked, and what it costs (independent of the dataset's size):
   :data:`~ppoflow.infra.preflight.data.REWARD_ROWS` sample rows of each list (for an empty
   response and for the ground truth as response);
 - multi-turn: ``rollout.multi_turn``'s environment and tools load (``preflight.multiturn``);
+- teacher: its tokenizer is the student's, vocabulary and special tokens (``preflight.teacher``);
 - tracking: with ``tracking.wandb`` on, the ``wandb`` package is installed, an online run has
   ``WANDB_API_KEY`` in the environment, and a ``dir`` can be written (the package is looked up,
   not imported: :func:`~ppoflow.infra.experiment.wandb_tracking.wandb_problems`);
@@ -61,6 +62,7 @@ from ppoflow.infra.preflight.data import check_data, check_reward
 from ppoflow.infra.preflight.multiturn import check_multi_turn
 from ppoflow.infra.preflight.report import Checks, PreflightError, PreflightReport
 from ppoflow.infra.preflight.resources import check_resources
+from ppoflow.infra.preflight.teacher import check_teacher
 
 __all__ = ["preflight", "checkpoint_problem", "rollback_hint"]
 
@@ -145,6 +147,8 @@ def _model_paths(cfg: ExperimentConfig) -> list[tuple[str, ModelConfig]]:
         out.append(("critic.model.path", cfg.critic.model))
     if cfg.reward.reward_model.enable and cfg.reward.reward_model.model is not None:
         out.append(("reward.reward_model.model.path", cfg.reward.reward_model.model))
+    if cfg.teacher is not None:
+        out.append(("teacher.model.path", cfg.teacher.model))
     return out
 
 
@@ -271,6 +275,8 @@ def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> Prefl
     rows = check_data(cfg, tokenizer, c)
     check_reward(cfg, rows, c)
     check_multi_turn(cfg, c)
+    if unreachable is None or cfg.teacher is None or not is_hub_id(cfg.teacher.model.tokenizer):
+        check_teacher(cfg, tokenizer, c)  # else the hub's problem is teacher.model.path's
     _check_tracking(cfg, c)
     _check_checkpoints(cfg, c)
     c.report.seconds = time.perf_counter() - t0
