@@ -11,9 +11,10 @@
    receipt (``AdvantageReceipt.kl_coef``), which ``commit`` stores in manifest n. Otherwise the scores.
    (KL as a loss, ``actor.use_kl_loss``, happens in ``update_actor`` with ``ref_log_prob``.)
    With ``algorithm.adv_estimator: distill`` (on-policy distillation, docs/distillation.md) the
-   teacher's per-token reward ``coef * (teacher_log_prob - old_log_probs)`` is added
-   (``ppoflow.algos.teacher_rewards``); with a teacher the metric ``distill/reverse_kl`` is the mean
-   over response tokens of ``old_log_probs - teacher_log_prob``.
+   teacher's per-token reward ``coef * (teacher_log_prob - old_log_probs)``
+   (``ppoflow.algos.teacher_rewards``) takes the scores' place (they are still measured); with a
+   teacher the metric ``distill/reverse_kl`` is the mean over response tokens of
+   ``old_log_probs - teacher_log_prob``.
 3. ``advantages``, ``returns`` by ``algorithm.adv_estimator`` (GAE with the critic's values;
    GRPO / RLOO group the responses of one prompt by ``uid``; ``distill`` discounts with
    ``algorithm.distill.gamma``).
@@ -121,11 +122,17 @@ def _overlong_metrics(cfg: ExperimentConfig, mask: torch.Tensor) -> dict[str, fl
 
 
 def _with_teacher(
-    cfg: ExperimentConfig, batch: DataProto, rewards: torch.Tensor, metrics: dict[str, float]
+    cfg: ExperimentConfig,
+    batch: DataProto,
+    scores: torch.Tensor,
+    rewards: torch.Tensor,
+    metrics: dict[str, float],
 ) -> tuple[torch.Tensor, float]:
-    """The rewards and the estimator's discount, with a teacher's part: its per-token reward added
-    for the ``distill`` estimator (discounted by ``algorithm.distill.gamma``), and the student's
-    distance from it per token (``distill/reverse_kl``, the k1 estimate) into ``metrics``."""
+    """The rewards and the estimator's discount, with a teacher's part. For the ``distill``
+    estimator the task's ``scores`` leave the rewards (measured, not trained on: ``distill+rl``
+    trains on both) and the teacher's per-token reward enters, discounted by
+    ``algorithm.distill.gamma``. With any teacher, the student's distance from it per token
+    (``distill/reverse_kl``, the k1 estimate) goes into ``metrics``."""
     if "teacher_log_prob" not in batch.batch:
         return rewards, cfg.algorithm.gamma
     mask, student, teacher = (batch.batch[k] for k in ("response_mask", "old_log_probs", "teacher_log_prob"))
@@ -133,7 +140,7 @@ def _with_teacher(
     if cfg.algorithm.adv_estimator != "distill":
         return rewards, cfg.algorithm.gamma
     distill = cfg.algorithm.distill
-    return rewards + teacher_rewards(student, teacher, mask, distill.coef), distill.gamma
+    return rewards - scores + teacher_rewards(student, teacher, mask, distill.coef), distill.gamma
 
 
 @ppo_task("advantage", AdvantageReceipt)
@@ -167,7 +174,7 @@ def advantage(
         )
         metrics.update(kl_metrics)
         new_kl = ctrl.value
-    rewards, gamma = _with_teacher(cfg, batch, rewards, metrics)
+    rewards, gamma = _with_teacher(cfg, batch, scores, rewards, metrics)
     adv, ret = compute_advantage(
         cfg.algorithm.adv_estimator,
         token_level_rewards=rewards,

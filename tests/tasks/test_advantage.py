@@ -76,9 +76,10 @@ def test_token_level_scores_sit_on_each_rows_last_response_token():
 
 
 def test_a_teachers_reward_enters_with_the_distill_estimator_only():
-    """With ``adv_estimator: distill`` the rewards gain ``coef x (teacher - student)`` per response
-    token and the discount is ``algorithm.distill.gamma``; with the teacher as a loss term (GRPO)
-    the rewards are the task's; either way the student's distance from the teacher is measured."""
+    """With ``adv_estimator: distill`` the rewards are ``coef x (teacher - student)`` per response
+    token (a task's score is measured, not trained on) and the discount is
+    ``algorithm.distill.gamma``; with the teacher as a loss term (GRPO) the rewards are the task's;
+    either way the student's distance from the teacher is measured."""
     from ppoflow.tasks.advantage import _with_teacher
 
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -91,11 +92,13 @@ def test_a_teachers_reward_enters_with_the_distill_estimator_only():
     over = {"teacher.model.path": "t", "algorithm.distill.coef": 2.0, "algorithm.distill.gamma": 0.5}
     distill = _cfg(**{"recipe": "distill", **over})
     metrics: dict[str, float] = {}
-    rewards, gamma = _with_teacher(distill, batch, scores, metrics)
+    penalty = torch.tensor([[-0.25, -0.25, 0.0], [-0.25, 0.0, 0.0]])  # a KL penalty in the reward, say
+    rewards, gamma = _with_teacher(distill, batch, scores, scores + penalty, metrics)
     assert gamma == 0.5
-    assert rewards.tolist() == [[1.0, 1.0 - 2.0, 0.0], [0.0, 0.0, 0.0]]  # 2 x (t - s) + the score
+    # 2 x (t - s), and the penalty; the task's score left out
+    assert rewards.tolist() == [[1.0 - 0.25, -2.0 - 0.25, 0.0], [0.0 - 0.25, 0.0, 0.0]]
     assert abs(metrics["distill/reverse_kl"] - (-0.5 + 1.0 + 0.0) / 3) < 1e-7  # mean of s - t, 3 tokens
     loss_term = _cfg(**{"recipe": "distill+rl", "rollout.n": 2, **over})
-    rewards, gamma = _with_teacher(loss_term, batch, scores, metrics := {})
+    rewards, gamma = _with_teacher(loss_term, batch, scores, scores, metrics := {})
     assert gamma == loss_term.algorithm.gamma and torch.equal(rewards, scores)
     assert abs(metrics["distill/reverse_kl"] - (-0.5 + 1.0 + 0.0) / 3) < 1e-7
