@@ -43,6 +43,7 @@ __all__ = [
     "every_problem",
     "write_parquet",
     "warm_start_examples",
+    "supervised_examples",
     "score",
     "parse_answer",
 ]
@@ -134,6 +135,20 @@ def warm_start_examples(
     for _ in range(count):
         question, _answer = make_problem(rng, max_digit)
         out.append(([{"role": "user", "content": question}], str(rng.randint(0, max_digit))))
+    return out
+
+
+def supervised_examples(
+    count: int, seed: int = 0, max_digit: int = 9
+) -> list[tuple[list[dict[str, str]], str]]:
+    """``(messages, response)`` pairs with the *right* answers: the warm start's format, taught with
+    the task itself. A model fine-tuned on these knows the task: the distillation example's teacher
+    (examples/distill)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        question, answer = make_problem(rng, max_digit)
+        out.append(([{"role": "user", "content": question}], answer))
     return out
 
 

@@ -40,3 +40,9 @@ def test_warm_start_examples_have_random_answers():
     assert 10 < right < 80  # about one in ten: the format, not the answers
     with pytest.raises(ValueError):
         demo_task.make_problem(random.Random(0), max_digit=10)
+
+
+def test_supervised_examples_have_the_right_answers():
+    examples = demo_task.supervised_examples(400, seed=0)
+    assert all(int(resp) == max(_operands(msgs[0]["content"])) for msgs, resp in examples)
+    assert len({msgs[0]["content"] for msgs, _ in examples}) > 50  # many of the 100 problems
