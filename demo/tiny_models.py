@@ -98,13 +98,25 @@ def tiny_config(
     )
 
 
-def save_tiny_model(out_dir: str, *, seed: int = 0, dtype: str = "float32", **config_kw: Any) -> str:
-    """Build a random tiny causal LM + char tokenizer and save both to ``out_dir``; returns it."""
+def save_tiny_model(
+    out_dir: str, *, seed: int = 0, dtype: str = "float32", arch: str | None = None, **config_kw: Any
+) -> str:
+    """Build a random tiny causal LM + char tokenizer and save both to ``out_dir``; returns it.
+
+    ``arch``: a row of the model matrix (``ppoflow.infra.architectures``, e.g. ``"gemma3_text"``)
+    built from its own tiny config (``config_kw`` override its fields, ``tied=`` its embeddings);
+    None: the Qwen2 shape of :func:`tiny_config`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     tok = build_char_tokenizer()
-    cfg = tiny_config(len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **config_kw)
+    ids = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if arch is not None:
+        from ppoflow.infra.architectures import tiny_config as arch_config
+
+        cfg = arch_config(arch, len(tok), **ids, **config_kw)
+    else:
+        cfg = tiny_config(len(tok), **ids, **config_kw)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     os.makedirs(out_dir, exist_ok=True)

@@ -9,17 +9,10 @@ attention and MLP FLOPs of every pad. Packing removes them:
     hidden[packed.index[b, j]]                                  # the state of token j of row b
 
 Attention. The HF model runs with the attention implementation ``ppoflow_varlen``
-(``use_varlen_attention(hf_model)``), registered in transformers' ``AttentionInterface``. With
+(``use_varlen_attention(hf_model)``, from ``ppoflow.workers.attention``, which computes it): with
 ``cu_seq_lens_q``/``cu_seq_lens_k`` (what ``packed_hidden`` passes) each query attends only to the
-earlier tokens of its own sequence:
-- on CUDA in bf16/fp16: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention varlen: no
-  compute across sequences, no (T, T) mask);
-- elsewhere (CPU, float32): ``scaled_dot_product_attention`` per sequence.
-Without those kwargs (a padded forward, ``generate``) it is exactly transformers' ``sdpa``.
-Why not ``sdpa`` with packed ``position_ids``: transformers then builds a dense (1, 1, T, T)
-block-diagonal mask and computes attention across all T tokens (quadratic in the micro-batch's
-tokens); and only with ``use_cache=False``. ``flash_attention_2`` needs the flash-attn package,
-which ppoflow's GPU set-up does not install.
+earlier tokens of its own sequence, within the layer's sliding window and with its sinks; without
+them (a padded forward, ``generate``) it computes what transformers' ``sdpa`` computes.
 
 Micro-batches. ``token_budget_micro_batches`` groups rows so that each micro-batch holds at most
 ``budget`` real tokens (first-fit decreasing), then splits the largest groups until every rank
@@ -28,19 +21,19 @@ has the same count: FSDP's collectives need the same number of forwards on every
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+from ppoflow.workers.attention import (
+    VARLEN_ATTENTION,
+    packed_attention,
+    use_varlen_attention,
+    varlen_attention_forward,
+)
 
 __all__ = [
     "VARLEN_ATTENTION",
@@ -55,8 +48,6 @@ __all__ = [
     "split_to_count",
     "token_budget_micro_batches",
 ]
-
-VARLEN_ATTENTION = "ppoflow_varlen"
 
 
 @dataclass(frozen=True)
@@ -132,166 +123,6 @@ def checked_index(idx: torch.Tensor, what: str) -> torch.Tensor:
             "use_dynamic_bsz=false for this model"
         )
     return idx
-
-
-# ---------------------------------------------------------------------------- attention
-
-
-@functools.lru_cache(maxsize=1)
-def _varlen_kernel() -> tuple[Callable[..., Any], frozenset[str]] | None:
-    """torch's FlashAttention varlen entry point and its keyword names (they changed between
-    torch 2.9 and 2.12: ``is_causal`` became ``window_size``; ``enable_gqa`` arrived), or None."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
-
-
-def _flash_varlen(query, key, value, cu, max_len: int, scaling: float | None) -> torch.Tensor | None:
-    """(T, Hq, D) causal varlen attention through torch's flash kernel, or None where it cannot run
-    (CPU, float32, no kernel, a scale the kernel cannot take)."""
-    kernel = _varlen_kernel()
-    if kernel is None or not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16):
-        return None
-    fn, params = kernel
-    kwargs: dict = {}
-    head_dim = query.shape[-1]
-    if "scale" in params:
-        kwargs["scale"] = scaling
-    elif scaling is not None and abs(scaling - head_dim**-0.5) > 1e-12:
-        return None
-    if "is_causal" in params:
-        kwargs["is_causal"] = True
-    elif "window_size" in params:
-        kwargs["window_size"] = (-1, 0)
-    else:
-        return None
-    if key.shape[1] != query.shape[1]:
-        if "enable_gqa" in params:
-            kwargs["enable_gqa"] = True
-        else:
-            groups = query.shape[1] // key.shape[1]
-            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    return fn(query, key.contiguous(), value.contiguous(), cu, cu, max_len, max_len, **kwargs)
-
-
-@torch.compiler.disable  # a graph break in a compiled decoder layer: this stays eager (data-dependent)
-def varlen_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    cu_seq_lens_q: torch.Tensor | None = None,
-    cu_seq_lens_k: torch.Tensor | None = None,
-    max_length_q: int | None = None,
-    max_length_k: int | None = None,
-    ppoflow_sp: Any = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """transformers attention function (``AttentionInterface``): query (B, Hq, T, D), key/value
-    (B, Hkv, T, D) -> (B, T, Hq, D). Packed (``cu_seq_lens_q`` given, B = 1): causal attention
-    inside each segment. Otherwise transformers' ``sdpa`` unchanged. ``ppoflow_sp`` (a
-    ``ppoflow.workers.sequence_parallel.SequenceParallel``, passed through the model's forward):
-    the row is this rank's slice of a packed row, attention runs Ulysses-style over the group."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if cu_seq_lens_q is None:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    if cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_k, cu_seq_lens_q):
-        raise NotImplementedError("packed attention with different query and key segments")
-    if sliding_window is not None:
-        raise NotImplementedError(
-            "packed attention with a sliding window is not supported: turn use_dynamic_bsz off "
-            "for this model (or disable its sliding window)"
-        )
-    if dropout:
-        raise NotImplementedError("packed attention with attention dropout (set attention_dropout=0)")
-    if query.shape[0] != 1:
-        raise ValueError(f"a packed attention call takes one packed row, got batch {query.shape[0]}")
-    max_len = int(max_length_q or query.shape[2])
-    if ppoflow_sp is not None:  # Ulysses: this rank's tokens, the whole row's segments
-        return ppoflow_sp.attention(
-            query, key, value, cu_seq_lens_q, max_len, scaling, packed_attention
-        ), None
-    return packed_attention(query, key, value, cu_seq_lens_q, max_len, scaling), None
-
-
-def packed_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_len: int,
-    scaling: float | None,
-) -> torch.Tensor:
-    """Causal attention inside each segment of one packed row: query (1, Hq, T, D), key/value
-    (1, Hkv, T, D) -> (1, T, Hq, D). FlashAttention varlen where it runs (CUDA, bf16/fp16), else
-    SDPA per segment."""
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
-    out = _flash_varlen(q.contiguous(), k, v, cu_seqlens, max_len, scaling)
-    if out is not None:
-        return out.unsqueeze(0)
-    gqa = key.shape[1] != query.shape[1]
-    bounds = cu_seqlens.tolist()
-    parts = [
-        F.scaled_dot_product_attention(
-            query[:, :, s:e],
-            key[:, :, s:e],
-            value[:, :, s:e],
-            is_causal=True,
-            scale=scaling,
-            enable_gqa=gqa,
-        )
-        for s, e in zip(bounds[:-1], bounds[1:])
-        if e > s
-    ]
-    return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
-
-
-def _register() -> None:
-    """Register ``VARLEN_ATTENTION`` with transformers: the attention function, and as its mask
-    function sdpa's (a padded call gets the same mask as ``sdpa``) except that no mask is built
-    when there is no 2-D attention mask (a packed row: the segments are the mask)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
-
-    if VARLEN_ATTENTION in ALL_MASK_ATTENTION_FUNCTIONS:
-        return
-
-    def mask(*, attention_mask=None, **kwargs):  # transformers passes every argument by keyword
-        if attention_mask is None:
-            return None
-        return sdpa_mask(attention_mask=attention_mask, **kwargs)
-
-    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
-    AttentionMaskInterface.register(VARLEN_ATTENTION, mask)
-
-
-def use_varlen_attention(hf_model: PreTrainedModel) -> None:
-    """Switch an HF model to ``VARLEN_ATTENTION`` (packed forwards become possible; padded ones
-    compute what ``sdpa`` computes). ValueError for a model that does not dispatch its attention
-    through transformers' ``AttentionInterface`` or uses sliding-window layers."""
-    _register()
-    config = hf_model.config
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        raise ValueError(
-            f"{type(hf_model).__name__} uses sliding-window attention: packed forwards are not "
-            "supported for it; set use_dynamic_bsz=false"
-        )
-    can_set = getattr(hf_model, "_can_set_attn_implementation", None)
-    if can_set is None or not can_set():
-        raise ValueError(
-            f"{type(hf_model).__name__} does not dispatch attention through transformers' "
-            "AttentionInterface: packed forwards are not supported for it; set use_dynamic_bsz=false"
-        )
-    hf_model.set_attn_implementation(VARLEN_ATTENTION)
 
 
 # ---------------------------------------------------------------------------- micro-batches

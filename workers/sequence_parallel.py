@@ -243,10 +243,12 @@ class SequenceParallel:
         max_len: int,
         scaling: float | None,
         core: PackedAttention,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Ulysses attention: query (1, Hq, T/sp, D), key/value (1, Hkv, T/sp, D) of this rank's
         tokens -> (1, T/sp, Hq, D), each token attending to the earlier tokens of its sequence
-        (segments ``cu_seqlens`` of the whole padded row) through ``core`` on H/sp heads."""
+        (segments ``cu_seqlens`` of the whole padded row) through ``core`` on H/sp heads; ``sinks``
+        (Hq,): attention sinks, this rank's heads' share passed to ``core``."""
         heads, kv_heads = query.shape[1], key.shape[1]
         layout = head_layout(heads, kv_heads, self.size)
         if layout["padded_heads"] or kv_heads % self.size:
@@ -256,7 +258,13 @@ class SequenceParallel:
             pad = (0, 0, 0, 0, 0, int(layout["padded_heads"]))
             query, key, value = (F.pad(t, pad) for t in (query, key, value))
         q, k, v = (self._to_heads(t) for t in (query, key, value))
-        out = core(q, k, v, cu_seqlens, max_len, scaling)  # (1, T, H/sp, D)
+        extra = {}
+        if sinks is not None:  # heads are split in consecutive blocks (_to_heads)
+            share = int(layout["q_heads_per_rank"])
+            extra["sinks"] = F.pad(sinks, (0, int(layout["padded_heads"])))[
+                self.rank * share : (self.rank + 1) * share
+            ]
+        out = core(q, k, v, cu_seqlens, max_len, scaling, **extra)  # (1, T, H/sp, D)
         return self._to_tokens(out)[:, :, :heads]
 
     # ------------------------------------------------------------------ outputs

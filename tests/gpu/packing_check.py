@@ -74,9 +74,9 @@ def run(dtype: torch.dtype) -> dict:
         for packed in (False, True):
             if packed:
                 use_varlen_attention(hf)
-                from ppoflow.workers import packing
+                from ppoflow.workers import attention
 
-                packing._varlen_kernel.cache_clear()
+                attention._varlen_kernel.cache_clear()
             model = PolicyLM(hf, chunk_size=256)
             model.zero_grad(set_to_none=True)
             out = model(**data, temperature=1.0, with_entropy=True, packed=packed)
