@@ -15,6 +15,8 @@ checkpoint/  sharded DCP checkpoints of the trained models (marker, hashes, back
 config/      the experiment config: one pydantic tree, by section
 envs/        multi-turn environments: the tools environment, OpenEnv servers, tools and the sandbox
 preflight/   checks of an experiment before any worker group starts
+architectures/  the model matrix: the architectures ppoflow supports, their tiny and real
+             configs, and the check of a model's config against them
 rewards/     rewards by data source (GSM8K/MATH by math-verify, reasoning-gym), custom rewards and
              batch scorers, reward services over HTTP, scoring rollouts, the loader of user objects
 signals.py   stopping a run on SIGTERM / Ctrl-C: the handlers a flow's process installs

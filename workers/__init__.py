@@ -16,6 +16,7 @@ hf_models.py                 loading or building the Hugging Face models
 lm_head.py                   per-token log-probs from hidden states, a chunk of tokens at a time
 fsdp_utils.py                the device mesh and the FSDP2 sharding
 packing.py                   padding-free forwards of packed micro-batches
+attention.py                 their attention: inside each sequence, with sliding windows and sinks
 sequence_parallel.py         Ulysses sequence parallelism: a packed micro-batch split across ranks
 compiled.py                  ``torch.compile`` of the trained models
 lora.py                      LoRA adapters (PEFT) on the FSDP models
