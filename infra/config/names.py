@@ -28,6 +28,7 @@ __all__ = [
     "NAME_PATTERN",
     "NAME_RULE",
     "name_problem",
+    "given_auto",
 ]
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -91,3 +92,22 @@ EngineName = one_of("rollout engine", engine_names)  # ppoflow.infra.rollout_eng
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Note which fields hold ``auto`` as the section was given (written or by default), before
+        a whole config resolves them (:func:`given_auto`). The note sits beside the fields, where
+        pydantic leaves a name that is not a field out of dumps and comparisons: a config and its
+        dump read back stay equal."""
+        auto = frozenset(n for n in type(self).model_fields if self.__dict__.get(n) == "auto")
+        if auto:
+            self.__dict__[_GIVEN_AUTO] = auto
+
+
+_GIVEN_AUTO = "_given_auto"
+
+
+def given_auto(section: BaseModel) -> frozenset[str]:
+    """The fields of ``section`` that were ``auto`` when it was built (a config's own resolution
+    replaces them with numbers: ``actor.ppo_max_token_len_per_gpu``, which the memory plan may
+    raise on GPUs). A section read back from a resolved dump has none."""
+    return cast(frozenset[str], section.__dict__.get(_GIVEN_AUTO, frozenset()))

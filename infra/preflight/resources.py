@@ -6,11 +6,15 @@ it starts them together. What is checked (``resources.launch: local``; the ranks
 run live on the nodes, not here):
 
 - ``device: cuda``: one GPU per rank; more ranks than the GPUs this process sees
-  (``torch.cuda.device_count()``, which honours ``CUDA_VISIBLE_DEVICES``) is refused.
+  (``torch.cuda.device_count()``, which honours ``CUDA_VISIBLE_DEVICES``) is refused. Then the
+  memory plan against each GPU's memory (:mod:`ppoflow.infra.preflight.memory_check`).
 - ``device: cpu``, memory: every rank holds at least the figures measured below (the demo's tiny
-  models: a rank is mostly its runtime, torch, transformers and vLLM, whatever its model); the
-  run's ranks together against the memory this process may still take (``MemAvailable``, and a
-  cgroup's limit less its usage). More is refused: the kernel would kill ranks mid-start.
+  models: a rank is mostly its runtime, torch, transformers and vLLM, whatever its model), plus
+  what the memory plan (:mod:`ppoflow.infra.preflight.memory`) counts for its models where their
+  ``config.json`` can be read: weights, gradients, optimizer state, activations, the engine's KV
+  cache, at the stage where the run's ranks together hold the most; against the memory this
+  process may still take (``MemAvailable``, and a cgroup's limit less its usage). More is refused:
+  the kernel would kill ranks mid-start.
 - ``device: cpu``, start: a rank spends at least :data:`RANK_START_CPU_S` CPU-seconds before it
   connects (Python, torch and ppoflow's imports, measured); the run's ranks start together, so
   they need ``ranks x that / cores`` seconds at least. More than ``resources.connect_timeout_s``
@@ -30,6 +34,8 @@ import math
 import os
 
 from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.preflight.memory_check import check_memory, plan_lines
+from ppoflow.infra.preflight.memory_fixes import memory_fixes, plan_of
 from ppoflow.infra.preflight.report import Checks
 
 __all__ = [
@@ -129,15 +135,18 @@ def check_resources(
     cores: int | None = None,
     memory_mib: int | None = None,
     gpus: int | None = None,
+    gpu_bytes: int | None = None,
 ) -> None:
     """Each problem of ``resources.*`` on this machine into ``c`` (the module docstring);
-    ``cores``, ``memory_mib`` and ``gpus`` replace what is read from the machine."""
+    ``cores``, ``memory_mib``, ``gpus`` and ``gpu_bytes`` (one GPU's memory) replace what is read
+    from the machine."""
     res = cfg.resources
     if res.launch != "local":
         c.ok(f"resources: {res.nprocs} ranks per group on {res.rendezvous.nnodes} nodes (their machines')")
         return
     if res.device == "cuda":
         _check_gpus(cfg, c, gpus)
+        check_memory(cfg, c, gpu_bytes)
         return
     groups = _groups(cfg)
     cores = cores or usable_cores()
@@ -169,13 +178,22 @@ def check_resources(
 
 
 def _check_memory(cfg: ExperimentConfig, c: Checks, groups: list[str], free: int | None) -> None:
-    """The run's ranks' measured memory against ``free`` MiB (None: not known here)."""
+    """The run's ranks' memory against ``free`` MiB (None: not known here): the measured runtime of
+    each rank, plus the memory plan's figures where the models' shapes can be read."""
     n = cfg.resources.nprocs
-    per_set = sum(rank_memory_mib(cfg, role) for role in groups)
+    runtime = {role: rank_memory_mib(cfg, role) for role in {*groups, "actor", "critic", "reward_model"}}
+    plan = plan_of(cfg, None, {role: mib << 20 for role, mib in runtime.items()})
+    per_rank = {role: runtime[role] for role in groups}
+    if plan is not None:
+        for line in plan_lines(plan):
+            c.ok(line)
+        stage = plan.peak()[0]
+        per_rank.update({g.role: runtime[g.role] + (g.stages[stage] >> 20) for g in plan.groups})
+    per_set = sum(per_rank.values())
     need = n * per_set
     if free is None or need <= free:
         return
-    parts = " + ".join(f"{role} {rank_memory_mib(cfg, role)}" for role in groups)
+    parts = " + ".join(f"{role} {mib}" for role, mib in per_rank.items())
     fit = free // per_set
     fix = (
         f"lower resources.nprocs to at most {fit}"
@@ -184,10 +202,18 @@ def _check_memory(cfg: ExperimentConfig, c: Checks, groups: list[str], free: int
     )
     if len(groups) > 1:
         fix += " (or run fewer groups: critic.enable=false with a critic-free estimator, no reward model)"
+    what = "measured on the demo's tiny models"
+    if plan is not None:
+        what = (
+            f"the rank runtime measured on the demo's tiny models + the memory plan's {plan.peak()[0]} stage"
+        )
+        fixes, _ = memory_fixes(cfg, free << 20, {role: mib << 20 for role, mib in runtime.items()})
+        if fixes:
+            fix += "; or, cheapest first, each on top of the ones before: " + "; ".join(fixes)
     c.problem(
         f"resources.nprocs={n}",
         f"{len(groups)} worker group(s) x {n} ranks need at least {need / 1024:.1f} GiB ({n} x ({parts}) MiB "
-        f"per rank, measured on the demo's tiny models), and this process may take {free / 1024:.1f} GiB "
+        f"per rank, {what}), and this process may take {free / 1024:.1f} GiB "
         "(available memory, cgroup limit): the ranks would be killed for lack of memory",
         fix,
     )
