@@ -7,6 +7,9 @@
 
 Entering takes, in this order (each released in reverse, whatever ends the block):
 
+0. with the preflight on, on GPUs: ``auto`` update token budgets become the largest the memory
+   plan fits (``ppoflow.infra.preflight.memory_check.refine_auto_budgets``, logged), before any
+   worker group exists;
 1. the run's context (``ppoflow.tasks.run``: its worker groups, inputs, background writes);
 2. the experiment lock (no two runs of one experiment overlap), then the manifest, whose identity
    (model, tokenizer, ...) is checked against the config: a changed experiment fails here;
@@ -48,6 +51,7 @@ from ppoflow.infra.experiment.metrics import headline_line, metrics_table, trend
 from ppoflow.infra.experiment.plots import plot_metrics
 from ppoflow.infra.experiment.tracking import MlflowTracker
 from ppoflow.infra.experiment.wandb_tracking import WandbTracker
+from ppoflow.infra.preflight.memory_check import refine_auto_budgets
 from ppoflow.infra.remote.driver.slots import device_slots
 from ppoflow.tasks import preflight as preflight_task
 from ppoflow.tasks.run import RunContext, open_run, worker_groups
@@ -166,6 +170,8 @@ class ExperimentSession:
     # -- opening and closing -------------------------------------------------------------------
 
     def __enter__(self) -> ExperimentSession:
+        if self.preflight:
+            refine_auto_budgets(self.cfg, self.logger.info)
         with contextlib.ExitStack() as stack:  # a failure part-way releases what was taken
             self._ctx = open_run(self.key, self.cfg, log=self.logger, roles=self.roles)
             stack.enter_context(worker_groups(self.key))  # covers failures before the slots are taken

@@ -6,6 +6,7 @@ leaves behind (nothing). The flows that use it run in tests/flows/ and tests/sce
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -102,3 +103,29 @@ def test_a_reader_takes_the_slots_but_not_the_lock(tmp_path, slots):
             assert session.manifest is None and session.ctx.lock is None
             assert free_by_flock(slots, "cpu", 2) == []
     _released(paths, slots, "eval-x")
+
+
+def test_on_gpus_auto_token_budgets_are_planned_before_anything_starts(tmp_path, slots, monkeypatch):
+    """With the preflight on, the ``auto`` update budgets become the memory plan's largest that fits
+    (``ppoflow.infra.preflight.memory_check``) as the session opens, before the run's context: the
+    experiment locked by another run stops the session at the lock, and the budgets are already set;
+    a session without the preflight (a reader, a producer) leaves them as they were."""
+    from tests.infra.preflight.test_memory_check import config, fake_nvidia_smi
+    from tests.infra.preflight.test_model_shape import QWEN_05B
+
+    monkeypatch.setenv(
+        "PATH", fake_nvidia_smi(tmp_path, "0, GPU-aaaa, 81559") + os.pathsep + os.environ["PATH"]
+    )
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    mini = {"actor.ppo_mini_batch_size": 64, "critic.ppo_mini_batch_size": 64}
+    cfg, plain = config(tmp_path, QWEN_05B, **mini), config(tmp_path, QWEN_05B, **mini)
+    lines: list[str] = []
+    logger = logging.getLogger("test-session-budgets")
+    monkeypatch.setattr(logger, "info", lines.append)
+    with ExperimentLock(ExperimentPaths.of(cfg).lock, run_id="the-other-run"):
+        with pytest.raises(ExperimentLocked):
+            ExperimentSession(cfg, logger, "run-m").__enter__()
+        with pytest.raises(ExperimentLocked):
+            ExperimentSession(plain, logger, "run-n", preflight=False).__enter__()
+    assert cfg.actor.update_tokens == cfg.critic.update_tokens > 16384 == plain.actor.update_tokens
+    assert len(lines) == 1 and f"auto -> {cfg.actor.update_tokens} tokens (was 16384, 16384)" in lines[0]
