@@ -6,6 +6,7 @@ critic_worker.py             the value model: values, critic update
 reward_model_worker.py       a sequence-classification reward model's scores
 worker_setup.py              the config and role every worker class starts from
 checkpointing.py             the checkpoint methods the actor's and the critic's workers share
+teacher.py                   the frozen teacher of on-policy distillation on the actor's ranks
 
 The models they run and train:
 actor.py, critic.py          log-probs / values and the PPO updates of FSDP-sharded models
