@@ -11,16 +11,7 @@ import pytest
 
 from ppoflow.infra.config import apply_overrides, parse_config
 from ppoflow.tasks import TASKS
-from ppoflow.tasks.graph import (
-    STEP,
-    STEPS,
-    actor_group_role,
-    critical_path,
-    pending_roles,
-    picture,
-    steps,
-    trained_roles,
-)
+from ppoflow.tasks.graph import STEP, STEPS, critical_path, pending_roles, picture, steps, trained_roles
 from tests.support.paths import ROOT
 
 BASE = {
@@ -169,21 +160,7 @@ def test_the_docs_show_the_tables_picture():
             {"recipe": "dr_grpo", "asynchronous.enable": True, "data.val_files": ["v.parquet"]},
             "actor_rollout",
         ),
-    ],
-)
-def test_the_actor_group_builds_an_engine_and_a_reference_only_where_a_step_uses_them(over, role):
-    from ppoflow.tasks.graph import actor_group_role
-
-    cfg = _config(over)
-    assert actor_group_role(cfg) == role
-    assert cfg.critic.enable is (cfg.algorithm.adv_estimator == "gae")  # the critic follows the estimator
-
-
-@pytest.mark.parametrize(
-    "over, role",
-    [
-        ({"recipe": "ppo", "algorithm.use_kl_in_reward": True}, "actor_rollout_ref"),
-        ({"recipe": "dr_grpo"}, "actor_rollout"),
+        # a teacher is a flag on any role: the teacher_log_prob step runs on the actor group
         ({"recipe": "distill", "teacher.model.path": "t"}, "actor_rollout+teacher"),
         (
             {"recipe": "distill+rl", "teacher.model.path": "t", "actor.use_kl_loss": True},
@@ -192,7 +169,9 @@ def test_the_actor_group_builds_an_engine_and_a_reference_only_where_a_step_uses
         ({"recipe": "distill", "teacher.model.path": "t", "asynchronous.enable": True}, "actor+teacher"),
     ],
 )
-def test_the_actor_groups_role_holds_what_its_steps_use(over, role):
-    """The worker builds an engine, a reference and a teacher only where a step of the actor
-    group uses one; the teacher is a flag on any of the roles."""
-    assert actor_group_role(_config(over)) == role
+def test_the_actor_group_builds_an_engine_and_a_reference_only_where_a_step_uses_them(over, role):
+    from ppoflow.tasks.graph import actor_group_role
+
+    cfg = _config(over)
+    assert actor_group_role(cfg) == role
+    assert cfg.critic.enable is (cfg.algorithm.adv_estimator == "gae")  # the critic follows the estimator
