@@ -21,6 +21,7 @@ attention.py                 their attention: inside each sequence, with sliding
 sequence_parallel.py         Ulysses sequence parallelism: a packed micro-batch split across ranks
 compiled.py                  ``torch.compile`` of the trained models
 lora.py                      LoRA adapters (PEFT) on the FSDP models
+moe.py                       a mixture-of-experts policy's router metrics (load balance)
 determinism.py               deterministic kernels for the updates
 device_memory.py             a rank's GPU memory: peaks, the engine's pool, releasing spare blocks
 

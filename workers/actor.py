@@ -13,6 +13,7 @@ are the critic's too: ``ppoflow.workers.minibatch``.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from ppoflow.algos import agg_loss, get_policy_loss, kl_penalty
 from ppoflow.workers.minibatch import MODEL_INPUTS, MiniBatchTrainer, response_mask_of
+from ppoflow.workers.moe import RouterStats
 
 if TYPE_CHECKING:  # annotations only: the worker layer runs without pydantic (benchmarks)
     from ppoflow.infra.config import ActorConfig
@@ -100,6 +102,7 @@ class DataParallelPPOActor(MiniBatchTrainer):
         self.log_prob_max_tokens = log_prob_max_token_len or config.log_prob_tokens
         self.log_prob_section = log_prob_section
         self.rejected = rejected
+        self.router = RouterStats.of(module)  # a mixture-of-experts policy's routers (None: dense)
 
     def _temperature(self, data) -> float:
         """Sampling temperature of the rollout (``meta_info["temperature"]``, else the default)."""
@@ -162,9 +165,11 @@ class DataParallelPPOActor(MiniBatchTrainer):
         """Policy loss (``actor.policy_loss``) of one micro-batch (as ``agg_loss`` over this micro-batch) and its metrics."""
         cfg = self.config
         mask = response_mask_of(mb)
-        out = self._forward(
-            mb, temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0, packed=self.packed
-        )
+        router = self.router.record() if self.router is not None else contextlib.nullcontext([])
+        with router as router_logits:
+            out = self._forward(
+                mb, temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0, packed=self.packed
+            )
         log_prob = out["log_probs"]
         weights = mb.get(IS_WEIGHTS)  # the rollout correction's TIS weights, when it has them
         if RS_MASK in mb:  # mis_normaliser all: a rejected token weighs 0 and stays in the normaliser
@@ -184,6 +189,8 @@ class DataParallelPPOActor(MiniBatchTrainer):
         entropy = agg_loss(out["entropy"], mask, cfg.loss_agg_mode)
         loss = pg_loss - cfg.entropy_coeff * entropy if cfg.entropy_coeff != 0 else pg_loss
         metrics = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy.item()}
+        if self.router is not None:  # actor/moe/*: the routers' load of this micro-batch's real tokens
+            metrics.update(self.router.metrics(router_logits, None if self.packed else mb["attention_mask"]))
         metrics.update({f"actor/{k}": float(v) for k, v in pg_metrics.items()})
         if cfg.use_kl_loss:
             kld = kl_penalty(log_prob, mb["ref_log_prob"], cfg.kl_loss_type)
@@ -231,7 +238,8 @@ class DataParallelPPOActor(MiniBatchTrainer):
             ``actor/kl_loss`` (with ``use_kl_loss``), ``actor/teacher_kl_loss`` (with
             ``teacher_kl_coef``), ``actor/grad_norm``, ``actor/lr`` (the LR of
             the last step), ``actor/skipped_steps`` (a sum), ``actor/optimizer_steps`` and
-            ``actor/micro_batches`` (per optimizer step, the same on every rank).
+            ``actor/micro_batches`` (per optimizer step, the same on every rank); a
+            mixture-of-experts policy adds ``actor/moe/*`` (``ppoflow.workers.moe``).
         """
         if self.optimizer is None:
             raise RuntimeError("this actor has no optimizer (a reference policy cannot be updated)")

@@ -81,7 +81,7 @@ class LoRAShardingManager(FSDPVLLMShardingManager):
         t0 = time.perf_counter()
         assert self.module is not None  # required by __init__ (lora_config)
         if self.sync == "merged":
-            stats = weight_sync.push_into_engine(self.rollout, merged_weights(self.module))
+            stats = weight_sync.push_into_engine(self.rollout, merged_weights(self.module), self.module)
         else:
             stats = self._push_adapter()
         stats.update(source="live", url=None, sync=self.sync, push_s=time.perf_counter() - t0)

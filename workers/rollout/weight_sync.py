@@ -17,7 +17,9 @@ Sources yield ``(hf_name, tensor)`` one tensor at a time (never a full state-dic
   reload does it right: ``collective_rpc("reload_weights", weights_iterator=...)`` restores each
   layer to checkpoint format on the meta device, runs the ordinary weight loaders (which narrow
   full tensors to this rank's TP slice), re-runs ``process_weights_after_loading`` (re-packing)
-  and copies the result into the kernel tensors in place. Two fixes follow it:
+  and copies the result into the kernel tensors in place. Fixes follow it
+  (``ppoflow.workers.rollout.engine_format.after_reload``; it also re-packs fused experts and
+  copies what vLLM's loaders copy outside the reload, such as GPT-OSS's sinks):
   1. tied embeddings: the tied ``lm_head`` is skipped by the model's loader (no weights arrive
      for it: log line "ParallelLMHead: Failed to load weights"), so its pre-packed GEMM handle
      keeps the OLD embedding (log-probs drift ~0.3). :func:`refresh_tied_layers` re-runs the
@@ -190,14 +192,24 @@ def _gpu_load(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     worker.model_runner.get_model().load_weights(weights)
 
 
-def push_into_engine(rollout: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+def push_into_engine(
+    rollout: Any, weights: Iterable[tuple[str, torch.Tensor]], model: nn.Module | None = None
+) -> dict[str, Any]:
     """Load a ``(hf_name, tensor)`` stream into ``rollout``'s engine in place; see the module docstring.
 
-    The engine must be awake (GPU: weights woken). Resets the prefix cache. Returns stats:
-    ``{"tensors", "params", "bytes", "load_s", "tied_refreshed"}``.
+    ``model``: the trained model the stream comes from (``PolicyLM`` or HF model): its tensors are
+    given in the checkpoint's names and layouts (``ppoflow.workers.rollout.engine_format``); None
+    for a model whose names are already the checkpoint's. The engine must be awake (GPU: weights
+    woken). Resets the prefix cache. Returns stats: ``{"tensors", "params", "bytes", "load_s",
+    "tied_refreshed", "experts_refreshed", "direct"}`` (counted as the trainer gave them).
     """
+    from ppoflow.workers.rollout.engine_format import EngineFormat, after_reload
+
     stats = WeightStats()
+    fmt = EngineFormat(model) if model is not None else None
     stream = stats.wrap(weights)
+    if fmt is not None:
+        stream = fmt.stream(stream)
     t0 = time.perf_counter()
     if rollout.cpu:  # pre-packed CPU kernels: vLLM's in-place reload re-packs them
         rollout.collective_rpc(
@@ -205,8 +217,8 @@ def push_into_engine(rollout: Any, weights: Iterable[tuple[str, torch.Tensor]]) 
         )
     else:
         rollout.collective_rpc(_gpu_load, kwargs={"weights": stream})
-    refreshed = rollout.collective_rpc(refresh_tied_layers)[0]
+    fixed = rollout.collective_rpc(after_reload, kwargs={"direct": fmt.held if fmt is not None else {}})[0]
     rollout.reset_prefix_cache()
     if stats.tensors == 0:
         raise RuntimeError("the weight stream was empty: nothing was pushed into the engine")
-    return {**stats.as_dict(), "load_s": time.perf_counter() - t0, "tied_refreshed": refreshed}
+    return {**stats.as_dict(), "load_s": time.perf_counter() - t0, **fixed}

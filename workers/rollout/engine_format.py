@@ -1,0 +1,171 @@
+"""The trainer's tensors in the form vLLM's weight loaders take, and what a push must fix after
+vLLM's in-place reload.
+
+    fmt = EngineFormat(hf_model)                      # the trained model (PolicyLM or HF), once
+    stream = fmt.stream(live_weights(module))         # checkpoint names and layouts, per layer
+    rollout.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, ...})
+    rollout.collective_rpc(after_reload, kwargs={"direct": fmt.held})   # tied heads, experts, sinks
+
+Names and layouts. transformers 5 trains some models in another layout than their checkpoints
+store: Qwen3-MoE's (and Qwen3-Next's) experts are one 3-D ``mlp.experts.gate_up_proj`` /
+``down_proj`` tensor per layer at run time and ``mlp.experts.<e>.gate_proj.weight`` ... on disk.
+The FSDP module's parameter names are the run-time ones; vLLM's loaders know the checkpoint's and
+silently skip the others (the engine keeps its old experts: log-probs off by ~0.5 after one
+update). :meth:`EngineFormat.stream` applies transformers' own reverse conversion (what
+``save_pretrained`` writes) to each decoder layer's tensors together. Models whose run-time and
+checkpoint layouts agree pass through unchanged.
+
+GPT-OSS. Its checkpoint layout is the run-time one, but vLLM's loader copies the fused experts and
+the attention sinks straight into their parameters, which vLLM's in-place reload has moved to the
+meta device: the copies vanish and the engine keeps the old experts and sinks. The stream gives
+the experts one by one (``mlp.experts.<e>.gate_up_proj``, ...: vLLM's per-expert path, through
+weight loaders that reload records) and holds the sinks back; :func:`after_reload` copies them into
+the engine's parameters (this TP rank's heads) once the reload is done.
+
+After the reload (vLLM's CPU build), :func:`after_reload` re-packs what the reload leaves stale:
+the tied LM head (``weight_sync.refresh_tied_layers``), and every fused-expert layer: on a weight
+update vLLM's unquantized MoE method copies the checkpoint-layout tensors into the kernel's
+storage and skips the CPU kernel's pre-packing (its ``process_weights_after_loading`` runs only
+at the first load), so the experts compute with unpacked weights read as packed ones (log-probs
+off by ~0.04 even when the weights did not change). A push is always the whole model, so every
+fused-expert layer was reloaded and is packed again.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["EngineFormat", "after_reload"]
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+#: GPT-OSS's fused expert tensors (E, ...) given to vLLM one expert at a time.
+_GPT_OSS_EXPERTS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+
+
+class EngineFormat:
+    """The conversion of one model's tensors (see the module docstring).
+
+    Args:
+        model: the trained model: a ``PolicyLM`` (its ``hf_model`` is used) or a Hugging Face model
+            (FSDP-sharded or on the meta device: only its classes and config are read).
+    """
+
+    def __init__(self, model: nn.Module):
+        hf: Any = getattr(model, "hf_model", model)
+        self.model = hf
+        self.model_type = getattr(getattr(hf, "config", None), "model_type", None)
+        self.converts = _has_conversions(hf)
+        self.held: dict[str, torch.Tensor] = {}
+
+    def stream(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` in the checkpoint's names and layouts (GPT-OSS: experts one by one,
+        sinks held back in :attr:`held`). Buffers one decoder layer at a time when converting."""
+        self.held = {}
+        source = _by_layer(weights) if self.converts else ([item] for item in weights)
+        for group in source:
+            items = self._reverted(group) if self.converts else group
+            for name, tensor in items:
+                yield from self._engine_items(name, tensor)
+
+    def _reverted(self, group: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        from transformers.core_model_loading import revert_weight_conversion
+
+        return list(revert_weight_conversion(self.model, dict(group)).items())
+
+    def _engine_items(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.model_type != "gpt_oss":
+            yield name, tensor
+            return
+        owner, _, leaf = name.rpartition(".")
+        if leaf == "sinks":
+            self.held[name] = tensor
+        elif owner.endswith(".mlp.experts") and leaf in _GPT_OSS_EXPERTS:
+            for expert in range(tensor.shape[0]):
+                yield f"{owner}.{expert}.{leaf}", tensor[expert]
+        else:
+            yield name, tensor
+
+
+def _has_conversions(hf: Any) -> bool:
+    """Whether transformers converts this model's checkpoint layout at load (and back at save)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter
+
+    try:
+        conversions = getattr(hf, "_weight_conversions", None) or get_model_conversion_mapping(
+            hf, add_legacy=False
+        )
+    except Exception:  # noqa: BLE001 - a model transformers cannot describe converts nothing
+        return False
+    return any(isinstance(c, WeightConverter) for c in conversions or [])
+
+
+def _by_layer(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive tensors of one decoder layer together (the trainer yields a layer's parameters
+    one after another); every other tensor alone."""
+    group: list[tuple[str, torch.Tensor]] = []
+    current: int | None = None
+    for name, tensor in weights:
+        m = _LAYER.search(name)
+        layer = int(m.group(1)) if m else None
+        if group and (layer is None or layer != current):
+            yield group
+            group = []
+        current = layer
+        group.append((name, tensor))
+        if layer is None:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def _refresh_experts(model: nn.Module) -> list[str]:
+    """Pack the CPU fused-expert kernels' weights again (see the module docstring)."""
+    refreshed = []
+    for name, mod in model.named_modules():
+        kernel = getattr(getattr(mod, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(mod, "w13_weight"):
+            experts.process_weights_after_loading(mod)
+            refreshed.append(name)
+    return refreshed
+
+
+@torch.no_grad()
+def _copy_direct(model: nn.Module, direct: dict[str, torch.Tensor]) -> list[str]:
+    """Copy held tensors (GPT-OSS sinks, per head) into the engine's parameters, this TP rank's heads."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    params = dict(model.named_parameters())
+    tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+    done = []
+    for name, tensor in direct.items():
+        target = name.replace(".self_attn.", ".attn.")
+        if target not in params:
+            raise KeyError(f"the engine has no parameter {target} for the pushed tensor {name}")
+        share = tensor.shape[0] // tp
+        params[target].data.copy_(tensor[rank * share : (rank + 1) * share])
+        done.append(target)
+    return done
+
+
+def after_reload(worker: Any, direct: dict[str, torch.Tensor] | None = None) -> dict[str, list[str]]:
+    """vLLM worker RPC after a push: on the CPU build, re-pack the tied head and the fused experts;
+    everywhere, copy the ``direct`` tensors (:attr:`EngineFormat.held`). Returns what it touched."""
+    from vllm.platforms import current_platform
+
+    from ppoflow.workers.rollout.weight_sync import refresh_tied_layers
+
+    model = worker.model_runner.get_model()
+    out: dict[str, list[str]] = {"tied_refreshed": [], "experts_refreshed": [], "direct": []}
+    if current_platform.is_cpu():
+        out["tied_refreshed"] = refresh_tied_layers(worker)
+        out["experts_refreshed"] = _refresh_experts(model)
+    out["direct"] = _copy_direct(model, direct or {})
+    return out
