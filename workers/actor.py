@@ -165,7 +165,9 @@ class DataParallelPPOActor(MiniBatchTrainer):
         """Policy loss (``actor.policy_loss``) of one micro-batch (as ``agg_loss`` over this micro-batch) and its metrics."""
         cfg = self.config
         mask = response_mask_of(mb)
-        router = self.router.record() if self.router is not None else contextlib.nullcontext([])
+        router: contextlib.AbstractContextManager[list] = (
+            self.router.record() if self.router is not None else contextlib.nullcontext([])
+        )
         with router as router_logits:
             out = self._forward(
                 mb, temperature, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0, packed=self.packed

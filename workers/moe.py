@@ -48,7 +48,7 @@ class RouterStats:
     """The routers of one MoE model (see the module docstring)."""
 
     def __init__(self, hf_model: nn.Module, router_class: type, index: int):
-        config = hf_model.config
+        config: Any = hf_model.config
         self.experts = int(getattr(config, "num_experts", None) or config.num_local_experts)
         self.top_k = int(config.num_experts_per_tok)
         self.routers = [m for m in hf_model.modules() if isinstance(m, router_class)]
