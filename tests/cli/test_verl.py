@@ -25,7 +25,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 def test_print_config_is_yaml_that_parses_back_to_the_same_config(capsys, tmp_path):
     code, out, err = run_cli(capsys, "run", "--print-config", "--verl", *command("quickstart_ppo_gsm8k"))
     assert code == 0, err
-    assert "# veRL keys mapped (18):" in out and "#   trainer.logger: logging" in out
+    assert "# veRL keys mapped (18):" in out and "#   trainer.logger: console: ppoflow prints" in out
     assert "#   data.train_batch_size -> data.train_batch_size" in out
     data = yaml.safe_load(out)
     cfg = parse_config(data)

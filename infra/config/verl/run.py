@@ -131,8 +131,28 @@ def _storage(t: Translator) -> None:
             t.same(key, "trainer.default_local_dir names the directory")
 
 
+def _logger(t: Translator) -> None:
+    """``trainer.logger`` naming ``wandb`` turns on ``tracking.wandb`` in veRL's project and under
+    its experiment's name (veRL logs there). Left out, veRL's default list names wandb too, but a
+    tracker changes nothing of what is trained: only a command that names it gets one."""
+    key = "trainer.logger"
+    if not t.gave(key):
+        return
+    value = t.value(key)
+    names = [value] if isinstance(value, str) else list(value or [])
+    if "wandb" not in names:
+        t.ignored[key] = (
+            "console: ppoflow prints one line per iteration; mlflow: set MLFLOW_TRACKING_URI; "
+            "tensorboard: `ppoflow tensorboard`"
+        )
+        return
+    t.put("tracking.wandb.project", str(t.value("trainer.project_name")), key)
+    t.put("tracking.wandb.name", str(t.value("trainer.experiment_name")), key)
+
+
 def _trainer(t: Translator) -> None:
     _storage(t)
+    _logger(t)
     tr = "trainer"
     t.copy({f"{tr}.n_gpus_per_node": "resources.nprocs"})
     device = t.value(f"{tr}.device")

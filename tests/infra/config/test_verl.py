@@ -216,7 +216,11 @@ def test_hydra_syntax_add_delete_values_and_last_wins():
     assert cfg.actor.use_kl_loss is True and cfg.actor.optim.lr == 2e-6
     assert cfg.data.train_files == ["a.parquet", "b.parquet"] and cfg.data.val_files == []
     assert cfg.critic.enable is False  # null: left to ppoflow, off for grpo
-    assert "critic.enable" in t.ignored and "trainer.logger" in t.ignored
+    assert "critic.enable" in t.ignored and "trainer.logger" in t.mapped
+    assert cfg.tracking.wandb is not None and cfg.tracking.wandb.project == "verl_examples"
+    assert cfg.tracking.wandb.name == "gsm8k"  # veRL's run, under its project and experiment names
+    console = translate([*BASE, "trainer.logger=console"])
+    assert "trainer.logger" in console.ignored and "tracking" not in console.config
     assert t.steps is None and "deleted" in t.ignored["trainer.total_training_steps"]
     assert "deleted" in t.ignored["data.val_files"]
     t = translate(["data.val_files=v.parquet", "not-an-override", "config.yaml"])
