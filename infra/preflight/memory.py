@@ -119,8 +119,9 @@ class MemoryPlan:
     tokens: dict[str, int] = field(default_factory=dict)
 
     def totals(self) -> dict[str, int]:
-        """Each stage's device total: every group's figure and its processes' fixed cost."""
-        fixed = sum(self.process_bytes[g.role] for g in self.groups)
+        """Each stage's device total: every group's figure and its processes' fixed cost (on CPU
+        ranks, what is offloaded too: the host is the device)."""
+        fixed = sum(self.process_bytes[g.role] + (g.host if self.device == "cpu" else 0) for g in self.groups)
         return {
             stage: self.ranks_per_device * (sum(g.stages[stage] for g in self.groups) + fixed)
             for stage in STAGES
@@ -133,7 +134,8 @@ class MemoryPlan:
         return stage, totals[stage]
 
     def host(self) -> int:
-        """Host memory the device's ranks keep beside it (offloaded states, sleeping weights)."""
+        """Host memory the device's ranks keep beside it (offloaded states, sleeping weights; on
+        CPU ranks already in :meth:`totals`)."""
         return self.ranks_per_device * sum(g.host for g in self.groups)
 
     def group(self, role: str) -> GroupPlan | None:

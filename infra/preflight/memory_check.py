@@ -104,10 +104,12 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
     return out
 
 
-def check_memory(cfg: ExperimentConfig, c: Checks, capacity: int | None = None) -> None:
+def check_memory(
+    cfg: ExperimentConfig, c: Checks, capacity: int | None = None, host: int | None = None
+) -> None:
     """The plan of a CUDA run against its GPUs (module docstring): its lines, and a problem when it
-    cannot fit (or vLLM could not start beside the models); ``capacity``: bytes of one GPU instead
-    of what is read here."""
+    cannot fit (or vLLM could not start beside the models, or what it offloads does not fit the
+    ``host`` bytes free here); ``capacity``: bytes of one GPU instead of what is read here."""
     capacity = capacity if capacity is not None else gpu_capacity(cfg)
     plan = plan_of(cfg, capacity)
     if plan is None or capacity is None:
@@ -120,11 +122,11 @@ def check_memory(cfg: ExperimentConfig, c: Checks, capacity: int | None = None) 
         c.ok(line)
     stage, peak = plan.peak()
     if peak > capacity:
-        fixes, found = memory_fixes(cfg, capacity)
+        fixes, found = memory_fixes(cfg, capacity, host=host)
         tail = (
             ""
             if found
-            else "; nothing above fits on its own GPUs: raise resources.nprocs (FSDP shards the states over more GPUs)"
+            else "; none of these fits: use more GPUs (resources.nprocs: FSDP shards the states over them)"
         )
         groups = " + ".join(f"{g.role} {_gib(g.stages[stage])}" for g in plan.groups)
         c.problem(
@@ -140,6 +142,16 @@ def check_memory(cfg: ExperimentConfig, c: Checks, capacity: int | None = None) 
         c.report.notes.append(
             f"memory plan: the {stage} peak, {_gib(peak)} GiB, is within {100 * (1 - TIGHT):.0f}% of the "
             f"GPU's {_gib(capacity)} GiB (the plan's error is stated in docs/gpus.md)"
+        )
+    ranks = cfg.resources.nprocs  # every rank on this host (a multi-node run is not checked here)
+    if host is not None and ranks * plan.host() > host:
+        c.problem(
+            "memory (host)",
+            f"the memory plan puts {_gib(plan.host())} GiB a GPU in host memory (offloaded states, a "
+            f"sleeping engine's weights), {_gib(ranks * plan.host())} GiB for {ranks} GPU(s), and this "
+            f"process may take {_gib(host)} GiB",
+            "offload less (fsdp.param_offload, fsdp.optimizer_offload; rollout.sleep_level 2 keeps no weights), or "
+            "run where the host has more memory",
         )
     _check_engine_start(cfg, plan, capacity, c)
 
@@ -165,7 +177,7 @@ def _check_engine_start(cfg: ExperimentConfig, plan: MemoryPlan, capacity: int, 
             f"vLLM starts only when {util:g} x {_gib(capacity)} GiB is free, and the models' weights and "
             f"the processes take {_gib(taken)} GiB of the GPU first",
             f"lower it to at most {max(0.0, most - 0.01):.2f} (with kv_cache_gib auto the KV cache is sized "
-            "to the batch, capped at 0.75 of this share)"
+            "to the batch, capped at 0.75 of this share), or keep weights off the GPU (the memory fixes)"
             if most > 0.05
             else "see the memory plan's fixes",
         )

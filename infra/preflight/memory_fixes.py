@@ -9,7 +9,8 @@ The fixes, cheapest first, each on top of the ones before, stopping at the first
 recompute (``model.enable_gradient_checkpointing``); a smaller update token budget (the largest
 multiple of :data:`BUDGET_STEP` that fits, searched); ``fsdp.optimizer_offload`` (it lowers the
 stages between updates only: the moments come back for the update); ``fsdp.param_offload``;
-LoRA adapters of rank :data:`LORA_RANK` (without compile, which LoRA cannot follow); a
+LoRA adapters of rank :data:`LORA_RANK` on a bfloat16 base (nothing of it is trained; without
+compile, which LoRA cannot follow); a
 critic-free estimator (``grpo``). A fix that lowers nothing is said and left out.
 """
 
@@ -21,7 +22,7 @@ from pydantic import BaseModel
 
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.config.names import given_auto
-from ppoflow.infra.preflight.memory import GIB, MemoryPlan, memory_plan, micro_batch_tokens
+from ppoflow.infra.preflight.memory import GIB, MemoryPlan, memory_plan, micro_batch_tokens, needs_reference
 from ppoflow.infra.preflight.model_shape import ModelShape, read_shape
 
 __all__ = [
@@ -134,6 +135,8 @@ def _lora(cfg: ExperimentConfig) -> None:
     for model in (cfg.model, cfg.critic.model):
         if model is not None:
             model.use_torch_compile = False
+            if model.dtype == "float32":
+                model.dtype = "bfloat16"
 
 
 def _steps(cfg: ExperimentConfig) -> list[tuple[str, Callable[[ExperimentConfig], None]]]:
@@ -172,11 +175,12 @@ def _steps(cfg: ExperimentConfig) -> list[tuple[str, Callable[[ExperimentConfig]
             for f in (c.actor.fsdp, c.critic.fsdp, c.ref.fsdp):
                 f.param_offload = True
 
-        steps.append(
-            (f"fsdp.param_offload=true ({pair} and ref: weights, gradients and moments on the host)", params)
-        )
+        ref = " and ref" if needs_reference(cfg) and not cfg.actor.lora.enabled else ""
+        what = f"fsdp.param_offload=true ({pair}{ref}: weights, gradients and moments on the host)"
+        steps.append((what, params))
     if not cfg.actor.lora.enabled:
-        steps.append((f"actor.lora.rank={LORA_RANK} (and critic.lora; LoRA runs without compile)", _lora))
+        what = f"actor.lora.rank={LORA_RANK} (and critic.lora; model.dtype=bfloat16: nothing of the base is trained; no compile)"
+        steps.append((what, _lora))
     if critic:
 
         def critic_free(c: ExperimentConfig) -> None:
@@ -190,6 +194,11 @@ def _steps(cfg: ExperimentConfig) -> list[tuple[str, Callable[[ExperimentConfig]
 def _peak(cfg: ExperimentConfig, capacity: int, cpu: dict[str, int] | None) -> int:
     plan = plan_of(cfg, capacity, cpu)
     return plan.peak()[1] if plan is not None else 0
+
+
+def _host(cfg: ExperimentConfig, capacity: int, cpu: dict[str, int] | None) -> int:
+    plan = plan_of(cfg, capacity, cpu)
+    return plan.host() if plan is not None and cpu is None else 0
 
 
 def _budget_step(trial: ExperimentConfig, capacity: int, cpu: dict[str, int] | None) -> str | None:
@@ -214,11 +223,12 @@ def _budget_step(trial: ExperimentConfig, capacity: int, cpu: dict[str, int] | N
 
 
 def memory_fixes(
-    cfg: ExperimentConfig, capacity: int, cpu: dict[str, int] | None = None
+    cfg: ExperimentConfig, capacity: int, cpu: dict[str, int] | None = None, host: int | None = None
 ) -> tuple[list[str], bool]:
     """The cheapest fixes in order (module docstring), each on top of the ones before, with the
     plan's peak after it; stops at the first that fits, saying then the largest update budget
-    that fits with it. Returns (the lines, whether one fits)."""
+    that fits with it. ``host``: bytes of host memory free for what a fix moves there (a fix
+    that needs more is left out). Returns (the lines, whether one fits)."""
     trial, lines = cfg.model_copy(deep=True), list[str]()
     for what, apply in _steps(cfg):
         if what == "budget":
@@ -230,7 +240,13 @@ def memory_fixes(
             continue
         before = trial.model_copy(deep=True)
         apply(trial)
-        total = _peak(trial, capacity, cpu)
+        total, held = _peak(trial, capacity, cpu), _host(trial, capacity, cpu)
+        if host is not None and held > host:
+            lines.append(
+                f"{what}: puts {_gib(held)} GiB in host memory, where {_gib(host)} GiB is free: left out"
+            )
+            trial = before
+            continue
         if total >= _peak(before, capacity, cpu):
             lines.append(f"{what}: no lower, left out")
             trial = before

@@ -61,8 +61,9 @@ LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 #: packed or padded alike, measured at a 4-layer, 256-wide shape with 4,096-token micro-batches.
 ACTIVATION_SCALE = {"compiled": 1.18, "eager": 2.52, "eager_padded": 1.64, "cpu": 1.47}
 #: Under recompute: layers' worth of activations alive at once (the one recomputed and its
-#: backward), beside every layer's input; GPUs: measured at 16k rows (33,792-token micro-batches).
-RECOMPUTE_LAYERS = {"gpu": 2.3, "cpu": 1.3}
+#: backward), beside every layer's input; GPUs: measured at 16k rows (33,792-token micro-batches),
+#: CPU ranks at the shape and micro-batch of the ``cpu`` scale.
+RECOMPUTE_LAYERS = {"gpu": 2.3, "cpu": 1.2}
 #: A forward without gradients (log-probs, values, scores): layers' worth alive at once.
 FORWARD_LAYERS = 1.53
 #: Per token beside the layers: the final hidden state and its gradient, and a dozen fp32 columns.

@@ -146,7 +146,8 @@ def check_resources(
         return
     if res.device == "cuda":
         _check_gpus(cfg, c, gpus)
-        check_memory(cfg, c, gpu_bytes)
+        free = available_memory_mib() if memory_mib is None else memory_mib
+        check_memory(cfg, c, gpu_bytes, None if free is None else free << 20)
         return
     groups = _groups(cfg)
     cores = cores or usable_cores()

@@ -267,6 +267,10 @@ def test_cpu_ranks_share_the_host(tmp_path):
     assert actor.parts["actor weights"] == 4 * P // 2  # sharded over the 2 ranks
     update = actor.stages["update"] + critic.stages["update"] + runtime["actor"] + runtime["critic"]
     assert plan.totals()["update"] == 2 * update
+    offload = cfg.model_copy(deep=True)
+    offload.actor.fsdp.param_offload = True  # on CPU ranks the host is the device: nothing is saved
+    moved = memory_plan(offload, {"policy": SHAPE, "critic": SHAPE}, None, runtime)
+    assert moved.totals()["update"] == plan.totals()["update"] and moved.host() == 2 * 4 * 4 * P // 2
 
 
 def test_the_rules_the_plan_rederives_agree_with_their_owners(tmp_path):

@@ -77,7 +77,7 @@ def test_gpu_memory_is_read_for_the_gpus_the_ranks_see(tmp_path, monkeypatch):
 def test_an_8b_full_fine_tune_with_a_critic_on_one_80gb_gpu_is_refused_with_replanned_fixes(tmp_path):
     cfg = config(tmp_path, LLAMA_8B)
     c = Checks()
-    check_resources(cfg, c, gpus=1, gpu_bytes=H100)
+    check_resources(cfg, c, gpus=1, gpu_bytes=H100, memory_mib=400 << 10)  # a host with 400 GiB free
     (memory,) = [p for p in c.problems if p.where.startswith("memory")]
     error = str(PreflightError(c.problems))
     assert "nothing was started" in error and memory.where in error
@@ -95,20 +95,34 @@ def test_an_8b_full_fine_tune_with_a_critic_on_one_80gb_gpu_is_refused_with_repl
     assert [fixes.index(name) for name in order] == sorted(fixes.index(name) for name in order)
     step = cfg.model_copy(deep=True)
     step.model.enable_gradient_checkpointing = True
-    assert (
-        f"model.enable_gradient_checkpointing=true (recompute: about a third more update time): {peak(step) / GIB:.1f} GiB"
-        in fixes
-    )
+    recompute = "model.enable_gradient_checkpointing=true (recompute: about a third more update time)"
+    assert f"{recompute}: {peak(step) / GIB:.1f} GiB" in fixes
     assert "optimizer_offload=true" in fixes and "no lower, left out" in fixes
     for f in (step.actor.fsdp, step.critic.fsdp, step.ref.fsdp):
         f.param_offload = True
     assert peak(step) <= H100
-    assert f"and ref: weights, gradients and moments on the host): {peak(step) / GIB:.1f} GiB - fits" in fixes
+    assert (
+        f"(actor and critic: weights, gradients and moments on the host): {peak(step) / GIB:.1f} GiB - fits"
+        in fixes
+    )
     best = largest_budget(step, H100, 0.0, ["actor", "critic"])
     assert best is not None and f"actor/critic.ppo_max_token_len_per_gpu up to {best} fits" in fixes
     # the engine cannot start beside 8B weights in float32 either
     (engine,) = [p for p in c.problems if p.where.startswith("rollout.gpu_memory_utilization")]
     assert "vLLM starts only when 0.3 x 79.6 GiB is free" in engine.found
+    # a host with 120 GiB free cannot take the offloaded states: LoRA on a bf16 base is the fix
+    small_host = Checks()
+    check_resources(cfg, small_host, gpus=1, gpu_bytes=H100, memory_mib=120 << 10)
+    (memory,) = [p for p in small_host.problems if p.where.startswith("memory")]
+    held = memory_plan(step, shapes, H100).host()
+    assert f"puts {held / GIB:.1f} GiB in host memory, where 120.0 GiB is free: left out" in memory.fix
+    for f in (step.actor.fsdp, step.critic.fsdp, step.ref.fsdp):
+        f.param_offload = False
+    for section in (step.actor, step.critic):
+        section.lora.rank, section.lora.alpha = 32, 64.0
+    step.model.use_torch_compile, step.model.dtype = False, "bfloat16"
+    assert peak(step) <= H100
+    assert f"no compile): {peak(step) / GIB:.1f} GiB - fits" in memory.fix
 
 
 def test_a_smaller_budget_is_named_by_the_largest_number_that_fits(tmp_path):
@@ -226,3 +240,21 @@ def test_the_engine_must_start_beside_the_weights(tmp_path, shape):
         v for g in memory_plan(cfg, shapes, H100).groups for k, v in g.parts.items() if k == "actor weights"
     )
     assert bool(starts) == (H100 - weights - int(2.53 * GIB) < 0.3 * H100)
+
+
+def test_what_is_offloaded_must_fit_the_host(tmp_path):
+    offload = {f"{s}.fsdp.param_offload": True for s in ("actor", "critic")}
+    cfg = config(tmp_path, QWEN_05B, **offload)
+    shapes = model_shapes(cfg)
+    assert shapes is not None
+    held = memory_plan(cfg, shapes, H100).host()
+    assert held == 4 * 4 * shapes["policy"].params() + 4 * 4 * shapes["critic"].params("value")
+    roomy, tight = Checks(), Checks()
+    check_resources(cfg, roomy, gpus=1, gpu_bytes=H100, memory_mib=(held >> 20) + 1)
+    check_resources(cfg, tight, gpus=1, gpu_bytes=H100, memory_mib=(held >> 20) - 1)
+    assert roomy.problems == []
+    (problem,) = tight.problems
+    assert (
+        problem.where == "memory (host)"
+        and f"puts {held / GIB:.1f} GiB a GPU in host memory" in problem.found
+    )

@@ -38,7 +38,7 @@ def test_every_fix_is_replanned_and_a_useless_one_is_left_out(tmp_path):
     assert lines[3].endswith(f"weights, gradients and moments on the host): {planned(trial, gpu)}")
     assert (
         lines[4]
-        == f"actor.lora.rank={LORA_RANK} (and critic.lora; LoRA runs without compile): no lower, left out"
+        == f"actor.lora.rank={LORA_RANK} (and critic.lora; model.dtype=bfloat16: nothing of the base is trained; no compile): no lower, left out"
     )
     trial.critic.enable = False
     trial.algorithm.adv_estimator = "grpo"
@@ -52,4 +52,4 @@ def test_the_chain_stops_at_the_first_fix_that_fits(tmp_path):
     assert " - fits; with it, actor/critic.ppo_max_token_len_per_gpu up to " in lines[0]
     lora = config(tmp_path, LLAMA_8B, **{"algorithm.adv_estimator": "grpo", "rollout.n": 4})
     lines, fits = memory_fixes(lora, 80 * GIB)
-    assert fits and lines[-1].startswith("fsdp.param_offload=true (actor and ref")
+    assert fits and lines[-1].startswith("fsdp.param_offload=true (actor: weights")
