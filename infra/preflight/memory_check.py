@@ -100,7 +100,8 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
     out = [f"memory plan ({where}, GiB): resident per rank {groups}; stage totals {stages}{cap}"]
     for g in plan.groups:
         big = sorted(((v, k) for k, v in g.parts.items() if v >= 0.05 * GIB), reverse=True)[:6]
-        out.append(f"memory plan: {g.role} rank: " + ", ".join(f"{k} {_gib(v)}" for v, k in big))
+        if big:
+            out.append(f"memory plan: {g.role} rank: " + ", ".join(f"{k} {_gib(v)}" for v, k in big))
     return out
 
 

@@ -9,8 +9,8 @@ The fixes, cheapest first, each on top of the ones before, stopping at the first
 recompute (``model.enable_gradient_checkpointing``); a smaller update token budget (the largest
 multiple of :data:`BUDGET_STEP` that fits, searched); ``fsdp.optimizer_offload`` (it lowers the
 stages between updates only: the moments come back for the update); ``fsdp.param_offload``;
-LoRA adapters of rank :data:`LORA_RANK` on a bfloat16 base (nothing of it is trained; without
-compile, which LoRA cannot follow); a
+LoRA adapters of rank :data:`LORA_RANK` (on GPUs over a bfloat16 base: nothing of it is trained;
+without compile, which LoRA cannot follow); a
 critic-free estimator (``grpo``). A fix that lowers nothing is said and left out.
 """
 
@@ -135,7 +135,7 @@ def _lora(cfg: ExperimentConfig) -> None:
     for model in (cfg.model, cfg.critic.model):
         if model is not None:
             model.use_torch_compile = False
-            if model.dtype == "float32":
+            if model.dtype == "float32" and cfg.resources.device == "cuda":
                 model.dtype = "bfloat16"
 
 
@@ -179,7 +179,10 @@ def _steps(cfg: ExperimentConfig) -> list[tuple[str, Callable[[ExperimentConfig]
         what = f"fsdp.param_offload=true ({pair}{ref}: weights, gradients and moments on the host)"
         steps.append((what, params))
     if not cfg.actor.lora.enabled:
-        what = f"actor.lora.rank={LORA_RANK} (and critic.lora; model.dtype=bfloat16: nothing of the base is trained; no compile)"
+        base = (
+            "model.dtype=bfloat16: nothing of the base is trained; " if cfg.resources.device == "cuda" else ""
+        )
+        what = f"actor.lora.rank={LORA_RANK} (and critic.lora; {base}no compile)"
         steps.append((what, _lora))
     if critic:
 

@@ -191,7 +191,8 @@ def _check_memory(cfg: ExperimentConfig, c: Checks, groups: list[str], free: int
         stage = plan.peak()[0]
         per_rank.update({g.role: runtime[g.role] + (g.stages[stage] >> 20) for g in plan.groups})
     per_set = sum(per_rank.values())
-    need = n * per_set
+    need = n * per_set if plan is None else plan.peak()[1] >> 20
+    per_set = max(1, need // n)
     if free is None or need <= free:
         return
     parts = " + ".join(f"{role} {mib}" for role, mib in per_rank.items())
@@ -208,8 +209,8 @@ def _check_memory(cfg: ExperimentConfig, c: Checks, groups: list[str], free: int
         what = (
             f"the rank runtime measured on the demo's tiny models + the memory plan's {plan.peak()[0]} stage"
         )
-        fixes, _ = memory_fixes(cfg, free << 20, {role: mib << 20 for role, mib in runtime.items()})
-        if fixes:
+        fixes, found = memory_fixes(cfg, free << 20, {role: mib << 20 for role, mib in runtime.items()})
+        if found:  # else the models are not what fills the memory: the ranks are
             fix += "; or, cheapest first, each on top of the ones before: " + "; ".join(fixes)
     c.problem(
         f"resources.nprocs={n}",
