@@ -97,7 +97,7 @@ class Section(BaseModel):
         """Note which fields hold ``auto`` as the section was given (written or by default), before
         a whole config resolves them (:func:`given_auto`). The note sits beside the fields, where
         pydantic leaves a name that is not a field out of dumps and comparisons: a config and its
-        dump read back stay equal."""
+        dump read back stay equal (a ``PrivateAttr`` would not do: ``==`` compares those)."""
         auto = frozenset(n for n in type(self).model_fields if self.__dict__.get(n) == "auto")
         if auto:
             self.__dict__[_GIVEN_AUTO] = auto

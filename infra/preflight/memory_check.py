@@ -91,7 +91,8 @@ def gpu_capacity(cfg: ExperimentConfig, query: Callable[[], str] | None = None) 
 
 
 def plan_lines(plan: MemoryPlan) -> list[str]:
-    """The plan in a few lines: each group's resident state, each stage's device total."""
+    """The plan in a few lines: each group's resident state and each stage's device total, then
+    per group its peak in each stage and its largest parts."""
     where = "per GPU" if plan.device == "cuda" else f"host, {plan.ranks_per_device} rank(s) a group"
     groups = ", ".join(f"{g.role} {_gib(g.resident)}" for g in plan.groups)
     totals = plan.totals()
@@ -99,9 +100,11 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
     cap = f" of {_gib(plan.capacity)} GiB" if plan.capacity else ""
     out = [f"memory plan ({where}, GiB): resident per rank {groups}; stage totals {stages}{cap}"]
     for g in plan.groups:
-        big = sorted(((v, k) for k, v in g.parts.items() if v >= 0.05 * GIB), reverse=True)[:6]
+        big = sorted(((v, k) for k, v in g.parts.items() if v >= 0.05 * GIB), reverse=True)[:5]
         if big:
-            out.append(f"memory plan: {g.role} rank: " + ", ".join(f"{k} {_gib(v)}" for v, k in big))
+            peaks = ", ".join(f"{s} {_gib(g.stages[s])}" for s in STAGES)
+            parts = ", ".join(f"{k} {_gib(v)}" for v, k in big)
+            out.append(f"memory plan: {g.role} rank: peaks {peaks}; largest parts {parts}")
     return out
 
 

@@ -163,6 +163,15 @@ def test_a_config_that_fits_prints_the_plan_and_passes(tmp_path):
     assert lines[0].startswith("memory plan (per GPU, GiB): resident per rank actor ")
     assert "stage totals generate" in lines[0] and lines[0].endswith("of 79.6 GiB")
     assert [line.split(":")[1].strip().split(" ")[0] for line in lines[1:]] == ["actor", "critic"]
+    cfg = config(tmp_path, QWEN_05B)
+    shapes = model_shapes(cfg)
+    assert shapes is not None
+    plan = memory_plan(cfg, shapes, H100)
+    totals = plan.totals()
+    assert f"update {totals['update'] / GIB:.1f} of 79.6 GiB" in lines[0]
+    for line, group in zip(lines[1:], plan.groups):
+        peaks = ", ".join(f"{s} {group.stages[s] / GIB:.1f}" for s in ("generate", "log_probs", "update"))
+        assert f"{group.role} rank: peaks {peaks}; largest parts " in line
     skipped = Checks()
     check_memory(config(tmp_path, {"hidden_size": 8}), skipped, H100)  # a config.json without sizes
     assert skipped.problems == [] and skipped.report.notes[0].startswith("memory plan skipped")
