@@ -36,6 +36,7 @@ class Settings:
     packing: bool = False
     sequence_parallel: int = 1
     lora: bool = False
+    lora_targets: str | tuple[str, ...] = "all-linear"
     tensor_parallel: int = 1
     engine: str = "vllm"
     engine_dtype: str = "float32"
@@ -104,6 +105,15 @@ def _row_problems(
         )
     if s.lora and not row.lora:
         out.append((where, f"{name} does not support LoRA adapters", "set actor.lora.rank to 0"))
+    elif s.lora and row.lora_targets and not set(s.lora_targets) <= set(row.lora_targets):
+        out.append(
+            (
+                where,
+                f"LoRA on {name} with target_modules {s.lora_targets!r}: PEFT adapts its fused experts "
+                "and router as 3-D parameters, which ppoflow does not merge into the engine's weights",
+                f"set actor.lora.target_modules: [{', '.join(row.lora_targets)}]",
+            )
+        )
     if s.tensor_parallel > 1 and not row.tensor_parallel:
         out.append(
             (
@@ -138,7 +148,7 @@ def config_problems(
 ) -> tuple[list[tuple[str, str, str]], list[str]]:
     """``(problems, notes)`` of a model's config (``config.json`` as a dict) under ``settings``:
     each problem ``(where, found, fix)``; see the module docstring for what is refused and why an
-    architecture outside the matrix is a note."""
+    architecture outside the matrix is a note (a row of the matrix gives none)."""
     model_type = config.get("model_type")
     problems = _structural(config, settings, where)
     row = architecture_of(model_type)
@@ -149,5 +159,4 @@ def config_problems(
             "iteration's mismatch/* metrics: a weight push the engine does not take shows there"
         ]
         return problems, notes
-    problems += _row_problems(row, config, settings, where)
-    return problems, [f"{where}: {row.family} ({row.name}), a row of the model matrix"]
+    return problems + _row_problems(row, config, settings, where), []

@@ -55,6 +55,9 @@ class Architecture:
         real: that shape's config fields (random weights; the demo's tokenizer fits any vocabulary).
         moe: mixture-of-experts layers (expert weights pushed into vLLM's fused-expert layout,
             router metrics ``actor/moe/*``; FSDP only: no expert parallelism).
+        lora_targets: the LoRA target modules the row needs instead of ``all-linear`` (None:
+            ``all-linear`` works). PEFT adapts Qwen3-MoE's fused experts and router as 3-D
+            parameters under ``all-linear``; ppoflow merges and syncs linear adapters only.
         packing, lora, tensor_parallel, sequence_parallel: verified on CPU ranks (see module docstring).
         cpu_engine, cpu_engine_dtype: the rollout engine (and its dtype) that runs the row on CPU.
         seams: what is particular at the seams (weight layouts, attention, rope), one line.
@@ -77,6 +80,7 @@ class Architecture:
     cpu_engine_dtype: str = "float32"
     seams: str = ""
     limits: tuple[str, ...] = field(default=())
+    lora_targets: tuple[str, ...] | None = None
 
     @property
     def model_type(self) -> str:
@@ -151,7 +155,10 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ),
         moe=True,
         seams="experts trained as fused 3-D tensors, pushed per expert (the checkpoint's names)",
-        limits=("LoRA adapts attention only: experts are 3-D tensors, not linear layers",),
+        limits=(
+            "LoRA on the attention projections only (actor.lora.target_modules: [q_proj, k_proj, v_proj, o_proj])",
+        ),
+        lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
     ),
     Architecture(
         name="llama",
@@ -160,7 +167,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         causal_lm="LlamaForCausalLM",
         tiny=_frozen(
             head_dim=32,
-            max_position_embeddings=8192,  # llama3 scaling: not below its original context
+            max_position_embeddings=16384,  # llama3 scaling: above its original context
             rope_parameters={
                 "rope_type": "llama3",
                 "rope_theta": 500_000.0,
@@ -378,7 +385,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
             "no packing and so no sequence parallelism: the delta-net layers of transformers take no "
             "sequence boundaries",
             "on CPU the engine samples in bf16 (vLLM's CPU delta-net kernel), the trainer in fp32",
+            "LoRA on the attention projections only (actor.lora.target_modules: [q_proj, k_proj, v_proj, o_proj])",
         ),
+        lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
     ),
 )
 

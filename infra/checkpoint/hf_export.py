@@ -11,7 +11,9 @@ safetensors (``model.safetensors``, or shards + ``model.safetensors.index.json``
 ``max_shard_bytes``). Tied models get no ``lm_head.weight`` (transformers and vLLM re-tie it).
 ``config.json`` records the dtype the weights are written in (the checkpoint's, or ``dtype``).
 Before writing, the checkpoint's tensor names and shapes are checked against the architecture in
-the base config (built on the meta device), so a wrong checkpoint fails here, not silently later.
+the base config (built on the meta device), so a wrong checkpoint fails here, not silently later;
+then the tensors are written in the layout the architecture's checkpoints use (``save_pretrained``'s:
+a model transformers trains in another layout, such as Qwen3-MoE's fused experts, is converted back).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 
-__all__ = ["export_hf", "publish_hf_dir"]
+__all__ = ["export_hf", "publish_hf_dir", "checkpoint_layout"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".index.json")
 #: The files transformers saves a tokenizer as (the ones an export takes from ``tokenizer_path``).
@@ -44,8 +46,9 @@ TOKENIZER_FILES = (
 )
 
 
-def _expected_state(base_model_path: str, trust_remote_code: bool) -> tuple[dict[str, torch.Size], bool]:
-    """(name -> shape of every tensor the architecture saves, tie_word_embeddings)."""
+def _expected_state(base_model_path: str, trust_remote_code: bool) -> tuple[dict[str, torch.Size], bool, Any]:
+    """(name -> shape of every tensor the architecture trains, tie_word_embeddings, the model on
+    the meta device)."""
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(base_model_path, trust_remote_code=trust_remote_code)
@@ -63,7 +66,16 @@ def _expected_state(base_model_path: str, trust_remote_code: bool) -> tuple[dict
     shapes = {k: v.shape for k, v in model.state_dict().items()}
     if tied:
         shapes.pop("lm_head.weight", None)
-    return shapes, tied
+    return shapes, tied, model
+
+
+def checkpoint_layout(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` (the trained names and layouts) as the architecture's checkpoints store them:
+    transformers' reverse conversion, what ``save_pretrained`` writes (Qwen3-MoE's fused experts
+    one expert and projection at a time), so that vLLM and older readers load the export."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return revert_weight_conversion(model, tensors)
 
 
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
@@ -152,10 +164,11 @@ def publish_hf_dir(
         raise ValueError(
             f"export_hf: out_dir {out_dir} is the base model directory; choose another directory"
         )
-    shapes, tied = _expected_state(base_model_path, trust_remote_code)
+    shapes, tied, model = _expected_state(base_model_path, trust_remote_code)
     if tied:
         tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
     _check_matches(tensors, shapes, source, base_model_path)
+    tensors = checkpoint_layout(model, tensors)
     if dtype is not None:
         target = getattr(torch, dtype)
         tensors = {k: v.to(target) if v.is_floating_point() else v for k, v in tensors.items()}

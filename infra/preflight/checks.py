@@ -30,6 +30,9 @@ What is checked, and what it costs (independent of the dataset's size):
   :data:`~ppoflow.infra.preflight.data.REWARD_ROWS` sample rows of each list (for an empty
   response and for the ground truth as response);
 - multi-turn: ``rollout.multi_turn``'s environment and tools load (``preflight.multiturn``);
+- architectures: each local model's ``config.json`` against the model matrix: what cannot run
+  (packing a hybrid model, a logit soft-cap, ...) is a problem, a model outside it a note
+  (``preflight.architecture``);
 - teacher: its tokenizer is the student's, vocabulary and special tokens (``preflight.teacher``);
 - tracking: with ``tracking.wandb`` on, the ``wandb`` package is installed, an online run has
   ``WANDB_API_KEY`` in the environment, and a ``dir`` can be written (the package is looked up,
@@ -58,6 +61,7 @@ from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import LAYOUT, ExperimentPaths, read_manifest
 from ppoflow.infra.experiment.wandb_tracking import wandb_problems
 from ppoflow.infra.hub import cached_on_this_machine, hub_unreachable, is_hub_id
+from ppoflow.infra.preflight.architecture import check_architectures
 from ppoflow.infra.preflight.data import check_data, check_reward
 from ppoflow.infra.preflight.multiturn import check_multi_turn
 from ppoflow.infra.preflight.report import Checks, PreflightError, PreflightReport
@@ -254,6 +258,7 @@ def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> Prefl
     uses_hub = is_hub_id(cfg.model.tokenizer) or any(is_hub_id(m.path) for _, m in _model_paths(cfg))
     unreachable = hub_unreachable() if uses_hub else None
     _check_models(cfg, c, unreachable)
+    check_architectures(cfg, c)
     tokenizer = None
     try:
         if unreachable is not None and is_hub_id(cfg.model.tokenizer):

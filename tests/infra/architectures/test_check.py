@@ -46,3 +46,12 @@ def test_what_no_row_can_run_is_refused_even_outside_the_matrix():
         config_problems({"model_type": "granite"}, Settings(packing=True, sequence_parallel=2, lora=True))[0]
         == []
     )
+
+
+def test_lora_on_fused_experts_is_refused_with_the_targets_that_work():
+    problems, _ = config_problems({"model_type": "qwen3_moe"}, Settings(lora=True))
+    assert len(problems) == 1 and "PEFT adapts its fused experts" in problems[0][1]
+    assert problems[0][2] == "set actor.lora.target_modules: [q_proj, k_proj, v_proj, o_proj]"
+    attention = Settings(lora=True, lora_targets=("q_proj", "v_proj"))
+    assert config_problems({"model_type": "qwen3_moe"}, attention)[0] == []
+    assert config_problems({"model_type": "gpt_oss"}, Settings(lora=True))[0] == []  # no conversion there
