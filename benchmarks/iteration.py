@@ -8,6 +8,7 @@ groups, engine warm-up), the next ``K`` are warm. It then reads the warm iterati
 update's MFU (on GPU) and the share of the iteration spent outside model compute.
 
     python benchmarks/iteration.py --preset tiny --device cpu --ranks 2 --engine vllm       # CPU
+    python benchmarks/iteration.py --arch gemma3_text ...  # a model matrix row's real small shape
     python benchmarks/iteration.py --preset qwen2.5-0.5b --device cuda --ranks 1 --engine vllm \\
         --prompts 256 --prompt-len 512 --response-len 256 --micro-batch 32 \\
         --log-prob-micro-batch 32 --reference-tokens-per-s 36819                       # one H200
@@ -88,6 +89,8 @@ PRESETS = {
         rope_theta=1_000_000.0,
     ),
 }
+#: ``--arch NAME`` sets the preset to this prefix + NAME: the matrix row's real small shape.
+ARCH_PRESET = "arch:"
 PEAK_TFLOPS = {"cuda": 791.0}  # H200 bf16 dense, measured on the device machine (FIELD-NOTES)
 
 
@@ -99,6 +102,12 @@ def kv_budget(text: str) -> float | str | None:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument(
+        "--arch",
+        choices=arch_names(),
+        default=None,
+        help="instead of --preset: a row of the model matrix (infra/architectures) at its real small shape",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
@@ -220,7 +229,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "model, the data (files, batch, lengths) and the estimator (GAE, KL in the reward), and "
         "compare the seconds between commits",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.arch:
+        args.preset = ARCH_PRESET + args.arch
+    return args
+
+
+def arch_names() -> list[str]:
+    from ppoflow.infra.architectures import names
+
+    return names()
 
 
 def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int = 0) -> int:
@@ -232,15 +250,23 @@ def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int 
     from ppoflow.demo.tiny_models import build_char_tokenizer, tiny_config
 
     tok = build_char_tokenizer()
-    shape = dict(PRESETS[preset])
-    vocab = shape.pop("vocab_size", len(tok))
-    cfg = tiny_config(
-        vocab,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        max_position_embeddings=shape.pop("max_position_embeddings", max(512, max_len)),
-        **shape,
-    )
+    if preset.startswith(ARCH_PRESET):  # --arch: a row of the model matrix at its real small shape
+        from ppoflow.infra.architectures import real_config
+
+        cfg = real_config(
+            preset[len(ARCH_PRESET) :], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+        )
+        vocab = cfg.vocab_size
+    else:
+        shape = dict(PRESETS[preset])
+        vocab = shape.pop("vocab_size", len(tok))
+        cfg = tiny_config(
+            vocab,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            max_position_embeddings=shape.pop("max_position_embeddings", max(512, max_len)),
+            **shape,
+        )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     if mean_response_len > 0:

@@ -138,7 +138,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         causal_lm="Qwen3MoeForCausalLM",
         tiny=_frozen(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64),
         tied=False,
-        real_name="Qwen3-30B-A3B's layers (hidden 1024 for 2048, 12 layers for 48, 32 experts for 128), about 1.2B",
+        real_name="Qwen3-30B-A3B's layers (hidden 1024 for 2048, 12 layers for 48, 32 experts for 128), about 1.3B",
         real=_frozen(
             hidden_size=1024,
             num_hidden_layers=12,
@@ -241,7 +241,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         causal_lm="MistralForCausalLM",
         tiny=_frozen(head_dim=32, sliding_window=TINY_WINDOW),
         tied=False,
-        real_name="Mistral-7B-v0.3's layer shape at 16 layers of hidden 2048, about 1.1B",
+        real_name="Mistral-7B-v0.3's layer shape at 16 layers of hidden 2048, about 0.9B",
         real=_frozen(
             hidden_size=2048,
             num_hidden_layers=16,
