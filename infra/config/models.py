@@ -200,7 +200,8 @@ class ActorConfig(Section):
     ppo_max_token_len_per_gpu: TokenBudget = Field(
         "auto",
         description="with use_dynamic_bsz: real tokens per update micro-batch per GPU; auto: "
-        f"{AUTO_UPDATE_TOKENS} or the longest row, whichever is larger",
+        f"{AUTO_UPDATE_TOKENS} or the longest row, whichever is larger; on GPUs the memory plan's "
+        "largest that fits (docs/gpus.md)",
     )
     log_prob_max_token_len_per_gpu: int | None = Field(
         None,
@@ -282,7 +283,8 @@ class CriticConfig(Section):
     ppo_max_token_len_per_gpu: TokenBudget = Field(
         "auto",
         description="with use_dynamic_bsz: real tokens per update micro-batch per GPU; auto: "
-        f"{AUTO_UPDATE_TOKENS} or the longest row, whichever is larger",
+        f"{AUTO_UPDATE_TOKENS} or the longest row, whichever is larger; on GPUs the memory plan's "
+        "largest that fits (docs/gpus.md)",
     )
     forward_max_token_len_per_gpu: int | None = Field(
         None,
