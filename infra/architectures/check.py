@@ -131,6 +131,16 @@ def _row_problems(
                 f"set rollout.dtype: {row.cpu_engine_dtype} (or rollout.engine: hf)",
             )
         )
+    kv_heads = config.get("num_key_value_heads") or config.get("num_attention_heads") or 0
+    if row.name == "gpt_oss" and s.engine == "vllm" and kv_heads and s.tensor_parallel > kv_heads:
+        out.append(
+            (
+                where,
+                f"rollout.tensor_model_parallel_size={s.tensor_parallel} is more than its {kv_heads} "
+                "key/value heads: vLLM's GPT-OSS splits them and replicates none",
+                f"set rollout.tensor_model_parallel_size to at most {kv_heads}",
+            )
+        )
     if row.name == "gpt_oss" and s.engine == "vllm" and config.get("rms_norm_eps", 1e-5) != 1e-5:
         out.append(
             (

@@ -307,6 +307,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         causal_lm="GptOssForCausalLM",
         tiny=_frozen(
             head_dim=32,
+            num_key_value_heads=2,  # vLLM's GPT-OSS shards key/value heads, never replicates them
             num_local_experts=4,
             num_experts_per_tok=2,
             sliding_window=TINY_WINDOW,
@@ -335,6 +336,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         limits=(
             "unquantized only (no MXFP4 checkpoints)",
             "vLLM's GPT-OSS norms use eps 1e-5 whatever the config says",
+            "the engine's tensor parallelism at most the key/value heads (vLLM replicates none)",
         ),
     ),
     Architecture(

@@ -43,12 +43,18 @@ def test_architecture_end_to_end(row, tmp_path):
     tol = FP32_TOL if row.cpu_engine_dtype == "float32" else BF16_TOL
     pushes = ["first", "second", "checkpoint"] + (["lora"] if row.lora else [])
     figures = {push: rec[push]["max_abs"] for push in pushes}
-    print(f"{row.name}: {json.dumps({**figures, 'moved': rec['moved'], 'export': rec['export']})}")
-    print(f"{row.name}: packing {json.dumps(rec['packing'])}; {rec['wall_s']:.1f} s")
+    moved = {"moved": rec["moved"], "lora_moved": rec.get("lora_update", {}).get("lora/moved")}
+    print(f"{row.name}: {json.dumps({**figures, **moved, 'export': rec['export']})}")
+    print(f"{row.name}: packing {json.dumps(rec['packing'])}")
+    init = rec["init"][0]
+    engine = {k: init["rollout"].get(k) for k in ("engine_init_s",)}
+    print(f"{row.name}: {rec['wall_s']:.1f} s {json.dumps(rec['seconds'])} init {init['init_s']} {engine}")
     for push, gap in figures.items():
         assert gap < tol, f"{row.name}: the engine's log-probs after the {push} push are off by {gap}"
         assert rec[push]["tokens"] >= 40
     assert rec["moved"] > 20 * tol, "the update barely moved the policy: the checks would miss a stale engine"
+    if row.lora:  # the LoRA update moved its policy well past what its push may be off by
+        assert rec["lora_update"]["lora/moved"] > 5 * max(figures["lora"], tol / 5), rec["lora_update"]
 
     packing = rec["packing"]
     for mode in ("packed",) * row.packing + ("sequence_parallel",) * row.sequence_parallel:

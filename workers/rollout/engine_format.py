@@ -20,7 +20,9 @@ the attention sinks straight into their parameters, which vLLM's in-place reload
 meta device: the copies vanish and the engine keeps the old experts and sinks. The stream gives
 the experts one by one (``mlp.experts.<e>.gate_up_proj``, ...: vLLM's per-expert path, through
 weight loaders that reload records) and holds the sinks back; :func:`after_reload` copies them into
-the engine's parameters (this TP rank's heads) once the reload is done.
+the engine's parameters (this TP rank's heads) once the reload is done. Qwen3-Next's delta-net
+convolution weights are held back too (their loader fails on the reload's meta tensors with
+tensor parallelism) and loaded after it through their own loader.
 
 After the reload (vLLM's CPU build), :func:`after_reload` re-packs what the reload leaves stale:
 the tied LM head (``weight_sync.refresh_tied_layers``), and every fused-expert layer: on a weight
@@ -45,6 +47,9 @@ __all__ = ["EngineFormat", "after_reload"]
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 #: GPT-OSS's fused expert tensors (E, ...) given to vLLM one expert at a time.
 _GPT_OSS_EXPERTS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+#: Tensors vLLM's in-place reload cannot take, by model type (name suffixes): loaded after it
+#: (:func:`after_reload`). GPT-OSS's sinks (copied straight into a parameter the reload moved to meta).
+_HELD = {"gpt_oss": (".sinks",)}
 
 
 class EngineFormat:
@@ -78,13 +83,11 @@ class EngineFormat:
         return list(revert_weight_conversion(self.model, dict(group)).items())
 
     def _engine_items(self, name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        if self.model_type != "gpt_oss":
-            yield name, tensor
+        if name.endswith(_HELD.get(self.model_type or "", ())):
+            self.held[name] = tensor
             return
         owner, _, leaf = name.rpartition(".")
-        if leaf == "sinks":
-            self.held[name] = tensor
-        elif owner.endswith(".mlp.experts") and leaf in _GPT_OSS_EXPERTS:
+        if self.model_type == "gpt_oss" and owner.endswith(".mlp.experts") and leaf in _GPT_OSS_EXPERTS:
             for expert in range(tensor.shape[0]):
                 yield f"{owner}.{expert}.{leaf}", tensor[expert]
         else:
@@ -139,18 +142,25 @@ def _refresh_experts(model: nn.Module) -> list[str]:
 
 @torch.no_grad()
 def _copy_direct(model: nn.Module, direct: dict[str, torch.Tensor]) -> list[str]:
-    """Copy held tensors (GPT-OSS sinks, per head) into the engine's parameters, this TP rank's heads."""
+    """Load held tensors into the engine's live parameters: GPT-OSS's sinks copied (this TP rank's
+    heads), anything else through the parameter's own weight loader (which takes this TP rank's
+    share of the full tensor)."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
     params = dict(model.named_parameters())
     tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
     done = []
     for name, tensor in direct.items():
-        target = name.replace(".self_attn.", ".attn.")
+        target = name if name in params else name.replace(".self_attn.", ".attn.")
         if target not in params:
             raise KeyError(f"the engine has no parameter {target} for the pushed tensor {name}")
-        share = tensor.shape[0] // tp
-        params[target].data.copy_(tensor[rank * share : (rank + 1) * share])
+        param = params[target]
+        if name.endswith(".sinks"):  # a plain parameter: vLLM's loader narrows it by hand too
+            share = tensor.shape[0] // tp
+            param.data.copy_(tensor[rank * share : (rank + 1) * share])
+        else:
+            getattr(param, "weight_loader", default_weight_loader)(param, tensor.to(param.dtype))
         done.append(target)
     return done
 

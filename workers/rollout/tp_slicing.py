@@ -20,7 +20,9 @@ What vLLM (0.32, CPU and GPU) allows, found by reading its weight loaders:
   to meta). :meth:`TPSlicer.engine_accepts_slices` sets them for one push and restores them after.
 - NOT sliceable: ``VocabParallelEmbedding``/``ParallelLMHead`` (their loader always narrows a
   full vocabulary tensor and ignores the flag), norms and other replicated parameters, quantized
-  layers (other loaders), and the row-parallel bias (replicated). These still go as full tensors.
+  layers (other loaders), the row-parallel bias (replicated), and a parameter with a loader of its
+  own (Qwen3-Next's delta-net convolution: it shards its q, k and v parts separately). These still
+  go as full tensors.
 - The public alternative, ``reload_weights(is_checkpoint_format=False)`` (tensors already in
   kernel format and sharded, copied straight into the parameters), works on GPU for unquantized
   models (fused qkv/gate_up built by the caller) but not on CPU, where the kernel format of a
@@ -78,6 +80,8 @@ def _spec(mod: nn.Module, param: str, shard: Any) -> tuple[int, int, int]:
 
     if not isinstance(getattr(mod, "quant_method", None), UnquantizedLinearMethod) or mod.tp_size == 1:
         return _FULL
+    if not _standard_loader(mod, getattr(mod, param, None)):
+        return _FULL
     if isinstance(mod, QKVParallelLinear) and shard in ("q", "k", "v"):
         if shard == "q":
             size = mod.num_heads * mod.head_size
@@ -92,6 +96,15 @@ def _spec(mod: nn.Module, param: str, shard: Any) -> tuple[int, int, int]:
     if type(mod) is RowParallelLinear and shard is None and param == "weight":
         return 1, mod.tp_rank * mod.input_size_per_partition, mod.input_size_per_partition
     return _FULL
+
+
+def _standard_loader(mod: nn.Module, tensor: Any) -> bool:
+    """Whether ``tensor`` is loaded by its layer's own loader (which takes pre-sliced tensors as
+    described in the module docstring), not by a loader of its own that expects the full tensor
+    and shards it its own way (Qwen3-Next's delta-net ``conv1d.weight``: its q, k and v parts each
+    split across the TP ranks, not one contiguous block)."""
+    loader = getattr(tensor, "weight_loader", None)
+    return loader is None or getattr(loader, "__self__", None) is mod
 
 
 def slice_specs_rpc(worker: Any, hf_names: list[str]) -> dict[str, Any]:

@@ -26,6 +26,10 @@ def test_moe_rows_take_sequence_parallelism_and_gpt_oss_its_own_epsilon():
     problems, _ = config_problems({"model_type": "gpt_oss", "rms_norm_eps": 1e-6}, Settings())
     assert len(problems) == 1 and "vLLM's GPT-OSS uses 1e-5" in problems[0][1]
     assert config_problems({"model_type": "gpt_oss", "rms_norm_eps": 1e-5}, Settings())[0] == []
+    problems, _ = config_problems(
+        {"model_type": "gpt_oss", "num_key_value_heads": 1}, Settings(tensor_parallel=2)
+    )
+    assert [p[2] for p in problems] == ["set rollout.tensor_model_parallel_size to at most 1"]
 
 
 def test_what_no_row_can_run_is_refused_even_outside_the_matrix():

@@ -115,6 +115,18 @@ def _engine_record(out) -> dict[str, float]:
     }
 
 
+class _Clock:
+    """Seconds since the previous tick, by phase name."""
+
+    def __init__(self, into: dict[str, float]):
+        self.into, self.last = into, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.into[phase] = round(now - self.last, 1)
+        self.last = now
+
+
 def run_row(row, work: str) -> dict[str, Any]:
     """The scenario of the module docstring for one row; returns what the test asserts on."""
     from ppoflow.demo.tiny_models import save_tiny_model
@@ -124,10 +136,13 @@ def run_row(row, work: str) -> dict[str, Any]:
     model_dir = save_tiny_model(os.path.join(work, "model"), arch=row.name)
     config = {"config": experiment(row, model_dir, work), "role": "actor_rollout", "lora": row.lora}
     config.update(sp=row.sequence_parallel, lora_targets=list(row.lora_targets or []))
-    rec: dict[str, Any] = {"lines": []}
+    rec: dict[str, Any] = {"lines": [], "seconds": {}}
     ckpt = os.path.join(work, "ckpt")
+    clock = _Clock(rec["seconds"])
     with WorkerGroup(WORKER, nprocs=2, config=config, log=rec["lines"].append) as g:
+        clock("start")
         rec["init"] = g.call("init_model")
+        clock("init_model")
         first = _call(g, work, "generate_sequences", prompts(), "first", seed=1)
         rec["first"] = _engine_record(first)
         data = os.path.join(work, "update.arrow")
@@ -139,7 +154,9 @@ def run_row(row, work: str) -> dict[str, Any]:
         rec["moved"] = _gap(
             moved.batch["old_log_probs"], first.batch["old_log_probs"], first.batch["response_mask"]
         )
+        clock("pushes_and_update")
         rec["packing"] = g.call("packing_check", 0)[0]
+        clock("packing_check")
         g.call("save_checkpoint", ckpt, weights_only=True)
         if row.lora:
             rec["lora_update"] = g.call("lora_update", data)[0]
@@ -147,7 +164,10 @@ def run_row(row, work: str) -> dict[str, Any]:
         g.call("load_policy", ckpt)
         last = _call(g, work, "generate_sequences", prompts(), "last", seed=4)
         rec["checkpoint"] = _engine_record(last)
+        clock("checkpoint_and_lora")
+    clock("shutdown")
     rec["export"] = export_gap(ckpt, model_dir, os.path.join(work, "export"), last)
+    clock("export")
     rec["wall_s"] = time.perf_counter() - t0
     return rec
 

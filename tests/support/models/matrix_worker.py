@@ -68,7 +68,10 @@ class MatrixWorker(ActorRolloutRefWorker):
             from ppoflow.workers.rollout.lora_sync import LoRAShardingManager
 
             cfg = self.cfg
-            optimizer, scheduler = build_optimizer(lora_module, cfg.actor.optim)
+            # adapters start at zero: a larger step than the full model's moves the policy as far
+            optimizer, scheduler = build_optimizer(
+                lora_module, cfg.actor.optim.model_copy(update={"lr": 0.1})
+            )
             self.lora_actor = DataParallelPPOActor(
                 cfg.actor, lora_module, optimizer, scheduler, dp_size=self.dp_size, device=self.device
             )
@@ -155,8 +158,13 @@ class MatrixWorker(ActorRolloutRefWorker):
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def lora_update(self, data) -> dict[str, float]:
-        """One PPO update of the LoRA policy; its next rollout pushes the merged weights."""
+        """One PPO update of the LoRA policy (its next rollout pushes the merged weights); the
+        metrics, and ``lora/moved``: how far it moved the log-probs of ``data``'s tokens."""
+        before, _ = self.lora_actor.compute_log_prob(data)
         metrics = self.lora_actor.update_policy(data)
+        after, _ = self.lora_actor.compute_log_prob(data)
+        mask = data.batch["response_mask"].bool()
+        metrics["lora/moved"] = float((after - before)[mask].abs().max())
         self.lora_manager.set_source_live()
         return metrics
 
