@@ -122,6 +122,14 @@ def _row_problems(
                 "set rollout.tensor_model_parallel_size to 1",
             )
         )
+    return out + _engine_problems(row, config, s, where, name)
+
+
+def _engine_problems(
+    row: Architecture, config: dict[str, Any], s: Settings, where: str, name: str
+) -> list[tuple[str, str, str]]:
+    """What the row's vLLM engine cannot take of the run's settings and the config."""
+    out = []
     cpu_vllm = s.engine == "vllm" and s.device == "cpu"
     if cpu_vllm and row.cpu_engine_dtype != "float32" and s.engine_dtype != row.cpu_engine_dtype:
         out.append(

@@ -8,9 +8,8 @@ here is what ``tests/scenarios/test_model_matrix.py`` checks for the row on CPU 
 gives the table with the figures measured. Pure data: the flow's process imports it (the config
 check) without torch.
 
-    row = architecture_of(config_json["model_type"])     # None: not in the matrix
-    row.packing, row.sequence_parallel, row.moe          # what a config may ask of it
-"""
+    row = architecture_of(config_json["model_type"])     # None outside the matrix
+    row.packing, row.sequence_parallel, row.moe          # what a config may ask of it"""
 
 from __future__ import annotations
 
@@ -35,10 +34,19 @@ TINY_COMMON: Mapping[str, Any] = MappingProxyType(
 )
 #: The tiny sliding window: shorter than the tests' sequences, so that the window matters.
 TINY_WINDOW = 32
+#: Llama 3.x's rope scaling (3.1 and later), tiny and real alike.
+_LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=500_000.0,
+    factor=32.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+)
 
 
 def _frozen(**kw: Any) -> Mapping[str, Any]:
-    return MappingProxyType(kw)
+    return MappingProxyType(kw)  # tiny.py copies the values (a config may change its dicts)
 
 
 @dataclass(frozen=True)
@@ -168,14 +176,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         tiny=_frozen(
             head_dim=32,
             max_position_embeddings=16384,  # llama3 scaling: above its original context
-            rope_parameters={
-                "rope_type": "llama3",
-                "rope_theta": 500_000.0,
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
+            rope_parameters=_LLAMA3_ROPE,
         ),
         tied=True,
         real_name="Llama-3.2-1B",
@@ -189,14 +190,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
             vocab_size=128256,
             max_position_embeddings=131072,
             rms_norm_eps=1e-5,
-            rope_parameters={
-                "rope_type": "llama3",
-                "rope_theta": 500_000.0,
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
+            rope_parameters=_LLAMA3_ROPE,
             tie_word_embeddings=True,
         ),
         seams="llama3 rope scaling (inv_freq rebuilt after to_empty); tied head at 1B/3B",

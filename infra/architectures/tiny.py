@@ -32,9 +32,11 @@ def row(arch: str | Architecture) -> Architecture:
 
 
 def _config(arch: Architecture, fields: dict[str, Any]):
+    import copy
+
     import transformers
 
-    return getattr(transformers, arch.config_class)(**fields)
+    return getattr(transformers, arch.config_class)(**copy.deepcopy(fields))
 
 
 def _tokens(vocab_size: int, eos_token_id: int | None, pad_token_id: int | None) -> dict[str, Any]:

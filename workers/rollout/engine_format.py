@@ -25,7 +25,7 @@ convolution weights are held back too (their loader fails on the reload's meta t
 tensor parallelism) and loaded after it through their own loader.
 
 After the reload (vLLM's CPU build), :func:`after_reload` re-packs what the reload leaves stale:
-the tied LM head (``weight_sync.refresh_tied_layers``), and every fused-expert layer: on a weight
+the tied LM head (:func:`refresh_tied_layers`), and every fused-expert layer: on a weight
 update vLLM's unquantized MoE method copies the checkpoint-layout tensors into the kernel's
 storage and skips the CPU kernel's pre-packing (its ``process_weights_after_loading`` runs only
 at the first load), so the experts compute with unpacked weights read as packed ones (log-probs
@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["EngineFormat", "after_reload"]
+__all__ = ["EngineFormat", "after_reload", "refresh_tied_layers"]
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 #: GPT-OSS's fused expert tensors (E, ...) given to vLLM one expert at a time.
@@ -165,12 +165,40 @@ def _copy_direct(model: nn.Module, direct: dict[str, torch.Tensor]) -> list[str]
     return done
 
 
+def refresh_tied_layers(worker: Any) -> list[str]:
+    """vLLM worker RPC: re-run ``process_weights_after_loading`` of unquantized layers that share
+    their weight with another layer (the tied LM head), so CPU pre-packed GEMM handles see the new
+    weights. Returns the names of the refreshed modules. No-op off the CPU backend."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return []
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    model = worker.model_runner.get_model()
+    by_storage: dict[int, list[tuple[str, nn.Module]]] = {}
+    for name, mod in model.named_modules():
+        weight = getattr(mod, "weight", None)
+        method = getattr(mod, "quant_method", None)
+        if method is None or not isinstance(weight, torch.Tensor) or weight.numel() == 0 or weight.is_meta:
+            continue
+        by_storage.setdefault(weight.untyped_storage().data_ptr(), []).append((name, mod))
+    refreshed = []
+    for members in by_storage.values():
+        if len(members) < 2:
+            continue
+        for name, mod in members:
+            if isinstance(mod.quant_method, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)):
+                mod.quant_method.process_weights_after_loading(mod)
+                refreshed.append(name)
+    return refreshed
+
+
 def after_reload(worker: Any, direct: dict[str, torch.Tensor] | None = None) -> dict[str, list[str]]:
     """vLLM worker RPC after a push: on the CPU build, re-pack the tied head and the fused experts;
     everywhere, copy the ``direct`` tensors (:attr:`EngineFormat.held`). Returns what it touched."""
     from vllm.platforms import current_platform
-
-    from ppoflow.workers.rollout.weight_sync import refresh_tied_layers
 
     model = worker.model_runner.get_model()
     out: dict[str, list[str]] = {"tied_refreshed": [], "experts_refreshed": [], "direct": []}

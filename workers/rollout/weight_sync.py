@@ -22,7 +22,7 @@ Sources yield ``(hf_name, tensor)`` one tensor at a time (never a full state-dic
   copies what vLLM's loaders copy outside the reload, such as GPT-OSS's sinks):
   1. tied embeddings: the tied ``lm_head`` is skipped by the model's loader (no weights arrive
      for it: log line "ParallelLMHead: Failed to load weights"), so its pre-packed GEMM handle
-     keeps the OLD embedding (log-probs drift ~0.3). :func:`refresh_tied_layers` re-runs the
+     keeps the OLD embedding (log-probs drift ~0.3). ``engine_format.refresh_tied_layers`` re-runs the
      unquantized ``process_weights_after_loading`` of every layer that shares its weight with
      another layer;
   2. ``reset_prefix_cache()``: cached KV blocks were computed with the old weights.
@@ -48,6 +48,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ppoflow.workers.rollout.engine_format import EngineFormat, after_reload, refresh_tied_layers
 
 __all__ = [
     "live_weights",
@@ -157,36 +159,6 @@ def checkpoint_weights(
             yield name, tensors.pop(name)
 
 
-def refresh_tied_layers(worker: Any) -> list[str]:
-    """vLLM worker RPC: re-run ``process_weights_after_loading`` of unquantized layers that share
-    their weight with another layer (the tied LM head), so CPU pre-packed GEMM handles see the new
-    weights. Returns the names of the refreshed modules. No-op off the CPU backend."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return []
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
-    model = worker.model_runner.get_model()
-    by_storage: dict[int, list[tuple[str, nn.Module]]] = {}
-    for name, mod in model.named_modules():
-        weight = getattr(mod, "weight", None)
-        method = getattr(mod, "quant_method", None)
-        if method is None or not isinstance(weight, torch.Tensor) or weight.numel() == 0 or weight.is_meta:
-            continue
-        by_storage.setdefault(weight.untyped_storage().data_ptr(), []).append((name, mod))
-    refreshed = []
-    for members in by_storage.values():
-        if len(members) < 2:
-            continue
-        for name, mod in members:
-            if isinstance(mod.quant_method, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)):
-                mod.quant_method.process_weights_after_loading(mod)
-                refreshed.append(name)
-    return refreshed
-
-
 def _gpu_load(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     """vLLM worker RPC (GPU): load the stream into the live model's parameters in place."""
     worker.model_runner.get_model().load_weights(weights)
@@ -203,8 +175,6 @@ def push_into_engine(
     woken). Resets the prefix cache. Returns stats: ``{"tensors", "params", "bytes", "load_s",
     "tied_refreshed", "experts_refreshed", "direct"}`` (counted as the trainer gave them).
     """
-    from ppoflow.workers.rollout.engine_format import EngineFormat, after_reload
-
     stats = WeightStats()
     fmt = EngineFormat(model) if model is not None else None
     stream = stats.wrap(weights)
