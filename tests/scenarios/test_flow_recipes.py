@@ -97,7 +97,13 @@ def test_dapo_drops_groups_fills_the_batch_and_a_killed_generate_commits_the_sam
     lengths = rollout.batch["response_mask"].sum(-1).tolist()
     penalties = [-min(max(n - (8 - 4), 0) / 4, 1.0) for n in lengths]
     assert metrics["response/overlong_penalty_mean"] == pytest.approx(sum(penalties) / len(penalties))
-    assert {"actor/pg_clipfrac_low", "actor/pg_clipfrac_high"} <= set(metrics)
+    kept = batch.batch["response_mask"].reshape(-1, 4, batch.batch["response_mask"].shape[-1]).sum((1, 2))
+    # a mini-batch (2 prompts x 2 responses) whose every response the filtering emptied takes no step
+    assert metrics["actor/skipped_steps"] == float((kept == 0).sum())
+    if bool((kept > 0).any()):
+        assert {"actor/pg_clipfrac_low", "actor/pg_clipfrac_high"} <= set(metrics)
+    else:
+        assert "actor/pg_loss" not in metrics and "actor/grad_norm" not in metrics
     print(
         f"\ndapo: {rounds:.0f} rounds, {metrics['rollout/filtered_groups_share']:.2f} of groups dropped, "
         f"truncated share {metrics['response/truncated_share']:.2f}"
