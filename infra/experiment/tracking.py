@@ -34,7 +34,16 @@ from typing import Any
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.metrics import finite_scalars
 
-__all__ = ["ENV", "RUN_FILE", "SAMPLES_FILE", "MlflowTracker", "metric_name", "flatten", "flat_config"]
+__all__ = [
+    "Guarded",
+    "ENV",
+    "RUN_FILE",
+    "SAMPLES_FILE",
+    "MlflowTracker",
+    "metric_name",
+    "flatten",
+    "flat_config",
+]
 
 ENV = "MLFLOW_TRACKING_URI"
 #: ``<experiment>/mlflow.json``: ``{tracking_uri, experiment_id, run_id}``
@@ -70,7 +79,29 @@ def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
     return {metric_name(k): v for k, v in finite_scalars(metrics).items()}
 
 
-class MlflowTracker:
+class Guarded:
+    """What a tracker's calls share: the first failure warns once, naming ``label`` and the call,
+    and turns the tracker off for the rest of the run (tracking never fails training)."""
+
+    label = "tracking"
+    failed = False
+    warn: Callable[[str], None]
+
+    def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
+        if self.failed:
+            return None
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - tracking never fails training
+            self.failed = True
+            self.warn(
+                f"{self.label} failed ({what}: {type(exc).__name__}: {str(exc)[:300]}); "
+                "no more of it in this run, training goes on"
+            )
+            return None
+
+
+class MlflowTracker(Guarded):
     """The MLflow run of one experiment (``root``: the experiment's URL). Every method swallows
     tracking failures (see the module docstring); :meth:`of` returns None when tracking is off."""
 
@@ -82,6 +113,7 @@ class MlflowTracker:
         set_tracking_uri(uri)
         set_registry_uri(uri)
         self.uri, self.root, self.name, self.warn = uri, root.rstrip("/"), name, warn
+        self.label = f"MLflow tracking at {uri}"
         self.storage_options = storage_options
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         self.run_id: str | None = None
@@ -109,19 +141,6 @@ class MlflowTracker:
                 f"MLflow tracking at {uri} cannot start ({type(exc).__name__}: {str(exc)[:300]}); not tracking"
             )
         return None
-
-    def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
-        if self.failed:
-            return None
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - tracking never fails training
-            self.failed = True
-            self.warn(
-                f"MLflow tracking at {self.uri} failed ({what}: {type(exc).__name__}: {str(exc)[:300]}); "
-                "no more tracking in this run, training goes on"
-            )
-            return None
 
     # -- the run -----------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.evaluation import EVAL_DIR, VAL_TAG
 from ppoflow.infra.experiment.metrics import finite_scalars
 from ppoflow.infra.experiment.paths import ExperimentPaths
-from ppoflow.infra.experiment.tracking import SAMPLES_FILE, flat_config
+from ppoflow.infra.experiment.tracking import SAMPLES_FILE, Guarded, flat_config
 
 __all__ = ["RUN_FILE", "WandbTracker", "new_run_id", "next_step", "run_dir", "wandb_problems"]
 
@@ -119,7 +119,7 @@ def _creatable(path: str) -> bool:
     return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
 
 
-class WandbTracker:
+class WandbTracker(Guarded):
     """The W&B run of one experiment (``root``: the experiment's URL), with
     :class:`~ppoflow.infra.experiment.tracking.MlflowTracker`'s methods; each swallows tracking
     failures (module docstring). :meth:`of` returns None when W&B is off."""
@@ -129,6 +129,7 @@ class WandbTracker:
 
         assert cfg.tracking.wandb is not None
         self.wandb, self.wb, self.warn = wandb, cfg.tracking.wandb, warn
+        self.label = "W&B tracking"
         self.paths = ExperimentPaths(root)
         self.name = cfg.storage.experiment
         self.dir = run_dir(self.wb, root, cfg.storage.storage_options)
@@ -153,19 +154,6 @@ class WandbTracker:
         except Exception as exc:  # noqa: BLE001 - tracking never fails training
             warn(f"W&B tracking cannot start ({type(exc).__name__}: {str(exc)[:300]}); not tracking")
         return None
-
-    def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
-        if self.failed:
-            return None
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - tracking never fails training
-            self.failed = True
-            self.warn(
-                f"W&B tracking failed ({what}: {type(exc).__name__}: {str(exc)[:300]}); "
-                "no more W&B in this run, training goes on"
-            )
-            return None
 
     # -- the run -------------------------------------------------------------------------------
 
