@@ -91,7 +91,47 @@ PRESETS = {
 }
 #: ``--arch NAME`` sets the preset to this prefix + NAME: the matrix row's real small shape.
 ARCH_PRESET = "arch:"
-PEAK_TFLOPS = {"cuda": 791.0}  # H200 bf16 dense, measured on the device machine (FIELD-NOTES)
+#: ``--size NAME``: the size ladder (docs/gpus.md), real shapes of 1.5B-8B models as a matrix row
+#: with its fields overridden (random weights; the demo's byte tokenizer uses the first ids).
+SIZES = {
+    "qwen2.5-1.5b": (
+        "qwen2",
+        dict(
+            hidden_size=1536,
+            num_hidden_layers=28,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            intermediate_size=8960,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "qwen3-4b": (
+        "qwen3",
+        dict(
+            hidden_size=2560,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=9728,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "qwen3-8b": (
+        "qwen3",
+        dict(
+            hidden_size=4096,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=12288,
+            tie_word_embeddings=False,
+        ),
+    ),
+}
+SIZE_PRESET = "size:"
+PEAK_TFLOPS = {"cuda": 791.0}  # bf16 dense matmul TFLOP/s measured on one H200 (--peak-tflops for another card)
 
 
 def kv_budget(text: str) -> float | str | None:
@@ -107,6 +147,25 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=arch_names(),
         default=None,
         help="instead of --preset: a row of the model matrix (infra/architectures) at its real small shape",
+    )
+    p.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default=None,
+        help="instead of --preset: a rung of the size ladder (docs/gpus.md), random weights at its real shape",
+    )
+    p.add_argument(
+        "--estimator",
+        choices=("gae", "grpo"),
+        default="gae",
+        help="gae: a critic and the KL in the reward (the quickstart); grpo: no critic, no KL term "
+        "(so no reference model; use --n > 1 for groups)",
+    )
+    p.add_argument(
+        "--offload",
+        choices=("none", "optimizer", "params", "both"),
+        default="none",
+        help="FSDP offload of the trained groups to host memory (optimizer states, parameters)",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--ranks", type=int, default=2)
@@ -214,6 +273,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="run full fine-tuning first, then LoRA of --lora-rank, and print them side by side",
     )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the card's bf16 matmul TFLOP/s for the MFU (default: the H200's measured 791)",
+    )
     c = p.add_argument_group("comparisons")
     c.add_argument(
         "--reference-tokens-per-s",
@@ -232,6 +297,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.arch:
         args.preset = ARCH_PRESET + args.arch
+    if args.size:
+        args.preset = SIZE_PRESET + args.size
     return args
 
 
@@ -250,12 +317,15 @@ def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int 
     from ppoflow.demo.tiny_models import build_char_tokenizer, tiny_config
 
     tok = build_char_tokenizer()
-    if preset.startswith(ARCH_PRESET):  # --arch: a row of the model matrix at its real small shape
+    dtype = torch.float32
+    if preset.startswith((ARCH_PRESET, SIZE_PRESET)):  # a matrix row (or a ladder rung) at its real shape
         from ppoflow.infra.architectures import real_config
 
-        cfg = real_config(
-            preset[len(ARCH_PRESET) :], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
-        )
+        name, overrides = preset[len(ARCH_PRESET) :], {}
+        if preset.startswith(SIZE_PRESET):
+            name, overrides = SIZES[preset[len(SIZE_PRESET) :]]
+            dtype = torch.bfloat16  # half the bytes to write and read; the trainer upcasts its copy
+        cfg = real_config(name, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **overrides)
         vocab = cfg.vocab_size
     else:
         shape = dict(PRESETS[preset])
@@ -268,7 +338,7 @@ def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int 
             **shape,
         )
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     if mean_response_len > 0:
         rng = random.Random(1)
         ordinary = range(len(tok), vocab) if vocab > 4 * len(tok) else range(5, vocab)  # not specials
@@ -345,6 +415,13 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
     mini = args.mini_batch or max(1, args.prompts // 4)
     bf16 = (getattr(args, "trainer_dtype", None) or ("bf16" if cuda else "fp32")) == "bf16"
     fsdp = {"param_dtype": "bfloat16", "reduce_dtype": "float32"} if bf16 else {}
+    offload = getattr(args, "offload", "none")
+    trained_fsdp = {
+        **fsdp,
+        **({"optimizer_offload": True} if offload in ("optimizer", "both") else {}),
+        **({"param_offload": True} if offload in ("params", "both") else {}),
+    }
+    grpo = getattr(args, "estimator", "gae") == "grpo"
     row = args.prompt_len + args.response_len
     sp = getattr(args, "sp", 1)
     per_rank_row = -(-row // sp)  # a row split over an sp group
@@ -391,7 +468,7 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "log_prob_micro_batch_size_per_gpu": args.log_prob_micro_batch,
             "logprob_head": "fused",
             "optim": {"lr": 1e-6},
-            "fsdp": fsdp,
+            "fsdp": trained_fsdp,
             **packing,
             "log_prob_max_token_len_per_gpu": log_prob_budget,
         },
@@ -401,13 +478,13 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "ppo_micro_batch_size_per_gpu": args.micro_batch,
             "forward_micro_batch_size_per_gpu": args.log_prob_micro_batch,
             "optim": {"lr": 1e-5},
-            "fsdp": fsdp,
+            "fsdp": trained_fsdp,
             **packing,
             "forward_max_token_len_per_gpu": log_prob_budget,
         },
         "algorithm": {
-            "adv_estimator": "gae",
-            "use_kl_in_reward": True,
+            "adv_estimator": "grpo" if grpo else "gae",
+            "use_kl_in_reward": not grpo,
             "overlap": args.overlap,
             "rollout_correction": rollout_correction(args),
         },
@@ -564,13 +641,12 @@ def report(
         + max(m("perf/update_actor_s"), m("perf/update_critic_s"))
     )
     lines.append("")
-    if args.device in PEAK_TFLOPS:
+    peak = getattr(args, "peak_tflops", None) or PEAK_TFLOPS.get(args.device)
+    if peak:
         upd = mean(rows, "perf/update_actor_s")
         factor = 8 if args.recompute else 6
-        mfu = factor * n_params * all_tokens / upd / (PEAK_TFLOPS[args.device] * 1e12 * args.ranks)
-        lines.append(
-            f"actor update MFU ({factor}·N·tokens / {PEAK_TFLOPS[args.device]:.0f} TFLOP/s): {mfu:.3f}"
-        )
+        mfu = factor * n_params * all_tokens / upd / (peak * 1e12 * args.ranks)
+        lines.append(f"actor update MFU ({factor}·N·tokens / {peak:.0f} TFLOP/s): {mfu:.3f}")
     lines.append(
         f"Prefect overhead (iteration wall - critical path of task time): "
         f"{mean(rows, 'timing_s/overhead'):.3f} s"
