@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ppoflow.flows.asynchronous import memory_advice
 from ppoflow.infra.checkpoint.sharded import CheckpointError
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data import storage
@@ -193,13 +194,7 @@ def _memory_advice(cfg: ExperimentConfig) -> str:
         "model.enable_gradient_checkpointing, or give the engine less (rollout.kv_cache_gib, "
         "rollout.gpu_memory_utilization); docs/gpus.md#memory"
     )
-    if cfg.asynchronous.enable:
-        advice += (
-            "; with asynchronous training the producer's engine stays awake beside the updates: on "
-            "one device it needs that room too, or place the producer on another device "
-            "(asynchronous.producer, docs/async.md#where-the-groups-run)"
-        )
-    return advice
+    return advice + memory_advice(cfg)  # what asynchronous training adds, if it is on
 
 
 def _log_hint(flow_run_id: str | None) -> str:

@@ -7,9 +7,8 @@ evaluate.py    the ``ppo-eval`` flow: a committed iteration or a model directory
 retrain.py     the ``ppo-retrain`` flow: train, evaluate, promote when a rule holds
 deployment.py  the entrypoints ``prefect.yaml`` names, with the embedded default experiment
 export.py      a committed iteration's policy as a Hugging Face directory (what a promotion publishes)
-rollout.py     the ``ppo-rollout`` flow: the rollout producer of asynchronous training
-asynchronous.py  the trainer's side of asynchronous training: the queue made consistent, the producer
-               it starts and stops
+asynchronous/  asynchronous training: the queue as the run's rollout source, the producer process,
+               the ``ppo-rollout`` flow and its ``produce`` task
 
 The command line (``ppoflow.cli``) runs these flows; nothing here imports it.
 """

@@ -19,8 +19,8 @@ started when first needed, kept across the iterations, shut down at the end; on 
 killed at once.
 
 With ``asynchronous.enable`` the iteration takes its rollout from the experiment's queue, which the
-``ppo-rollout`` flow fills ahead of it within ``asynchronous.max_staleness``
-(:mod:`ppoflow.flows.asynchronous`, :mod:`ppoflow.flows.rollout`; docs/async.md).
+``ppo-rollout`` flow fills ahead of it within ``asynchronous.max_staleness``: the run's rollout
+source, picked once here and held by the session (:mod:`ppoflow.flows.asynchronous`; docs/async.md).
 
 Resume: every task returns its stored result when its outputs already exist, so retrying a failed
 flow run (``prefect flow-run retry``, the UI's button) or running the flow again resumes at the
@@ -42,29 +42,16 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from ppoflow.flows.asynchronous import rollout_queue
+from ppoflow.flows.asynchronous import rollout_source
 from ppoflow.flows.schedule import pending_roles, run_iterations
-from ppoflow.flows.session import ExperimentSession, flow_run_key
-from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
+from ppoflow.flows.session import ExperimentSession, flow_run_key, resolve_config
+from ppoflow.infra.config import ConfigError, ExperimentConfig
 from ppoflow.infra.experiment.manifest import Manifest
 from ppoflow.tasks import evaluate, init_experiment
 from ppoflow.tasks.graph import actor_group_role, trained_roles
 from ppoflow.tasks.step import with_retries
 
 __all__ = ["ppo", "resolve_config"]
-
-
-def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
-    """The config given to the flow: a model, a YAML path/URL, or a dict (deployment JSON)."""
-    if isinstance(config, ExperimentConfig):
-        return config
-    if isinstance(config, str):
-        return load_config(config)
-    if isinstance(config, dict):
-        return parse_config(config, source="flow parameter 'config'")
-    raise ConfigError(
-        f"config must be an ExperimentConfig, a YAML path/URL or a dict; got {type(config).__name__}"
-    )
 
 
 def _initialise(session: ExperimentSession, iterations: int) -> Manifest:
@@ -107,19 +94,23 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
     if iterations < 0:
         raise ConfigError(f"iterations={iterations} must be >= 0")
     metrics: dict[str, Any] = {}
+    logger = get_run_logger()
     with ExperimentSession(
-        cfg, get_run_logger(), flow_run_key(), roles={"actor": actor_group_role(cfg)}
+        cfg,
+        logger,
+        flow_run_key(),
+        roles={"actor": actor_group_role(cfg)},
+        rollouts=rollout_source(cfg, iterations, logger.info),  # the queue's producer starts as it opens
     ) as session:
-        with rollout_queue(session, iterations):  # asynchronous training: its producer starts now
-            manifest = session.manifest if session.manifest is not None else _initialise(session, iterations)
-            if iterations:
-                manifest = _open_stream(session, manifest)
-            if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
-                # the base policy's held-out score, on the actor group that saved it
-                base = session.paths.url(manifest.actor_checkpoint)
-                with_retries(evaluate, cfg.resources.task_retries)(session.key, 0, base)
-            session.tracker.start(cfg.model_dump(mode="json"))
-            manifest, metrics = run_iterations(session.ctx, manifest, iterations, session.record)
+        manifest = session.manifest if session.manifest is not None else _initialise(session, iterations)
+        if iterations:
+            manifest = _open_stream(session, manifest)
+        if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
+            # the base policy's held-out score, on the actor group that saved it
+            base = session.paths.url(manifest.actor_checkpoint)
+            with_retries(evaluate, cfg.resources.task_retries)(session.key, 0, base)
+        session.tracker.start(cfg.model_dump(mode="json"))
+        manifest, metrics = run_iterations(session.ctx, manifest, iterations, session.record)
         if iterations:
             session.plot_at_close(manifest)
     return {

@@ -5,26 +5,35 @@
         ...run_iterations(session.ctx, manifest, n, session.record)...
         session.plot_at_close(manifest)
 
-Entering takes, in this order (each released in reverse, whatever ends the block):
+Entering takes, in this order (each only if it is for this session; whatever ends the block,
+what was taken is given back in the order of :data:`TEARDOWN`):
 
 0. with the preflight on, on GPUs: ``auto`` update token budgets become the largest the memory
    plan fits (``ppoflow.infra.preflight.memory_check.refine_auto_budgets``, logged), before any
    worker group exists;
-1. the run's context (``ppoflow.tasks.run``: its worker groups, inputs, background writes);
+1. the run's storage (:class:`~ppoflow.infra.data.storage.RunStorage`: its storage options, the
+   root protocol's defaults while the run is open);
 2. the experiment lock (no two runs of one experiment overlap), then the manifest, whose identity
    (model, tokenizer, ...) is checked against the config: a changed experiment fails here;
-3. the ``preflight`` task (data, models, reward function, storage, checkpoints);
-4. this machine's device slots (``ppoflow.infra.remote.driver.slots``), then the span of the
-   worker groups, inside the slots: the ranks free the devices before the slots are released, and
-   on Ctrl-C or SIGTERM the groups are killed at once (``worker_groups``).
+3. the run's context (``ppoflow.tasks.run``: its worker groups, inputs, background writes), made
+   here and only here, with what it is given: the lock, the storage, the rollout source. It is
+   fixed from then on, and lives in this process: the run's tasks run here (``get_run``);
+4. the ``preflight`` task (data, models, reward function, storage, checkpoints);
+5. this machine's device slots (``ppoflow.infra.remote.driver.slots``); the worker groups start
+   inside them when first needed;
+6. the rollout source's start (:class:`~ppoflow.tasks.run.rollouts.RolloutSource`; the ``ppo``
+   flow passes asynchronous training's queue, ``ppoflow.flows.asynchronous``, whose producer
+   starts now, on the trainer's devices).
+
+Leaving (:data:`TEARDOWN`): the rollout source stops (its producer at once when the run failed);
+the groups are shut down (killed at once on Ctrl-C or SIGTERM) and the run forgotten; the slots
+are released; then, still under the lock, a failed run marks its tracked runs failed, and a run
+that trained draws the experiment's plot (``plots/metrics.png``, a markdown artifact, an MLflow
+artifact) and marks its tracked runs finished; the lock is released; the storage options go.
 
 A reader of committed state (the ``ppo-eval`` flow) opens one with ``lock=False, preflight=False``:
 device slots and worker groups only; the rollout producer of asynchronous training (``ppo-rollout``)
 one more with ``slots=False`` when the trainer started it on the trainer's devices.
-
-Leaving: the groups are shut down and the slots released first; then, still under the lock, a
-failed run marks its tracked runs failed, and a run that trained draws the experiment's plot
-(``plots/metrics.png``, a markdown artifact, an MLflow artifact) and marks its tracked runs finished.
 
 :attr:`ExperimentSession.tracker` is where the run's records go beside the experiment's own: the
 experiment's MLflow run when ``MLFLOW_TRACKING_URI`` is set (:mod:`ppoflow.infra.experiment.tracking`),
@@ -35,15 +44,16 @@ both at once (:class:`Trackers`), or a tracker that records nothing.
 from __future__ import annotations
 
 import base64
-import contextlib
 import uuid
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.config import ConfigError, ExperimentConfig, load_config, parse_config
 from ppoflow.infra.data import storage
+from ppoflow.infra.data.storage import RunStorage
 from ppoflow.infra.experiment.evaluation import EVAL_DIR, VAL_TAG
 from ppoflow.infra.experiment.lock import ExperimentLock
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest, check_identity, read_manifest
@@ -54,10 +64,26 @@ from ppoflow.infra.experiment.wandb_tracking import WandbTracker
 from ppoflow.infra.preflight.memory_check import refine_auto_budgets
 from ppoflow.infra.remote.driver.slots import device_slots
 from ppoflow.tasks import preflight as preflight_task
-from ppoflow.tasks.run import RunContext, open_run, worker_groups
+from ppoflow.tasks.run import SYNCHRONOUS, RolloutSource, RunContext, abort_run, close_run, open_run
 from ppoflow.tasks.step import artifact_slug, with_retries
 
-__all__ = ["ExperimentSession", "Tracker", "NoTracker", "Trackers", "flow_run_key"]
+__all__ = [
+    "ExperimentSession",
+    "Tracker",
+    "NoTracker",
+    "Trackers",
+    "flow_run_key",
+    "resolve_config",
+    "TEARDOWN",
+]
+
+#: What a session gives back as it closes, in this order (each step only if it was taken): the
+#: rollout source's producer ends before the groups whose devices it shares; the ranks free the
+#: devices before the slots are released; the tracker and the plot are done before the lock goes
+#: (no other run writes the experiment meanwhile); the storage options last.
+TEARDOWN = ("rollouts", "groups", "slots", "records", "lock", "storage")
+
+_Step = Callable[[BaseException | None], None]
 
 
 class Tracker(Protocol):
@@ -110,6 +136,19 @@ class Trackers:
             t.finish(ok)
 
 
+def resolve_config(config: ExperimentConfig | str | dict) -> ExperimentConfig:
+    """The config given to the flow: a model, a YAML path/URL, or a dict (deployment JSON)."""
+    if isinstance(config, ExperimentConfig):
+        return config
+    if isinstance(config, str):
+        return load_config(config)
+    if isinstance(config, dict):
+        return parse_config(config, source="flow parameter 'config'")
+    raise ConfigError(
+        f"config must be an ExperimentConfig, a YAML path/URL or a dict; got {type(config).__name__}"
+    )
+
+
 def flow_run_key() -> str:
     """The current Prefect flow run's id (a fresh id outside one): the key of its run context."""
     from prefect.runtime import flow_run
@@ -118,11 +157,13 @@ def flow_run_key() -> str:
 
 
 class ExperimentSession:
-    """A flow run's lock, manifest, device slots, worker groups, tracker and plot (module
-    docstring). ``roles``: the worker classes of the run's groups
+    """A flow run's storage, lock, manifest, context, device slots, rollout source, tracker and
+    plot (module docstring). ``roles``: the worker classes of the run's groups
     (:class:`~ppoflow.tasks.run.groups.RunGroups`); ``lock``: take the experiment lock and read
     the manifest; ``preflight``: run the ``preflight`` task before taking the device slots;
-    ``slots``: take them (a rollout producer the trainer started runs on the trainer's)."""
+    ``slots``: take them (a rollout producer the trainer started runs on the trainer's);
+    ``rollouts``: where the run's rollouts come from (the synchronous ``generate`` unless the
+    ``ppo`` flow passes asynchronous training's queue)."""
 
     def __init__(
         self,
@@ -134,14 +175,16 @@ class ExperimentSession:
         lock: bool = True,
         preflight: bool = True,
         slots: bool = True,
+        rollouts: RolloutSource = SYNCHRONOUS,
     ):
         self.cfg, self.logger, self.key = cfg, logger, key
         self.paths = ExperimentPaths.of(cfg)
         self.roles, self.locking, self.preflight, self.slots = roles, lock, preflight, slots
+        self.rollouts = rollouts
         self.manifest: Manifest | None = None  # the committed state when the session opened
         self._tracker: Tracker | None = None
         self._plot: Manifest | None = None
-        self._stack: contextlib.ExitStack | None = None
+        self._taken: dict[str, _Step] = {}  # what __exit__ gives back, by TEARDOWN's names
         self._ctx: RunContext | None = None
 
     @property
@@ -169,34 +212,87 @@ class ExperimentSession:
 
     # -- opening and closing -------------------------------------------------------------------
 
+    def _took(self, name: str, give_back: _Step) -> None:
+        assert name in TEARDOWN and name not in self._taken, name
+        self._taken[name] = give_back
+
     def __enter__(self) -> ExperimentSession:
+        if self._taken or self._ctx is not None:
+            raise RuntimeError("a session opens once: make a new ExperimentSession for another run")
         if self.preflight:
             refine_auto_budgets(self.cfg, self.logger.info)
-        with contextlib.ExitStack() as stack:  # a failure part-way releases what was taken
-            self._ctx = open_run(self.key, self.cfg, log=self.logger, roles=self.roles)
-            stack.enter_context(worker_groups(self.key))  # covers failures before the slots are taken
-            if self.locking:
-                self._ctx.lock = stack.enter_context(
-                    ExperimentLock(self.paths.lock, run_id=self.key, log=self.logger.warning)
-                )
-                self.manifest = self._read_manifest()
-            stack.push(self._close)  # runs after the slots are released, before the lock is
-            if self.preflight:
-                with_retries(preflight_task, self.cfg.resources.task_retries)(self.key)
-            if self.slots:
-                stack.enter_context(
-                    device_slots(self.cfg, self.logger.info, run_id=self.key, wait_log=self.logger.warning)
-                )
-            stack.enter_context(worker_groups(self.key))  # the ranks free the devices before the slots
-            self._stack = stack.pop_all()
+        try:
+            self._open()
+        except BaseException as exc:  # a failure part-way gives back what was taken
+            self._give_back(exc)
+            raise
         return self
+
+    def _open(self) -> None:
+        """Take what the session holds, in the module docstring's order."""
+        run_storage = RunStorage(self.cfg.storage.root, self.cfg.storage.storage_options).open()
+        self._took("storage", lambda exc: run_storage.close())
+        lease: ExperimentLock | None = None
+        if self.locking:
+            held_lock = ExperimentLock(self.paths.lock, run_id=self.key, log=self.logger.warning).acquire()
+            self._took("lock", lambda exc: held_lock.release())
+            lease = held_lock
+            self.manifest = self._read_manifest()
+        self._ctx = open_run(
+            self.key,
+            self.cfg,
+            log=self.logger,
+            roles=self.roles,
+            lock=lease,
+            rollouts=self.rollouts,
+            storage=run_storage,
+        )
+        self._took("groups", self._close_groups)
+        self._took("records", self._close)
+        if self.preflight:
+            with_retries(preflight_task, self.cfg.resources.task_retries)(self.key)
+        if self.slots:
+            held = device_slots(self.cfg, self.logger.info, run_id=self.key, wait_log=self.logger.warning)
+            held.__enter__()
+
+            def release_slots(exc: BaseException | None) -> None:
+                held.__exit__(type(exc) if exc else None, exc, None)
+
+            self._took("slots", release_slots)
+        self.rollouts.start(self.manifest.iteration if self.manifest is not None else 0)
+        self._took("rollouts", lambda exc: self.rollouts.stop(failed=exc is not None))
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        stack, self._stack = self._stack, None
-        assert stack is not None, "the session was not entered"
-        return stack.__exit__(kind, exc, tb)
+    ) -> None:
+        if not self._taken:
+            raise RuntimeError("the session was not entered")
+        error = self._give_back(exc)
+        if error is not None and exc is None:
+            raise error
+
+    def _give_back(self, exc: BaseException | None) -> BaseException | None:
+        """Run the steps taken, in :data:`TEARDOWN`'s order, each whatever the others did; the first
+        step's error (logged when the block's own error is the one raised)."""
+        taken, self._taken = self._taken, {}
+        first: BaseException | None = None
+        for name in TEARDOWN:
+            if name not in taken:
+                continue
+            try:
+                taken[name](exc)
+            except BaseException as err:  # noqa: BLE001 - the other steps still run
+                first = first or err
+                if exc is not None or first is not err:
+                    self.logger.warning(f"closing the session: {name} failed too: {err!r}")
+        return first
+
+    def _close_groups(self, exc: BaseException | None) -> None:
+        """Shut the run's groups down and forget the run; on an interrupt (Ctrl-C, SIGTERM: a
+        ``BaseException`` that is not an ``Exception``) kill them first, so no rank delays the exit."""
+        if exc is not None and not isinstance(exc, Exception):
+            abort_run(self.key)
+        close_run(self.key)
 
     def _read_manifest(self) -> Manifest | None:
         manifest = read_manifest(self.paths)
@@ -208,7 +304,7 @@ class ExperimentSession:
             )
         return manifest
 
-    def _close(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+    def _close(self, exc: BaseException | None) -> None:
         """The tracker and the plot, once the groups are down and the slots free (module docstring)."""
         if exc is not None:
             if self._tracker is not None:

@@ -5,7 +5,6 @@ The iteration's steps, what each reads, where it runs and when, are one table:
 
     preflight        checks data, models, reward, storage and checkpoints before anything starts
     init_experiment  iteration 0 of a new experiment (base-weight checkpoints, manifest 0)
-    produce          one batch of the rollout queue (the ``ppo-rollout`` flow's, asynchronous training)
 
 and :data:`TASKS`, every step's Prefect task by the step's name. ``ppoflow.tasks.run`` holds the
 flow-run-scoped state (worker groups, inputs) the tasks look up by run key.
@@ -20,7 +19,6 @@ from ppoflow.tasks.evaluate import evaluate
 from ppoflow.tasks.generate import generate
 from ppoflow.tasks.graph import STEPS
 from ppoflow.tasks.preflight import preflight
-from ppoflow.tasks.produce import produce
 from ppoflow.tasks.publish import publish_policy
 from ppoflow.tasks.score import old_log_prob, ref_log_prob, rm_score, teacher_log_prob, values
 from ppoflow.tasks.update import update_actor, update_critic
@@ -58,7 +56,6 @@ __all__ = [
     "init_experiment",
     "old_log_prob",
     "preflight",
-    "produce",
     "publish_policy",
     "ref_log_prob",
     "rm_score",

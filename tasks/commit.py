@@ -11,7 +11,8 @@ until a later commit finds it written (``Manifest.settled``) — gather
 the receipts of iteration n into ``iterations/n/metrics.json``, then publish manifest n (new
 checkpoints, the data cursor after this batch, the KL controller's coefficient; with asynchronous
 training the record of the queue's batch it consumed), and finally apply the retention policy
-(``checkpoint.keep_last`` / ``keep_every``; the queue's consumed batches). Both check first that this run
+(``checkpoint.keep_last`` / ``keep_every``), and then the run's rollout source tidies what the
+commit made obsolete (``RolloutSource.after_commit``). Both check first that this run
 still holds the experiment lock. A commit that finds manifest n already published returns it (a
 retried commit). The manifest never names a checkpoint that is not complete.
 """
@@ -35,8 +36,6 @@ from ppoflow.infra.experiment.manifest import (
 from ppoflow.infra.experiment.metrics import throughput_metrics
 from ppoflow.infra.experiment.retention import apply_retention
 from ppoflow.infra.faults import maybe_fail
-from ppoflow.infra.queue.control import retain as retain_queue
-from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.tasks.graph import critical_path, trained_roles
 from ppoflow.tasks.receipts import IterationReceipts, Receipt
 from ppoflow.tasks.replay import replay_entry
@@ -73,7 +72,7 @@ def init_experiment(run: str) -> Manifest:
     manifest = initial_manifest(
         cfg, paths, checkpoints["actor"], checkpoints["critic"], kl_coef=cfg.algorithm.kl_ctrl.kl_coef
     )
-    ctx.lock.check()
+    ctx.check_lock()
     publish(paths, manifest)
     maybe_fail("init", "after")
     return manifest
@@ -170,7 +169,7 @@ def commit(
         metrics.update({"iteration": n, "time/started_unix_s": started, "time/committed_unix_s": time.time()})
         storage.write_json_atomic(paths.file(n, "metrics.json"), metrics)
         manifest = _manifest(ctx, n, previous, receipts, metrics, rollout_checkpoints)
-        ctx.lock.check()
+        ctx.check_lock()
         publish(paths, manifest)
         maybe_fail("commit", "after", n)
         _retain(ctx, n, manifest, logger)
@@ -203,12 +202,11 @@ def _manifest(
 
 
 def _retain(ctx, n: int, manifest: Manifest, logger) -> None:
-    """Apply the retention policy after commit ``n`` (a failure is logged: the next commit retries);
-    with asynchronous training also to the rollout queue (the batches up to n are consumed)."""
+    """Apply the retention policy after commit ``n``, then let the run's rollout source remove
+    what the commit made obsolete (a failure is logged: the next commit retries)."""
     try:
         removed = [ctx.paths.ref(u) for u in apply_retention(ctx.paths, ctx.cfg.checkpoint, manifest)]
-        if ctx.cfg.asynchronous.enable:
-            removed += [f"queue/{ref}" for ref in retain_queue(QueuePaths(ctx.paths.root), n)]
+        removed += ctx.rollouts.after_commit(n)
     except Exception as exc:  # noqa: BLE001 - the commit stands; the next one retries the cleanup
         logger.warning(f"retention after commit {n} failed (the next commit tries again): {exc}")
     else:

@@ -63,7 +63,7 @@ def consume(step: Step[ConsumeReceipt], cursor: DataCursor) -> ConsumeReceipt:
     )
     t0 = time.perf_counter()
     step.logger.info(f"waiting for batch {n} of the rollout queue ({queue.batch_dir(n)})")
-    record = wait_record(queue, n, poll_s=a.poll_s, timeout_s=a.wait_timeout_s, check=ctx.check_producer)
+    record = wait_record(queue, n, poll_s=a.poll_s, timeout_s=a.wait_timeout_s, check=ctx.check_rollouts)
     wait_s = time.perf_counter() - t0
     batch, url = load_batch(queue, n, record)
     _check_prompts(n, batch, prompts, cfg.rollout.n)

@@ -86,6 +86,12 @@ class AsyncConfig(Section):
         description="a producer's lease on a batch whose heartbeat is older than this is taken over "
         "(at once when its process on this host is gone)",
     )
+    admission: str | None = Field(
+        None,
+        description="the producer's choice of which batches it may start: 'module:Class' (a module "
+        "or .py file; the class takes this section and has admissible(committed, latest, until)); "
+        "None: the bound above (ppoflow.infra.queue.admission)",
+    )
     producer: ProducerPlacement = Field(default_factory=ProducerPlacement)
 
     def first_version(self, n: int) -> int:

@@ -7,6 +7,8 @@ S3 endpoint and credentials come from the standard AWS environment variables
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``),
 which botocore (and so s3fs) honours itself, or from storage options: per call
 (``storage_options=``) or per protocol (:func:`set_default_storage_options`); per-call options win.
+A run's options (``storage.storage_options``) belong to its :class:`RunStorage`: they are its
+root protocol's defaults while the run is open, and the defaults before it once it closes.
 
 Writes go through the storage backend of the URL's fsspec protocol (:func:`backend_for`,
 ``ppoflow.infra.data.storage_backends``): local files (``file``), ``s3``/``s3a`` and ``memory``.
@@ -47,6 +49,7 @@ from ppoflow.infra.data.storage_backends import (
 )
 
 __all__ = [
+    "RunStorage",
     "set_default_storage_options",
     "get_default_storage_options",
     "url_to_fs",
@@ -89,6 +92,44 @@ def set_default_storage_options(protocol: str, options: dict | None) -> None:
 def get_default_storage_options(protocol: str) -> dict:
     """Return a copy of the default storage options of ``protocol`` (empty when none)."""
     return dict(_DEFAULT_OPTIONS.get(protocol.rstrip(":/").lower(), {}))
+
+
+class RunStorage:
+    """A run's storage: its root URL and the fsspec options of the root's protocol
+    (``storage.storage_options``). :meth:`open` makes the options that protocol's defaults in this
+    process, where the run's flow and tasks read and write through them; :meth:`close` puts back
+    the defaults that were there before (another run's, or none), so nothing outlives the run."""
+
+    def __init__(self, root: str, options: dict[str, Any] | None = None):
+        self.root, self.options = root, dict(options or {})
+        self.protocol = protocol_of(root)
+        self._before: dict[str, Any] | None = None
+        self._open = False
+
+    def open(self) -> RunStorage:
+        if self._open:
+            raise RuntimeError(f"the storage of {self.root} is open already")
+        if self.options:
+            self._before = _DEFAULT_OPTIONS.get(self.protocol)
+            set_default_storage_options(self.protocol, self.options)
+        self._open = True
+        return self
+
+    def close(self) -> None:
+        """Put back the protocol's defaults from before :meth:`open` (idempotent)."""
+        if self._open and self.options:
+            set_default_storage_options(self.protocol, self._before)
+        self._open = False
+
+    def __enter__(self) -> RunStorage:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def url_to_fs(self, url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+        """:func:`url_to_fs` with the run's options (whether it is open or not)."""
+        return url_to_fs(url, self.options if protocol_of(url) == self.protocol else None)
 
 
 def protocol_of(url: str) -> str:

@@ -4,7 +4,8 @@
     ctx = get_run(key)               # a task
     ctx.groups.worker("critic", checkpoint).compute_values(url, out_url=...)
 
-context.py      the run's context and its registry by run key
+context.py      the run's context and its registry by run key (in the flow's process)
+rollouts.py     where the run's rollouts come from (RolloutSource; the synchronous one)
 groups.py       starting, rebuilding and loading the worker groups
 making.py       the worker class of each role, and how a group is made (launcher, hub)
 inputs.py       what the run reads once: the policy's tokenizer and the prompt dataset
@@ -13,9 +14,13 @@ materialize.py  a committed iteration's state written out as a checkpoint
 
 from ppoflow.tasks.run.context import RunContext, abort_run, close_run, get_run, open_run, worker_groups
 from ppoflow.tasks.run.groups import ROLE_NAMES, WORKERS, RunClosed, RunGroups
+from ppoflow.tasks.run.rollouts import SYNCHRONOUS, RolloutSource, SynchronousRollouts
 
 __all__ = [
     "RunContext",
+    "RolloutSource",
+    "SynchronousRollouts",
+    "SYNCHRONOUS",
     "RunGroups",
     "RunClosed",
     "open_run",

@@ -41,7 +41,7 @@ def materialize_state(
     say = say or _LOG.info
     key = f"materialize-{uuid.uuid4().hex[:12]}"
     ctx = open_run(key, cfg, log=_Say(say), roles={role: BUILD_ROLES[role]})
-    with worker_groups(key), device_slots(cfg, say, run_id=key, wait_log=say):
+    with ctx.storage, worker_groups(key), device_slots(cfg, say, run_id=key, wait_log=say):
         if not is_complete(state):
             say(f"{state} is not a snapshot: rebuilding it from the latest one")
         ctx.groups.group(role, state, progress=say)

@@ -170,7 +170,7 @@ def test_a_producer_and_a_trainer_killed_mid_push_lose_nothing_and_resume_exactl
 
 # ----------------------------------------------------------------------------- one command
 def _producers(pids: dict[int, str]) -> dict[int, str]:
-    return {pid: cmd for pid, cmd in pids.items() if "ppoflow.flows.rollout" in cmd}
+    return {pid: cmd for pid, cmd in pids.items() if "ppoflow.flows.asynchronous.rollout" in cmd}
 
 
 def test_one_command_runs_the_producer_beside_the_trainer_and_stops_it(flow_config, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from ppoflow.infra.config import parse_config
 from ppoflow.infra.data import storage
+from ppoflow.infra.remote.contracts import Build, WorkerMode
 from ppoflow.tasks.run.context import abort_run, close_run, get_run, open_run, worker_groups
 from ppoflow.tasks.run.groups import RunClosed
 
@@ -29,7 +30,7 @@ def cfg(tmp_path):
 def test_one_open_context_per_run_and_a_clear_error_outside_one(cfg):
     ctx = open_run("run-a", cfg, roles={"actor": "rollout"})
     try:
-        assert get_run("run-a") is ctx and ctx.groups.role_names["actor"] == "rollout"
+        assert get_run("run-a") is ctx and ctx.groups.builds["actor"] == Build(WorkerMode.ROLLOUT)
         assert ctx.paths.root == cfg.storage.experiment_url
         with pytest.raises(RuntimeError, match="flow run run-a already has an open context"):
             open_run("run-a", cfg)
@@ -78,7 +79,9 @@ def test_the_ranks_output_goes_to_the_task_using_their_group(cfg):
     assert flow_lines == ["before", "another group's", "after"]
 
 
-def test_a_run_s_storage_options_become_its_protocol_s_defaults(tmp_path):
+def test_a_run_s_storage_options_are_its_protocol_s_defaults_while_it_is_open(tmp_path):
+    """The session opens the run's storage before its context (``RunStorage``): the options are
+    the protocol's defaults while the run is open, and the defaults from before once it closes."""
     memory = parse_config(
         {
             "model": {"path": "m"},
@@ -91,11 +94,42 @@ def test_a_run_s_storage_options_become_its_protocol_s_defaults(tmp_path):
         }
     )
     try:
-        open_run("run-c", memory)
-        assert storage.get_default_storage_options("memory") == {"skip_instance_cache": True}
+        ctx = open_run("run-c", memory)
+        with ctx.storage:
+            assert storage.get_default_storage_options("memory") == {"skip_instance_cache": True}
+        assert storage.get_default_storage_options("memory") == {}
     finally:
         close_run("run-c")
         storage.set_default_storage_options("memory", None)
+
+
+def test_a_context_is_fixed_once_it_opens_and_lives_in_its_flow_s_process(cfg):
+    """What the session passes in cannot be set again later; a process forked from the flow's
+    (its copy of the registry) finds no run, with the rule in the error."""
+    import os
+
+    ctx = open_run("run-e", cfg)
+    try:
+        with pytest.raises(AttributeError, match="fixed once it opens: 'lock'"):
+            ctx.lock = object()
+        with pytest.raises(AttributeError, match="fixed once it opens: 'rollouts'"):
+            ctx.rollouts = object()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the registry's copy holds the run, but no flow here keeps it
+            try:
+                get_run("run-e")
+                os.write(write, b"found")
+            except RuntimeError as exc:
+                os.write(write, str(exc).encode())
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        said = os.read(read, 4096).decode()
+        os.close(read)
+        assert "no open ppoflow run 'run-e'" in said and "in the flow's own process" in said, said
+    finally:
+        close_run("run-e")
 
 
 @pytest.mark.parametrize("ending", [None, ValueError, KeyboardInterrupt])

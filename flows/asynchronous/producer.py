@@ -1,40 +1,34 @@
-"""The trainer's side of asynchronous training around a ``ppo`` flow run (docs/async.md).
+"""The rollout producer the trainer starts: the ``ppo-rollout`` flow in a process of its own,
+watched (:class:`ProducerProcess`).
 
-:func:`rollout_queue` holds the run's iterations: first the queue is made to agree with the
-committed state (``ppoflow.infra.queue.control.reconcile``: what updates that never committed
-published, and what they sampled, goes) and the stop marker of the last run is removed; with
-``asynchronous.producer.start: with_trainer`` the ``ppo-rollout`` flow is started in a process of
-its own (:class:`ProducerProcess`, reporting to the same Prefect API, its output in the trainer's
-log); at the end the stop marker is written and that process stopped (SIGTERMed at once when the
-run failed or was interrupted: what it sampled is on storage already).
-
-Why a process and not a thread of this one: the producer's flow process runs Python for every
+Why a process and not a thread of the trainer's: the producer's flow process runs Python for every
 engine call (the chunk loop, Arrow in and out) and the trainer's runs the advantage math and
 Prefect's task runner; in one process they would share one interpreter lock. A process of its own
 is also what runs on a generation host with its own work pool (``start: external``), can be killed
 and started again on its own (the leases hand its batch to the next one), and ends with the trainer
 (it watches the trainer's pid).
+
+It reports to the trainer's Prefect API and its output goes into the trainer's log. It ends as any
+flow run does: at the stop marker its flow returns, or on SIGTERM (from here, or when it sees the
+trainer gone) Prefect ends it as crashed; its process then exits normally.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
-from ppoflow.flows.session import ExperimentSession
 from ppoflow.infra import faults
-from ppoflow.infra.experiment.manifest import record_config
-from ppoflow.infra.queue.control import reconcile, request_stop
-from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.remote.procs import OutputPump, kill_process_group
 
-__all__ = ["rollout_queue", "ProducerProcess", "ProducerFailed"]
+__all__ = ["ProducerProcess", "ProducerFailed", "PRODUCER_MODULE"]
+
+#: What the producer's process runs (``python -m``): the ``ppo-rollout`` flow.
+PRODUCER_MODULE = "ppoflow.flows.asynchronous.rollout"
 
 
 #: How long a producer SIGTERMed by a failed or interrupted trainer run may take to end.
@@ -46,7 +40,7 @@ class ProducerFailed(RuntimeError):
 
 
 class ProducerProcess:
-    """``python -m ppoflow.flows.rollout CONFIG --until N --owner-pid PID``, watched: a producer
+    """``python -m ppoflow.flows.asynchronous.rollout CONFIG --until N --owner-pid PID``, watched: a producer
     that exits before it is stopped is started again (at most ``restarts`` times in a run)."""
 
     def __init__(self, config_url: str, until: int, log: Any, restarts: int = 3):
@@ -60,7 +54,7 @@ class ProducerProcess:
         return [
             sys.executable,
             "-m",
-            "ppoflow.flows.rollout",
+            PRODUCER_MODULE,
             self.config_url,
             "--until",
             str(self.until),
@@ -127,38 +121,3 @@ class ProducerProcess:
             kill_process_group(self.proc)
         if self.pump is not None:
             self.pump.join(timeout=5)
-
-
-@contextlib.contextmanager
-def rollout_queue(session: ExperimentSession, iterations: int) -> Iterator[None]:
-    """The queue around a trainer's run of ``iterations`` after the manifest the session opened
-    (none: a new experiment, iteration 0); module docstring. The producer starts first, so its
-    start (a process, a worker group, an engine) overlaps the trainer's."""
-    cfg = session.cfg
-    if not cfg.asynchronous.enable or not iterations:
-        yield
-        return
-    committed = session.manifest.iteration if session.manifest is not None else 0
-    queue = QueuePaths(session.paths.root)
-    removed = reconcile(queue, committed)
-    if removed["versions"] or removed["batches"]:
-        session.logger.info(
-            f"rollout queue: removed policy versions {removed['versions']} and batches {removed['batches']} "
-            f"(beyond committed iteration {committed})"
-        )
-    producer = None
-    if cfg.asynchronous.producer.start == "with_trainer":
-        producer = ProducerProcess(
-            record_config(session.paths, cfg), committed + iterations, session.logger.info
-        )
-        producer.start()
-        session.ctx.producer = producer
-    ended = False
-    try:
-        yield
-        ended = True
-    finally:
-        request_stop(queue, "the trainer's run ended", after=committed + iterations)
-        if producer is not None:
-            session.ctx.producer = None
-            producer.stop(now=not ended)  # failed or interrupted (Ctrl-C): no graceful wait

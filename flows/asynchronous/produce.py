@@ -14,7 +14,7 @@ With ``asynchronous.max_staleness: 0`` (or when no newer version can come: the p
 more than the bound ahead) the rows are sampled in one call exactly as ``generate`` samples them
 (same rows per rank, same per-request seeds): the batch equals the synchronous rollout bit for
 bit on CPU. Otherwise generation runs in chunks of ``asynchronous.chunk_tokens``
-(:mod:`ppoflow.tasks.chunks`), and a version published in between reaches the engine between two
+(:mod:`ppoflow.flows.asynchronous.chunks`), and a version published in between reaches the engine between two
 chunks.
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from prefect import task
 
+from ppoflow.flows.asynchronous.chunks import sample_in_chunks
 from ppoflow.infra import faults
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
@@ -41,7 +42,6 @@ from ppoflow.infra.queue.batches import (
 from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.queue.policy import PolicyVersions, Published
 from ppoflow.infra.queue.staleness import tag_versions
-from ppoflow.tasks.chunks import sample_in_chunks
 from ppoflow.tasks.run import RunContext, get_run
 from ppoflow.tasks.run.inputs import iteration_seed
 from ppoflow.tasks.step import TASK_OPTIONS, task_logs

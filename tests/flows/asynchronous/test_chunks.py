@@ -1,4 +1,4 @@
-"""ppoflow.tasks.chunks without ranks: the tokens that end a response, and the seeds of the calls a
+"""ppoflow.flows.asynchronous.chunks without ranks: the tokens that end a response, and the seeds of the calls a
 batch sampled in chunks makes. The chunk loop itself runs on a producer's engine in
 tests/flows/test_asynchronous.py (a straggler's sequences span a weight update)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import types
 
-from ppoflow.tasks.chunks import _call_seed, stop_token_ids
+from ppoflow.flows.asynchronous.chunks import _call_seed, stop_token_ids
 
 
 def test_stop_tokens_are_the_tokenizers_and_the_generation_configs(tmp_path):

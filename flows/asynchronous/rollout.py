@@ -1,19 +1,20 @@
 """The ``ppo-rollout`` flow: the rollout producer of asynchronous training (docs/async.md).
 
-    from ppoflow.flows.rollout import ppo_rollout
-    ppo_rollout("experiment.yaml", until=20)          # or: python -m ppoflow.flows.rollout CONFIG
+    from ppoflow.flows.asynchronous.rollout import ppo_rollout
+    ppo_rollout("experiment.yaml", until=20)   # or: python -m ppoflow.flows.asynchronous.rollout CONFIG
 
 It samples the batches of the iterations ahead into the experiment's rollout queue, one ``produce``
 task per batch (retried, a retry resumes from the batch's published parts), on a worker group of
 its own (role ``rollout``: the engine and a copy of the policy, no optimizer), placed by
-``asynchronous.producer`` (its ranks, device, visible GPUs). Which batch next: the lowest one after
-the committed iteration that has no record and no live producer's lease — and only once the
-policy it needs is published (admission: batch k waits for version ``k - 1 - max_staleness``, so
-the producer never runs further ahead than the bound; ``PolicyVersions.wait``).
+``asynchronous.producer`` (its ranks, device, visible GPUs). Which batch next: the lowest one its
+admission admits (:mod:`ppoflow.infra.queue.admission`; by default batch k once version
+``k - 1 - max_staleness`` is published, so the producer never runs further ahead than the bound)
+that has no record and no live producer's lease.
 
 It runs until batch ``until`` is sampled, a trainer's stop marker appears (``queue/stop.json``,
-written at the end of every trainer run; one older than the producer is ignored), or, when the trainer started it (``owner_pid``), the
-trainer's process is gone. Several producers may run at once: the leases keep them on different
+written at the end of every trainer run; one older than the producer is ignored), or, when the
+trainer started it (``owner_pid``), the trainer's process is gone (then it ends as on SIGTERM).
+Its process ends as a flow run's does: the flow returns (or raises), and ``main`` returns. Several producers may run at once: the leases keep them on different
 batches. A producer the trainer started takes no device slots of its own (it runs on the trainer's
 devices: on one GPU both groups share it); an external one (its own deployment and work pool)
 takes its host's.
@@ -30,29 +31,30 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from ppoflow.flows.ppo import resolve_config
-from ppoflow.flows.session import ExperimentSession, flow_run_key
+from ppoflow.flows.asynchronous.produce import produce
+from ppoflow.flows.session import ExperimentSession, flow_run_key, resolve_config
 from ppoflow.infra.config import ConfigError, ExperimentConfig
 from ppoflow.infra.data.prompts import DataCursor
 from ppoflow.infra.experiment.manifest import Manifest, read_manifest
+from ppoflow.infra.queue.admission import Admission, admission_of
 from ppoflow.infra.queue.batches import BatchClaim, claim_holder, read_record
 from ppoflow.infra.queue.control import stop_requested
 from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.queue.policy import PolicyVersions
-from ppoflow.infra.queue.staleness import admissible_batches
 from ppoflow.infra.remote.procs import block_until_exit
-from ppoflow.tasks.produce import produce
 from ppoflow.tasks.step import with_retries
 
 __all__ = ["ppo_rollout", "Producer"]
 
 
 class Producer:
-    """The producer's choice of batches and their prompts (module docstring)."""
+    """The producer's choice of batches and their prompts (module docstring); ``admission``:
+    which batches it may start (None: the one the config names)."""
 
-    def __init__(self, session: ExperimentSession, until: int | None):
+    def __init__(self, session: ExperimentSession, until: int | None, admission: Admission | None = None):
         self.session, self.ctx, self.until = session, session.ctx, until
         self.cfg = session.cfg
+        self.admission = admission or admission_of(self.cfg.asynchronous)
         self.queue = QueuePaths(session.paths.root)
         self.versions = PolicyVersions(self.queue)
         self._cursors: dict[int, DataCursor] = {}
@@ -107,7 +109,7 @@ class Producer:
             latest = self.versions.latest()
             if manifest is not None:
                 version = None if latest is None else latest.version
-                for k in admissible_batches(manifest.iteration, version, a.max_staleness, self.until):
+                for k in self.admission.admissible(manifest.iteration, version, self.until):
                     if self._free(k):
                         return k, manifest
             time.sleep(a.poll_s)
@@ -174,35 +176,18 @@ def ppo_rollout(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m ppoflow.flows.rollout CONFIG [--until N] [--owner-pid PID]``."""
+    """``python -m ppoflow.flows.asynchronous.rollout CONFIG [--until N] [--owner-pid PID]``."""
     from ppoflow.infra.signals import install_stop_handlers
 
-    parser = argparse.ArgumentParser(prog="python -m ppoflow.flows.rollout", description=ppo_rollout.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m ppoflow.flows.asynchronous.rollout", description=ppo_rollout.__doc__
+    )
     parser.add_argument("config")
     parser.add_argument("--until", type=int, default=None)
     parser.add_argument("--owner-pid", type=int, default=None)
     args = parser.parse_args(argv)
     install_stop_handlers()
     ppo_rollout(args.config, until=args.until, owner_pid=args.owner_pid)
-    _exit_now()
-
-
-def _exit_now() -> None:
-    """End the process once Prefect delivered its logs and events: the groups are down, and the
-    interpreter's own teardown (the engine's and torch's exit hooks) would take seconds the
-    trainer waits for."""
-    import contextlib
-    import sys
-
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogHandler
-
-    for drain in (APILogHandler().flush, lambda: EventsWorker.drain_all(timeout=5)):
-        with contextlib.suppress(Exception):  # best effort: the run's outcome is decided
-            drain()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def sample_in_chunks(
     group: Any, queue: QueuePaths, k: int, prompts: DataProto, have: set[int], check: Callable[[], None]
 ) -> int:
     """Sample the rows of batch ``k`` not in ``have`` (module docstring) with ``group`` (a
-    :class:`~ppoflow.tasks.produce.ProducerGroup`), publishing parts as rows finish; ``check()``
+    :class:`~ppoflow.flows.asynchronous.produce.ProducerGroup`), publishing parts as rows finish; ``check()``
     before each write (the lease). Returns the tokens thrown away by requeues."""
     ctx = group.ctx
     cfg = ctx.cfg
