@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ppoflow.infra.checkpoint.marker import is_complete, read_failure
+from ppoflow.infra.remote.contracts import TrainedContract
 
 __all__ = ["Lineage", "Writes"]
 
@@ -122,7 +123,7 @@ class Writes:
             return None
         write.asked = now
         try:
-            idle, per_rank = write.group.call_if_idle("checkpoint_write_status")
+            idle, per_rank = write.group.call_if_idle(TrainedContract.checkpoint_write_status)
         except Exception:  # noqa: BLE001 - a dead group is reported by the loop's liveness check
             return None
         if not idle:

@@ -1,31 +1,14 @@
 """ActorRolloutRefWorker: the policy side of PPO in one worker class.
 
 Config given to the group: ``{"config": ExperimentConfig as JSON dict (or string), "role": ...}``
-with role one of
+with role one of the modes of ``ACTOR_ROLE`` (``ppoflow.infra.remote.contracts.WorkerMode``:
+``actor_rollout_ref``, the hybrid engine, ``actor_rollout``, ``actor_ref``, ``actor``, ``rollout``,
+``ref``), what the worker builds; a mode with the actor may end in ``+teacher``: a frozen teacher
+too (``ppoflow.workers.teacher``).
 
-    actor_rollout_ref   trained actor + rollout engine + frozen reference (the hybrid engine)
-    actor_rollout       trained actor + rollout engine
-    actor_ref           trained actor + frozen reference (asynchronous training: another group samples)
-    actor               trained actor only
-    rollout             rollout engine + an FSDP copy of the policy (no optimizer) for old log-probs
-    ref                 frozen reference only
-    <role>+teacher      a role with the actor, and a frozen teacher (``ppoflow.workers.teacher``)
-
-Driver-callable methods (see ``ppoflow.infra.remote.driver.group.WorkerGroup.call``):
-
-    init_model()                              ONE_TO_ALL   -> per-rank {role, mesh, params, seconds}
-    generate_sequences(prompts)               DP_COMPUTE_PROTO -> rollout + "old_log_probs"
-    generate_responses(prompts)               DP_COMPUTE_PROTO -> rollout only (evaluation)
-    compute_log_prob(data, calculate_entropy) DP_COMPUTE_PROTO -> "old_log_probs" (+ "entropys")
-    compute_ref_log_prob(data)                DP_COMPUTE_PROTO -> "ref_log_prob"
-    compute_teacher_log_prob(data)            DP_COMPUTE_PROTO -> "teacher_log_prob"
-    update_actor(data)                        DP_COMPUTE_PROTO -> metrics dict (same on every rank)
-    save_checkpoint(url, extra=None, background=False, weights_only=False, dtype=None)
-                                              ONE_TO_ALL   -> per-rank timings (background: once staged)
-    wait_checkpoint()                         ONE_TO_ALL   -> the background write's result (or None)
-    checkpoint_write_status()                 ONE_TO_ALL   -> the background write, not waiting (or None)
-    load_checkpoint(url, with_optimizer=True) ONE_TO_ALL   -> the saved ``extra`` dict
-    load_policy(url)                          ONE_TO_ALL   -> the engine samples from these weights next
+The driver calls the ``@register`` methods as ``ActorContract`` says (``ppoflow.infra.remote.contracts``:
+each method's arguments, dispatch mode and what comes back; ``tests/infra/remote/test_contracts.py``
+holds the two to each other).
 
 Data parallelism: every DP_COMPUTE_PROTO method is dispatched over all ranks (``dp_rank = rank``,
 ``dp_size = world_size``), whatever the rollout engine's tensor parallelism. With vLLM TP = t the
@@ -56,6 +39,7 @@ from typing import Any
 
 from ppoflow.infra.config import FSDPConfig
 from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.remote.contracts import ACTOR_ROLE, WorkerMode
 from ppoflow.infra.remote.rank.seeding import preserved_rngs, seed_rngs
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.actor import DataParallelPPOActor
@@ -73,7 +57,8 @@ from ppoflow.workers.worker_setup import parse_worker_config
 
 __all__ = ["ActorRolloutRefWorker", "ROLES"]
 
-ROLES = ("actor_rollout_ref", "actor_rollout", "actor_ref", "actor", "rollout", "ref")
+#: The modes this worker builds in (``ACTOR_ROLE``'s), as its config's ``role`` says them.
+ROLES = tuple(mode.value for mode in ACTOR_ROLE.modes)
 
 
 class ActorRolloutRefWorker(CheckpointMethods, TeacherMethods, Worker):
@@ -82,10 +67,9 @@ class ActorRolloutRefWorker(CheckpointMethods, TeacherMethods, Worker):
     def __init__(self, config: dict[str, Any]):
         config, self.with_teacher = split_teacher_role(config)
         super().__init__(config)
-        self.cfg, self.role = parse_worker_config(config, ROLES, "actor_rollout_ref")
-        self.is_actor = self.role in ("actor_rollout_ref", "actor_rollout", "actor_ref", "actor")
-        self.is_rollout = self.role in ("actor_rollout_ref", "actor_rollout", "rollout")
-        self.is_ref = self.role in ("actor_rollout_ref", "actor_ref", "ref")
+        self.cfg, self.role = parse_worker_config(config, ROLES, ACTOR_ROLE.default.wire)
+        mode = WorkerMode(self.role)
+        self.is_actor, self.is_rollout, self.is_ref = mode.builds_actor, mode.builds_rollout, mode.builds_ref
         self.actor: DataParallelPPOActor | None = None
         self.ref: DataParallelPPOActor | None = None
         self.rollout: Any = None

@@ -4,19 +4,13 @@ Config: ``{"config": ExperimentConfig as JSON dict (or string)}``. The critic is
 token-classification model (no head dropout) loaded from ``critic.model``, or from the actor's
 base model (a causal LM checkpoint: the ``score`` head then starts from ``cfg.seed``).
 
-    init_model()                      ONE_TO_ALL        -> per-rank {mesh, params, seconds}
+The driver calls the ``@register`` methods as ``CriticContract`` says
+(``ppoflow.infra.remote.contracts``; ``init_model``, ``compute_values`` -> "values" (B, R),
+``update_critic`` -> metrics, and the checkpoint methods).
 
 ``critic.sequence_parallel_size`` = sp > 1: groups of sp consecutive ranks get the same rows and
 split each packed micro-batch's tokens (``ppoflow.workers.sequence_parallel``); ``init_model``
 sets ``dp_rank``/``dp_size`` and the output ranks accordingly.
-
-    compute_values(data)              DP_COMPUTE_PROTO  -> "values" (B, R)
-    update_critic(data)               DP_COMPUTE_PROTO  -> metrics dict (same on every rank)
-    save_checkpoint(url, extra=None, background=False, weights_only=False)
-                                      ONE_TO_ALL        -> per-rank timings (background: once staged)
-    wait_checkpoint()                 ONE_TO_ALL        -> the background write's result (or None)
-    checkpoint_write_status()         ONE_TO_ALL        -> the background write, not waiting (or None)
-    load_checkpoint(url, with_optimizer=True) ONE_TO_ALL -> the saved ``extra`` dict
 """
 
 from __future__ import annotations
@@ -27,6 +21,7 @@ import time
 from typing import Any
 
 from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.remote.contracts import CRITIC_ROLE
 from ppoflow.infra.remote.rank.seeding import seed_rngs
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.workers.checkpointing import CheckpointMethods
@@ -48,7 +43,7 @@ class CriticWorker(CheckpointMethods, Worker):
 
     def __init__(self, config: dict[str, Any]):
         super().__init__(config)
-        self.cfg, self.role = parse_worker_config(config, ("critic",), "critic")
+        self.cfg, self.role = parse_worker_config(config, CRITIC_ROLE.modes, CRITIC_ROLE.default.wire)
         self.critic: DataParallelPPOCritic | None = None
         self._init_checkpoints()
 

@@ -3,8 +3,8 @@
 Config given to the group: ``{"config": ExperimentConfig as JSON dict (or string), "role": "reward_model"}``;
 the model is ``reward.reward_model.model`` (an HF ``*ForSequenceClassification`` with one label).
 
-    init_model()          ONE_TO_ALL        -> per-rank {mesh, params, same_tokenizer, seconds}
-    compute_rm_score(data) DP_COMPUTE_PROTO -> "rm_scores" (B, R) float32
+The driver calls its ``@register`` methods as ``RewardModelContract`` says
+(``ppoflow.infra.remote.contracts``): ``init_model``, ``compute_rm_score`` -> "rm_scores" (B, R) float32.
 
 The score of a (prompt, response) is the head's output at the last token of the response; it is
 written at the last valid response position (the last 1 of ``response_mask``, position 0 for an empty
@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.remote.contracts import REWARD_MODEL_ROLE
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
 from ppoflow.infra.rewards.rollouts import decode_responses, on_last_token
 from ppoflow.workers.device_memory import release_cached
@@ -45,7 +46,7 @@ from ppoflow.workers.packing import (
     token_budget_micro_batches,
     use_varlen_attention,
 )
-from ppoflow.workers.worker_setup import experiment_config
+from ppoflow.workers.worker_setup import parse_worker_config
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -103,7 +104,9 @@ class RewardModelWorker(Worker):
 
     def __init__(self, config: dict[str, Any]):
         super().__init__(config)
-        self.cfg = experiment_config(config)
+        self.cfg, self.role = parse_worker_config(
+            config, REWARD_MODEL_ROLE.modes, REWARD_MODEL_ROLE.default.wire
+        )
         self.rm_cfg = self.cfg.reward.reward_model
         if self.rm_cfg.model is None:
             raise ValueError(

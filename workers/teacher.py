@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.remote.contracts import TEACHER_FLAG  # the suffix of a mode with the teacher
 from ppoflow.infra.remote.rank.worker import Dispatch, register
 from ppoflow.workers.actor import DataParallelPPOActor
 
@@ -24,9 +25,6 @@ if TYPE_CHECKING:
     from ppoflow.infra.config import ExperimentConfig
 
 __all__ = ["TeacherMethods", "split_teacher_role", "TEACHER_FLAG"]
-
-#: The suffix of a worker role whose group also holds the teacher.
-TEACHER_FLAG = "+teacher"
 
 
 def split_teacher_role(config: dict[str, Any]) -> tuple[dict[str, Any], bool]:

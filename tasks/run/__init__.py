@@ -13,7 +13,7 @@ materialize.py  a committed iteration's state written out as a checkpoint
 """
 
 from ppoflow.tasks.run.context import RunContext, abort_run, close_run, get_run, open_run, worker_groups
-from ppoflow.tasks.run.groups import ROLE_NAMES, WORKERS, RunClosed, RunGroups
+from ppoflow.tasks.run.groups import DEFAULT_BUILDS, WORKERS, RunClosed, RunGroups
 from ppoflow.tasks.run.rollouts import SYNCHRONOUS, RolloutSource, SynchronousRollouts
 
 __all__ = [
@@ -29,5 +29,5 @@ __all__ = [
     "abort_run",
     "worker_groups",
     "WORKERS",
-    "ROLE_NAMES",
+    "DEFAULT_BUILDS",
 ]

@@ -28,13 +28,14 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.data.storage import RunStorage
 from ppoflow.infra.experiment.lock import ExperimentLock
 from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.infra.remote.contracts import Build, WorkerMode
 from ppoflow.tasks.checkpoints import Writes
 from ppoflow.tasks.run.groups import RunGroups
 from ppoflow.tasks.run.inputs import RunInputs
@@ -53,7 +54,7 @@ class RunContext:
         key: str,
         cfg: ExperimentConfig,
         log: Any = None,
-        roles: dict[str, str] | None = None,
+        roles: Mapping[str, Build | WorkerMode | str] | None = None,
         *,
         lock: ExperimentLock | None = None,
         rollouts: RolloutSource = SYNCHRONOUS,
@@ -121,7 +122,7 @@ def open_run(
     key: str,
     cfg: ExperimentConfig,
     log: Any = None,
-    roles: dict[str, str] | None = None,
+    roles: Mapping[str, Build | WorkerMode | str] | None = None,
     *,
     lock: ExperimentLock | None = None,
     rollouts: RolloutSource = SYNCHRONOUS,

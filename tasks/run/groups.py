@@ -22,33 +22,46 @@ attempt; the groups still starting when the run ends are killed, not waited for.
 
 How a group is made (its worker class, environment, connect timeout, and where its ranks run,
 one host or several nodes) is :mod:`ppoflow.tasks.run.making`'s. The flow process never imports
-a worker class: a group is started from the class's import path (:data:`WORKERS`), and its
-methods come from the table its ranks send.
+a worker class: a group is started from the class's import path (:data:`WORKERS`), its methods
+come from the table its ranks send, typed by its role's contract (:meth:`RunGroups.worker`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.marker import CheckpointError, IncompleteCheckpointError, is_complete
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.infra.remote.contracts import (
+    ROLES,
+    Build,
+    Role,
+    TrainedContract,
+    WorkerContract,
+    WorkerMode,
+    update_of,
+)
 from ppoflow.infra.remote.driver.group import WorkerGroup
-from ppoflow.infra.remote.driver.handle import WorkerHandle
+from ppoflow.infra.remote.driver.handle import typed_handle
 from ppoflow.infra.remote.errors import GroupCannotStart, RankFailure, WorkerGroupDead
 from ppoflow.tasks.checkpoints import Writes
 from ppoflow.tasks.replay import committed_chain, replay_chain, state_iteration, update_blocks, verify_batch
-from ppoflow.tasks.run.making import ROLE_NAMES, WORKERS, GroupMaker
+from ppoflow.tasks.run.making import DEFAULT_BUILDS, WORKERS, GroupMaker
 
-__all__ = ["RunGroups", "RunClosed", "WORKERS", "ROLE_NAMES"]
+__all__ = ["RunGroups", "RunClosed", "WORKERS", "DEFAULT_BUILDS"]
+
+Progress = Callable[[str], None]
+C = TypeVar("C")
 
 _LOG = logging.getLogger("ppoflow.flow")
 
@@ -73,8 +86,9 @@ class _Slot:
 class RunGroups:
     """The worker groups of flow run ``key`` (see the module docstring). ``emit(role, line)``
     receives every output line of a role's ranks; ``log`` the run's own notes; ``roles`` overrides
-    what a group's worker is built as (e.g. ``{"actor": "rollout"}``: policy and engine, no
-    optimizer or reference, for an evaluation)."""
+    what a group's worker builds (e.g. ``{"actor": WorkerMode.ROLLOUT}``: policy and engine, no
+    optimizer or reference, for an evaluation; a mode's wire form, ``"rollout"``, is read as it;
+    ValueError for a mode the group's worker does not have)."""
 
     def __init__(
         self,
@@ -84,11 +98,12 @@ class RunGroups:
         writes: Writes,
         emit: Callable[[str, str], None],
         log: Any,
-        roles: dict[str, str] | None = None,
+        roles: Mapping[str, Build | WorkerMode | str] | None = None,
     ):
         self.key, self.cfg, self.paths, self.writes = key, cfg, paths, writes
         self._emit, self.log = emit, log
-        self.role_names = {**ROLE_NAMES, **(roles or {})}
+        chosen = {role: ROLES[role].build(build) for role, build in (roles or {}).items()}
+        self.builds: dict[str, Build] = {**DEFAULT_BUILDS, **chosen}
         self._slots = {role: _Slot() for role in WORKERS}
         self.maker = GroupMaker(key, cfg, paths, emit, log)
         self._replays: dict[str, list[dict[str, float]]] = {}
@@ -113,12 +128,24 @@ class RunGroups:
             assert slot.group is not None
             return slot.group
 
+    @overload
+    def worker(self, role: Role[C], state: str | None = None, *, progress: Progress | None = None) -> C: ...
+    @overload
     def worker(
-        self, role: str, state: str | None = None, *, progress: Callable[[str], None] | None = None
-    ) -> WorkerHandle:
-        """:meth:`group` as a :class:`WorkerHandle` (the methods of ``role``'s worker class)."""
-        group = self.group(role, state, progress=progress)
-        return WorkerHandle(role, group.methods, lambda method, *a, **k: self.call(role, method, *a, **k))
+        self, role: str, state: str | None = None, *, progress: Progress | None = None
+    ) -> WorkerContract: ...
+    def worker(
+        self, role: Role[Any] | str, state: str | None = None, *, progress: Progress | None = None
+    ) -> Any:
+        """:meth:`group` as its contract (``ACTOR_ROLE`` -> ``ActorContract``; a group's name: the
+        methods every worker has; ``ppoflow.infra.remote.contracts``), calling :meth:`call`."""
+        name = role if isinstance(role, str) else role.name
+        return self._bind(name, self.group(name, state, progress=progress))
+
+    def _bind(self, role: str, group: WorkerGroup | None) -> Any:
+        """``group``'s methods as ``role``'s contract, each call through :meth:`call`."""
+        assert group is not None
+        return typed_handle(ROLES[role], group.methods, functools.partial(self.call, role))
 
     def _load(self, role: str, slot: _Slot, state: str, progress: Callable[[str], None]) -> None:
         """Make ``role``'s live module equal checkpoint ``state`` (``slot.lock`` held): wait for
@@ -129,6 +156,7 @@ class RunGroups:
         if problem is not None and lineage is None and not is_complete(state):
             self._replay(role, slot, state, progress)
             return
+        worker: TrainedContract = self._bind(role, slot.group)
         if problem is not None and lineage is not None and not is_complete(state):
             faults.note_rank_failure(faults.CHECKPOINT_WRITE)
             progress(
@@ -138,13 +166,13 @@ class RunGroups:
             if slot.state != lineage.previous:
                 self._load(role, slot, lineage.previous, progress)
             slot.state = None
-            self.call(
-                role, lineage.method, lineage.data_url, dp_blocks=update_blocks(self.cfg, lineage.method)
+            update_of(worker, lineage.method)(
+                lineage.data_url, dp_blocks=update_blocks(self.cfg, lineage.method)
             )
-            self.call(role, "save_checkpoint", state, extra=lineage.extra)
+            worker.save_checkpoint(state, extra=lineage.extra)
             self.writes.started(lineage, slot.group, background=False)
         else:
-            self.call(role, "load_checkpoint", state)
+            worker.load_checkpoint(state)
         slot.state = state
 
     def _replay(self, role: str, slot: _Slot, state: str, progress: Callable[[str], None]) -> None:
@@ -155,14 +183,15 @@ class RunGroups:
         base, steps = replay_chain(self.paths, role, state)
         chain = [base, *(s.state for s in steps)]
         start = chain.index(slot.state) if slot.state in chain else 0
+        worker: TrainedContract = self._bind(role, slot.group)
         if start == 0:
-            self.call(role, "load_checkpoint", base)
+            worker.load_checkpoint(base)
             slot.state = base
         records = committed_chain(self.paths, role, state)
         for step in steps[start:]:
             verify_batch(self.paths, step, records)
             slot.state = None  # the live module is between states until the update returns
-            self.call(role, step.method, step.batch, dp_blocks=update_blocks(self.cfg, step.method))
+            update_of(worker, step.method)(step.batch, dp_blocks=update_blocks(self.cfg, step.method))
             slot.state = step.state
         seconds = time.perf_counter() - t0
         done = len(steps) - start
@@ -203,7 +232,8 @@ class RunGroups:
                     return
                 if slot.group is not None and slot.group.alive and slot.state == url:
                     say(f"checkpoint {url}: {problem}; saving it again from the live {role} group")
-                    self.call(role, "save_checkpoint", url, extra=lineage.extra)
+                    worker: TrainedContract = self._bind(role, slot.group)
+                    worker.save_checkpoint(url, extra=lineage.extra)
                     self.writes.started(lineage, slot.group, background=False)
                     return
             self.group(role, url, progress=say)  # recomputes it (see _load)
@@ -267,7 +297,7 @@ class RunGroups:
         if slot.group is not None:
             slot.group.shutdown()
         slot.starts += 1
-        group = self.maker.group(role, self.role_names[role], slot.starts)
+        group = self.maker.group(role, self.builds[role], slot.starts)
         slot.group, slot.state, slot.starting = group, None, True
         (progress or self.log.info)(
             f"starting the {role} worker group ({group.launcher.describe()}, "
@@ -275,12 +305,16 @@ class RunGroups:
         )
         try:
             group.start()
-            infos = group.call("init_model")
+            problem = ROLES[role].mismatch(group.methods)  # another version of the worker
+            if problem is not None:
+                raise GroupCannotStart(f"{group.worker} does not keep the {role} contract: {problem}")
+            infos = group.typed(ROLES[role]).init_model()
             engine = infos[0].get("rollout") if infos and isinstance(infos[0], dict) else None
             if engine:  # how the engine settled (CUDA graphs, KV budget, sleep level) in the run's log
                 self.log.info(f"{role} group: rollout engine {json.dumps(engine, sort_keys=True)}")
         except GroupCannotStart as exc:
             faults.note_rank_failure(exc.method)
+            group.kill(f"the {role} group cannot start")  # (it is dead already unless its contract failed)
             slot.group = None
             slot.cannot_start = GroupCannotStart(
                 f"the {role} worker group cannot start: {exc}", exc.rank, exc.method, exc.error_types

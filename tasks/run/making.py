@@ -21,21 +21,19 @@ from ppoflow.infra.config.system import DETERMINISTIC_ENV
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.remote.cluster_key import load_cluster_key
+from ppoflow.infra.remote.contracts import ROLES, Build, WorkerMode
 from ppoflow.infra.remote.driver.group import WorkerGroup
 from ppoflow.infra.remote.driver.hub import ClusterHub
 from ppoflow.infra.remote.driver.launchers import Launcher
 from ppoflow.infra.remote.driver.rendezvous import RendezvousLauncher
 
-__all__ = ["GroupMaker", "WORKERS", "ROLE_NAMES", "connect_timeout_s"]
+__all__ = ["GroupMaker", "WORKERS", "DEFAULT_BUILDS", "connect_timeout_s"]
 
-#: The worker class of each group (imported in the ranks only), by the name tasks use for it.
-WORKERS: dict[str, str] = {
-    "actor": "ppoflow.workers.actor_rollout_ref_worker:ActorRolloutRefWorker",
-    "critic": "ppoflow.workers.critic_worker:CriticWorker",
-    "reward_model": "ppoflow.workers.reward_model_worker:RewardModelWorker",
-}
-#: The ``role`` each group's worker is built with.
-ROLE_NAMES = {"actor": "actor_rollout_ref", "critic": "critic", "reward_model": "reward_model"}
+#: The worker class of each group (imported in the ranks only), by the name tasks use for it
+#: (:data:`~ppoflow.infra.remote.contracts.ROLES`: each group's contract).
+WORKERS: dict[str, str] = {name: role.worker for name, role in ROLES.items()}
+#: What each group's worker builds unless a run says otherwise.
+DEFAULT_BUILDS: dict[str, Build] = {name: role.default for name, role in ROLES.items()}
 
 
 def connect_timeout_s(cfg: ExperimentConfig) -> float:
@@ -63,13 +61,14 @@ class GroupMaker:
         self._hub: ClusterHub | None = None
         self._hub_lock = threading.Lock()
 
-    def group(self, role: str, role_name: str, start: int) -> WorkerGroup:
-        """A new (not started) group of ``role``, its ``start``-th in this run."""
-        cfg = self.cfg
+    def group(self, role: str, build: Build | WorkerMode | str, start: int) -> WorkerGroup:
+        """A new (not started) group of ``role`` whose worker builds ``build``, its ``start``-th in
+        this run (ValueError for a mode ``role``'s worker does not have)."""
+        cfg, build = self.cfg, ROLES[role].build(build)
         return WorkerGroup(
             WORKERS[role],
             nprocs=cfg.resources.nprocs,
-            config={"config": cfg.model_dump(mode="json"), "role": role_name},
+            config={"config": cfg.model_dump(mode="json"), "role": build.wire},
             device=cfg.resources.device,
             log=lambda line: self._emit(role, line),
             env=self.rank_env(),

@@ -15,13 +15,14 @@ from collections.abc import Callable
 
 from ppoflow.infra.checkpoint.marker import is_complete
 from ppoflow.infra.config import ExperimentConfig
+from ppoflow.infra.remote.contracts import WorkerMode, trained_role
 from ppoflow.infra.remote.driver.slots import device_slots
 from ppoflow.tasks.run.context import open_run, worker_groups
 
 __all__ = ["materialize_state", "BUILD_ROLES"]
 
-#: What a group that only rebuilds a state is built as: the trained model and its optimizer.
-BUILD_ROLES = {"actor": "actor", "critic": "critic"}
+#: What a group that only rebuilds a state builds: the trained model and its optimizer.
+BUILD_ROLES: dict[str, WorkerMode] = {"actor": WorkerMode.ACTOR, "critic": WorkerMode.CRITIC}
 
 _LOG = logging.getLogger("ppoflow.materialize")
 
@@ -44,6 +45,6 @@ def materialize_state(
     with ctx.storage, worker_groups(key), device_slots(cfg, say, run_id=key, wait_log=say):
         if not is_complete(state):
             say(f"{state} is not a snapshot: rebuilding it from the latest one")
-        ctx.groups.group(role, state, progress=say)
-        ctx.groups.call(role, "save_checkpoint", out_url, extra={"materialized_from": ctx.paths.ref(state)})
+        worker = ctx.groups.worker(trained_role(role), state, progress=say)
+        worker.save_checkpoint(out_url, extra={"materialized_from": ctx.paths.ref(state)})
     return out_url

@@ -5,13 +5,13 @@ commands from the driver process (a Prefect task, a test, a script).
                      device="cpu", log=logger.info) as group:
         group.call("init_model")                               # -> [rank0 result, rank1 result]
         url = group.call("compute_values", rollout_url, out_url=values_url, micro_batch=4)
+        group.typed(CRITIC_ROLE).compute_values(rollout_url, out_url=values_url)   # mypy-checked
 
 - ``start()`` has the group's launcher (:mod:`~ppoflow.infra.remote.driver.launchers`: torchrun
   on this host, or per-node agents with a c10d rendezvous) start the ranks; each connects back,
   says hello, receives the worker's config and builds the worker (imported by its "module:Class"
   string in the rank only). The messages are :mod:`ppoflow.infra.remote.protocol`'s.
-- Rank output (stdout and stderr, prefixed ``[rankN]:``) is streamed line by line to ``log``; the
-  last 200 lines go into error messages.
+- Rank output (stdout and stderr, prefixed ``[rankN]:``) goes line by line to ``log``.
 - ``call`` sends one command per rank and waits for every reply
   (:mod:`~ppoflow.infra.remote.driver.replies`). Data never travels on the link: a
   DP_COMPUTE_PROTO call moves DataProto chunks as Arrow files in the group's scratch space (a
@@ -27,6 +27,7 @@ commands from the driver process (a Prefect task, a test, a script).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import logging
@@ -35,14 +36,16 @@ import time
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, NoReturn
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 from ppoflow.infra.data import storage
+from ppoflow.infra.remote.contracts import Role
 from ppoflow.infra.remote.dispatch import Dispatch
 from ppoflow.infra.remote.driver.dp_split import merge_results, remove_chunks, split_proto
 from ppoflow.infra.remote.driver.group_start import accept_ranks, classify
+from ppoflow.infra.remote.driver.handle import typed_handle
 from ppoflow.infra.remote.driver.launchers import Launcher, LocalLauncher
-from ppoflow.infra.remote.driver.replies import ReplyCollector
+from ppoflow.infra.remote.driver.replies import ReplyCollector, log_shutdown_errors
 from ppoflow.infra.remote.errors import GroupCannotStart, RankFailure, WorkerGroupDead
 from ppoflow.infra.remote.protocol import (
     Call,
@@ -53,13 +56,15 @@ from ppoflow.infra.remote.protocol import (
     Ready,
     Reply,
     Shutdown,
-    receive,
     send,
 )
 
 __all__ = ["WorkerGroup", "RankFailure", "GroupCannotStart", "WorkerGroupDead", "Dispatch"]
 
 _LOG = logging.getLogger("ppoflow.ranks")
+C = TypeVar("C")
+R = TypeVar("R")
+P = ParamSpec("P")
 #: After a rank died, how long to wait for the launcher's account of it (torchrun's report, a lost
 #: node) before killing the group: a forked rank's report is formatted by torch's logging, which
 #: imports part of torch._dynamo the first time (about 1.2 s of a busy CPU).
@@ -90,15 +95,13 @@ class WorkerGroup:
         nprocs: number of ranks (one per GPU on CUDA).
         config: JSON-able dict given to the worker's constructor (sent over the link, not env).
         device: "cpu" (gloo) or "cuda" (nccl).
-        log: called with every output line of the ranks and of torchrun (default: the
-            ``ppoflow.ranks`` logger at INFO).
+        log: called with every output line of the ranks and torchrun (default: ``ppoflow.ranks``'s INFO).
         env: extra environment variables for the ranks (e.g. ``PPOFLOW_FAULT``).
         scratch_dir: parent of the default launcher's temp dir (chunks, rank logs; removed at shutdown).
         grace_s: after a rank raises, how long to wait for the other ranks before killing them.
         start_timeout_s: how long ``start`` waits for all ranks to connect.
         call_timeout_s: optional limit for one call (None: wait as long as the ranks live).
-        launcher: how the ranks are started (``ppoflow.infra.remote.driver.launchers``); default a
-            ``LocalLauncher`` of ``nprocs`` ranks on this host.
+        launcher: how the ranks start (``ppoflow.infra.remote.driver.launchers``; default: this host's).
     """
 
     def __init__(
@@ -216,7 +219,7 @@ class WorkerGroup:
                     exited = False
                 if not exited:
                     self.log(f"[ppoflow] ranks did not exit within {timeout_s} s; killing them")
-                self._log_shutdown_errors()
+                log_shutdown_errors(self._res.conns, self.log)
             if self._state in ("new", "running"):
                 self._state, self._dead_reason = "closed", "it was shut down"
             self._finalizer()
@@ -228,17 +231,6 @@ class WorkerGroup:
         if self._state in ("new", "running"):
             self._state, self._dead_reason = "failed", reason
         self._res.release()
-
-    def _log_shutdown_errors(self) -> None:
-        """Report (to ``log``) the ranks whose shutdown hook or process-group teardown failed."""
-        for rank, conn in enumerate(self._res.conns):
-            try:
-                while conn.poll(0):
-                    msg = receive(conn, Reply)
-                    if not msg.ok and msg.failure is not None:
-                        self.log(f"[ppoflow] rank {rank} shutdown: {msg.failure.error}")
-            except (EOFError, OSError, ProtocolError):
-                pass
 
     def __enter__(self) -> WorkerGroup:
         return self.start() if self._state == "new" else self
@@ -284,13 +276,23 @@ class WorkerGroup:
             results = [replies[r].result for r in range(self.nprocs)]
             return results if mode is Dispatch.ONE_TO_ALL else results[0]
 
-    def call_if_idle(self, method: str, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
-        """:meth:`call` if no other call is in flight: ``(True, result)``; else ``(False, None)``
-        at once (a quick look at the ranks that must not wait behind a long task)."""
+    def typed(self, role: Role[C]) -> C:
+        """The group's methods as ``role``'s contract (its Protocol; ``typed_handle``)."""
+        return typed_handle(role, self.methods, self.call)
+
+    def call_if_idle(
+        self, method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> tuple[bool, R | None]:
+        """``method`` (a contract's: ``TrainedContract.checkpoint_write_status``) if no call is in
+        flight: ``(True, result)``; else ``(False, None)`` at once (not waiting behind a long task)."""
+        if not isinstance(getattr(method, "__ppoflow_dispatch__", None), Dispatch):
+            raise TypeError(f"call_if_idle takes a contract's method, not {method!r}")
+        inspect.signature(method).bind(self, *args, **kwargs)  # a TypeError sends nothing
         if not self._lock.acquire(blocking=False):
             return False, None
         try:
-            return True, self.call(method, *args, **kwargs)
+            call: Callable[..., R] = self.call
+            return True, call(method.__name__, *args, **kwargs)
         finally:
             self._lock.release()
 

@@ -18,7 +18,7 @@ from typing import Any, NoReturn, Protocol, cast
 from ppoflow.infra.remote.driver.launchers import Launcher
 from ppoflow.infra.remote.protocol import ProtocolError, Ready, Reply, receive
 
-__all__ = ["ReplyCollector"]
+__all__ = ["ReplyCollector", "log_shutdown_errors"]
 
 
 class Fail(Protocol):
@@ -155,3 +155,16 @@ class ReplyCollector:
             with_tail=False,
             error_types=tuple(failure.error_types) if failure else (),
         )
+
+
+def log_shutdown_errors(conns: list[Connection], log: Callable[[str], None]) -> None:
+    """Report (to ``log``) the ranks whose shutdown hook or process-group teardown failed (their
+    replies to the :class:`~ppoflow.infra.remote.protocol.Shutdown`, read without waiting)."""
+    for rank, conn in enumerate(conns):
+        try:
+            while conn.poll(0):
+                msg = receive(conn, Reply)
+                if not msg.ok and msg.failure is not None:
+                    log(f"[ppoflow] rank {rank} shutdown: {msg.failure.error}")
+        except (EOFError, OSError, ProtocolError):
+            pass

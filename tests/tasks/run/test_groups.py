@@ -20,9 +20,10 @@ import pytest
 from ppoflow.infra.checkpoint.marker import IncompleteCheckpointError
 from ppoflow.infra.config import parse_config
 from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.infra.remote.contracts import ACTOR_ROLE, Build, WorkerMode
 from ppoflow.infra.remote.errors import WorkerGroupDead
 from ppoflow.tasks.checkpoints import Writes
-from ppoflow.tasks.run.groups import ROLE_NAMES, RunClosed, RunGroups
+from ppoflow.tasks.run.groups import DEFAULT_BUILDS, RunClosed, RunGroups
 from tests.support.fake_experiments import fake_checkpoint
 
 
@@ -45,15 +46,21 @@ def groups(tmp_path, caplog):
         Writes(timeout_s=5.0),
         emit=lambda role, line: lines.append((role, line)),
         log=logging.getLogger("test-run"),
-        roles={"actor": "rollout"},
+        roles={"actor": WorkerMode.ROLLOUT},
     )
     yield run
     run.shutdown()
 
 
 def test_before_any_group_starts(groups):
-    assert groups.role_names == {**ROLE_NAMES, "actor": "rollout"}  # an evaluation's policy: no optimizer
-    for role in ROLE_NAMES:
+    # an evaluation's policy: no optimizer
+    assert groups.builds == {**DEFAULT_BUILDS, "actor": Build(WorkerMode.ROLLOUT)}
+    assert DEFAULT_BUILDS == {
+        "actor": Build(WorkerMode.ACTOR_ROLLOUT_REF),
+        "critic": Build(WorkerMode.CRITIC),
+        "reward_model": Build(WorkerMode.REWARD_MODEL),
+    }
+    for role in DEFAULT_BUILDS:
         assert (groups.starts(role), groups.current_group(role), groups.state(role)) == (0, None, None)
     with pytest.raises(
         WorkerGroupDead, match=r"the critic group is not running; call group\('critic'\) first"
@@ -67,9 +74,9 @@ def test_before_any_group_starts(groups):
 @pytest.mark.parametrize("end", ["shutdown", "kill"])
 def test_a_closed_run_starts_no_group_again(groups, caplog, end):
     getattr(groups, end)()
-    for ask in (groups.group, groups.worker):
+    for ask in (lambda: groups.group("actor", None), lambda: groups.worker(ACTOR_ROLE, None)):
         with pytest.raises(RunClosed, match="run run-1 is closed; its worker groups were shut down"):
-            ask("actor", None)
+            ask()
     groups.prestart(["actor", "critic"])  # a start in the background after the end: nothing starts
     for t in [t for t in threading.enumerate() if t.name.startswith("ppoflow-start-")]:
         t.join(timeout=10)
@@ -109,3 +116,26 @@ def test_a_checkpoint_no_write_of_this_run_completes_is_refused(groups, tmp_path
     ):
         groups.materialize("actor", missing)
     assert groups.starts("actor") == 0
+
+
+def test_a_mode_the_groups_worker_does_not_build_is_refused_before_any_start(groups, tmp_path):
+    with pytest.raises(ValueError, match="the critic group's worker builds one of critic, not 'rollout'"):
+        RunGroups(
+            "run-2",
+            groups.cfg,
+            groups.paths,
+            Writes(timeout_s=5.0),
+            lambda *a: None,
+            groups.log,
+            {"critic": "rollout"},
+        )
+    teacher = RunGroups(
+        "run-3",
+        groups.cfg,
+        groups.paths,
+        Writes(timeout_s=5.0),
+        lambda *a: None,
+        groups.log,
+        {"actor": "actor_ref+teacher"},
+    )
+    assert teacher.builds["actor"] == Build(WorkerMode.ACTOR_REF, teacher=True)
