@@ -36,6 +36,7 @@ from ppoflow.infra.experiment.manifest import (
 from ppoflow.infra.experiment.metrics import throughput_metrics
 from ppoflow.infra.experiment.retention import apply_retention
 from ppoflow.infra.faults import maybe_fail
+from ppoflow.infra.remote.contracts import trained_role
 from ppoflow.tasks.graph import critical_path, trained_roles
 from ppoflow.tasks.receipts import IterationReceipts, Receipt
 from ppoflow.tasks.replay import replay_entry
@@ -64,7 +65,7 @@ def init_experiment(run: str) -> Manifest:
             url = checkpoints[role] = paths.checkpoint(role, 0)
             if is_complete(url):
                 continue  # saved by an earlier attempt; a group that needs it loads it
-            worker = ctx.groups.worker(role, None, progress=logger.info)
+            worker = ctx.groups.worker(trained_role(role), None, progress=logger.info)
             # weights and the fresh optimizer's settings only: it has no state yet
             worker.save_checkpoint(url, extra={"iteration": 0, "experiment": cfg.storage.experiment})
             ctx.groups.set_state(role, url)

@@ -42,6 +42,7 @@ from ppoflow.infra.queue.batches import (
 from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.queue.policy import PolicyVersions, Published
 from ppoflow.infra.queue.staleness import tag_versions
+from ppoflow.infra.remote.contracts import ACTOR_ROLE
 from ppoflow.tasks.run import RunContext, get_run
 from ppoflow.tasks.run.inputs import iteration_seed
 from ppoflow.tasks.step import TASK_OPTIONS, task_logs
@@ -70,7 +71,7 @@ class ProducerGroup:
         that changed them."""
         if self.ctx.groups.state("actor") == policy.url:
             return False
-        worker = self.ctx.groups.worker("actor", None, progress=self.logger.info)
+        worker = self.ctx.groups.worker(ACTOR_ROLE, None, progress=self.logger.info)
         worker.load_policy(policy.url)
         faults.maybe_kill("policy_load", k)  # drill: the producer dies while it loads a version
         self.ctx.groups.set_state("actor", policy.url)
@@ -84,7 +85,7 @@ class ProducerGroup:
 
     def sample(self, prompts_url: str, out_url: str) -> DataProto:
         """The engine's rollout of the prompts at ``prompts_url`` (their ``meta_info`` says how)."""
-        worker = self.ctx.groups.worker("actor", None, progress=self.logger.info)
+        worker = self.ctx.groups.worker(ACTOR_ROLE, None, progress=self.logger.info)
         t0 = time.perf_counter()
         worker.generate_responses(prompts_url, out_url=out_url)
         self.sample_s += time.perf_counter() - t0
