@@ -145,18 +145,18 @@ def _with_teacher(
 
 @ppo_task("advantage", AdvantageReceipt)
 def advantage(
-    step: Step[AdvantageReceipt], generated: GenerateReceipt, scored: list[Receipt], kl_coef: float | None
+    step: Step[AdvantageReceipt], generate: GenerateReceipt, gathered: list[Receipt], kl_coef: float | None
 ) -> AdvantageReceipt:
     """Rewards, KL penalty and advantages of iteration ``n``.
 
     Args:
-        generated: the ``generate`` receipt.
-        scored: the receipts of the score steps that ran (``ref_log_prob``, ``values``, ...).
+        generate: the rollout's receipt (``generate``'s, or ``consume``'s).
+        gathered: the receipts of the score steps that ran (``ref_log_prob``, ``values``, ...).
         kl_coef: the KL controller's coefficient after iteration n-1 (None: the config's).
     """
     cfg = step.cfg
-    batch = DataProto.load(generated.output("rollout"))
-    for receipt in scored:
+    batch = DataProto.load(generate.output("rollout"))
+    for receipt in gathered:
         batch = batch.union(DataProto.load(receipt.output(output_of(receipt.task))))
     mask = batch.batch["response_mask"]
     scores = _token_level_scores(cfg, batch, step.ctx.inputs.tokenizer)
@@ -202,7 +202,7 @@ def advantage(
     batch.save(out)
     if cfg.evaluation.samples_shown:
         _samples_artifact(step, batch, cfg.evaluation.samples_shown)
-    return step.receipt(outputs={"advantages": out}, metrics=metrics, kl_coef=new_kl)
+    return step.receipt(outputs={step.output_key: out}, metrics=metrics, kl_coef=new_kl)
 
 
 def _samples_artifact(step: Step[AdvantageReceipt], batch: DataProto, rows: int) -> None:

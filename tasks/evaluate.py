@@ -204,9 +204,9 @@ def samples_table(table: DataProto, rows: int) -> list[dict[str, Any]]:
     ]
 
 
-@ppo_task("evaluate", roles=("actor",))
-def evaluate(step: Step[Receipt], actor_checkpoint: str) -> Receipt:
-    """Evaluate iteration ``n`` (the weights of ``actor_checkpoint``) on ``data.val_files``.
+@ppo_task("evaluate")
+def evaluate(step: Step[Receipt], actor: str) -> Receipt:
+    """Evaluate iteration ``n`` (the weights of the actor checkpoint ``actor``) on ``data.val_files``.
 
     Outputs ``generations``, ``metrics`` (``iterations/n/eval/val/``); metrics ``val/*``.
     """
@@ -214,9 +214,9 @@ def evaluate(step: Step[Receipt], actor_checkpoint: str) -> Receipt:
 
     cfg, ctx = step.cfg, step.ctx
     out_dir = step.file(f"{EVAL_DIR}/{VAL_TAG}")
-    worker = step.worker("actor", actor_checkpoint)
+    worker = step.worker(state=actor)
     dataset = ctx.inputs.val_dataset(cfg.data.val_files)
-    spec = evaluation_spec(cfg, step.paths.ref(actor_checkpoint) or actor_checkpoint, cfg.data.val_files)
+    spec = evaluation_spec(cfg, step.paths.ref(actor) or actor, cfg.data.val_files)
     metrics, outputs = run_evaluation(cfg, worker, dataset, ctx.inputs.tokenizer, out_dir, spec)
     if cfg.evaluation.samples_shown:
         create_table_artifact(

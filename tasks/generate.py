@@ -97,9 +97,10 @@ def _prompts(
     return len(prompts), next_cursor, truncated
 
 
-@ppo_task("generate", GenerateReceipt, roles=("actor",))
-def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCursor) -> GenerateReceipt:
-    """Roll out iteration ``n`` from data ``cursor`` with the actor of ``actor_checkpoint``.
+@ppo_task("generate", GenerateReceipt)
+def generate(step: Step[GenerateReceipt], rollout_actor: str, cursor: DataCursor) -> GenerateReceipt:
+    """Roll out iteration ``n`` from data ``cursor`` with the actor of ``rollout_actor`` (n-1; n-2
+    with one-step overlap).
 
     Outputs ``prompts``, ``rollout``; metrics ``rollout/*``, ``weight_sync_s``, ``data/*``.
     """
@@ -118,7 +119,7 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
         rows, next_cursor, truncated = _prompts(step, next_cursor, r, round_prompts)
         tally.truncated += truncated
         update_progress_artifact(progress, 10.0, description=f"iteration {n}: {rows} prompts ({where})")
-        actor = actor or step.worker("actor", actor_checkpoint)
+        actor = actor or step.worker(state=rollout_actor)
         update_progress_artifact(
             progress, 20.0, description=f"iteration {n}: actor group ready, sampling {rows} x {cfg.rollout.n}"
         )
@@ -135,7 +136,7 @@ def generate(step: Step[GenerateReceipt], actor_checkpoint: str, cursor: DataCur
         DataProto.concat(tally.kept).save(rollout_url)
     update_progress_artifact(progress, 100.0, description=f"iteration {n}: rollout written")
     return step.receipt(
-        outputs={"prompts": prompts_url, "rollout": rollout_url},
+        outputs={"prompts": prompts_url, step.output_key: rollout_url},
         metrics=_metrics(tally, dynamic.enable, cursor),
         next_cursor=next_cursor,
         seed=iteration_seed(cfg.seed, cfg.rollout.seed, n),

@@ -36,17 +36,17 @@ from ppoflow.tasks.step import Step, Timer, ppo_task
 __all__ = ["publish_policy"]
 
 
-@ppo_task("publish_policy", roles=("actor",))
-def publish_policy(step: Step[Receipt], update: Receipt | str) -> Receipt:
-    """Publish policy version ``n``: ``update`` is iteration n's ``update_actor`` receipt, or (at a
-    run's start) the URL of the actor's state n."""
+@ppo_task("publish_policy")
+def publish_policy(step: Step[Receipt], update_actor: Receipt | str) -> Receipt:
+    """Publish policy version ``n``: ``update_actor`` is iteration n's ``update_actor`` receipt, or
+    (at a run's start) the URL of the actor's state n."""
     queue = QueuePaths(step.paths.root)
-    state = update if isinstance(update, str) else update.checkpoint("actor")
+    state = update_actor if isinstance(update_actor, str) else update_actor.checkpoint("actor")
     url = queue.policy(step.n)
     metrics: dict[str, float] = {}
     if not is_complete(url):
-        worker = step.worker("actor", state)
-        background = not isinstance(update, str) and _previous_is_complete(step, queue, worker)
+        worker = step.worker(state=state)
+        background = not isinstance(update_actor, str) and _previous_is_complete(step, queue, worker)
         with Timer() as save:
             worker.save_checkpoint(
                 url,

@@ -31,6 +31,7 @@ from ppoflow.infra.checkpoint.sharded import is_complete
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.prompts import DataCursor
 from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.tasks.graph import writers
 
 __all__ = [
     "Receipt",
@@ -196,9 +197,15 @@ def write_receipt(paths: ExperimentPaths, receipt: R) -> R:
     return receipt
 
 
+#: The outputs whose writers an iteration's receipts must hold: the rollout (its receipt carries
+#: the data cursor after the batch) and the advantages (the KL coefficient).
+_ROLLOUT, _ADVANTAGES = "rollout", "advantages"
+
+
 class IterationReceipts(BaseModel):
     """Everything ``commit`` publishes iteration n from: the receipts of its steps by step name
-    (the rows of :data:`ppoflow.tasks.graph.STEPS` that ran)."""
+    (the rows of :data:`ppoflow.tasks.graph.STEPS` that ran). The rollout's and the advantages'
+    receipts are found by the rows' ``output``, whichever step wrote them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -208,9 +215,7 @@ class IterationReceipts(BaseModel):
     def of(cls, receipts: list[Receipt]) -> IterationReceipts:
         """The iteration's receipts from a list (each names its step)."""
         by_step = {r.task: r for r in receipts}
-        missing = {"advantage"} - set(by_step)
-        if not {"generate", "consume"} & set(by_step):
-            missing.add("generate (or consume)")
+        missing = [" or ".join(writers(out)) for out in (_ROLLOUT, _ADVANTAGES) if not _writer(by_step, out)]
         if missing:
             raise ValueError(f"an iteration's receipts need {sorted(missing)}; got {sorted(by_step)}")
         return cls(by_step=by_step)
@@ -218,7 +223,7 @@ class IterationReceipts(BaseModel):
     @property
     def generate(self) -> GenerateReceipt:
         """The receipt of the iteration's rollout: ``generate``'s, or ``consume``'s (asynchronous)."""
-        return cast(GenerateReceipt, self.by_step.get("generate") or self.by_step["consume"])
+        return cast(GenerateReceipt, _writer(self.by_step, _ROLLOUT))
 
     @property
     def consumed(self) -> dict[str, Any] | None:
@@ -228,7 +233,8 @@ class IterationReceipts(BaseModel):
 
     @property
     def advantage(self) -> AdvantageReceipt:
-        return cast(AdvantageReceipt, self.by_step["advantage"])
+        """The receipt of the iteration's advantages (``advantage``'s)."""
+        return cast(AdvantageReceipt, _writer(self.by_step, _ADVANTAGES))
 
     def all(self) -> list[Receipt]:
         return list(self.by_step.values())
@@ -241,3 +247,8 @@ class IterationReceipts(BaseModel):
     def update_of(self, role: str) -> Receipt | None:
         """The receipt of the update of ``role`` in this iteration (None: none ran)."""
         return next((r for r in self.by_step.values() if role in r.checkpoints), None)
+
+
+def _writer(by_step: dict[str, Receipt], output: str) -> Receipt | None:
+    """The receipt of the step that ran and writes ``output`` (its row's ``output``), if any."""
+    return next((by_step[name] for name in writers(output) if name in by_step), None)

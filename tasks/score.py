@@ -25,48 +25,49 @@ from ppoflow.tasks.step import Step, ppo_task
 __all__ = ["old_log_prob", "ref_log_prob", "teacher_log_prob", "values", "rm_score"]
 
 
-@ppo_task("old_log_prob", roles=("actor",))
-def old_log_prob(step: Step[Receipt], generated: GenerateReceipt, actor_checkpoint: str) -> Receipt:
+@ppo_task("old_log_prob")
+def old_log_prob(step: Step[Receipt], generate: GenerateReceipt, actor: str) -> Receipt:
     """The PPO ratio's denominator of the consumed rollout: the log-probs of the actor of
-    ``actor_checkpoint`` (n-1; decoupled PPO's proximal policy), or with
+    ``actor`` (n-1; decoupled PPO's proximal policy), or with
     ``algorithm.rollout_correction.behaviour: sampler`` a copy of the sampler's own."""
     out = step.file("old_log_prob.arrow")
-    rollout = generated.output("rollout")
+    rollout = generate.output("rollout")
     if step.cfg.algorithm.rollout_correction.behaviour == "sampler":
         sampled = DataProto.load(rollout, columns=["rollout_log_probs"])
         DataProto.from_dict({"old_log_probs": sampled.batch["rollout_log_probs"].float().clone()}).save(out)
     else:
-        step.worker("actor", actor_checkpoint).compute_log_prob(rollout, out_url=out)
-    return step.receipt(outputs={"old_log_prob": out})
+        step.worker(state=actor).compute_log_prob(rollout, out_url=out)
+    return step.receipt(outputs={step.output_key: out})
 
 
-@ppo_task("ref_log_prob", roles=("actor",))
-def ref_log_prob(step: Step[Receipt], generated: GenerateReceipt) -> Receipt:
+@ppo_task("ref_log_prob")
+def ref_log_prob(step: Step[Receipt], generate: GenerateReceipt) -> Receipt:
     """Log-probs of the sampled responses under the frozen reference policy."""
     out = step.file("ref_log_prob.arrow")
-    step.worker("actor").compute_ref_log_prob(generated.output("rollout"), out_url=out)
-    return step.receipt(outputs={"ref_log_prob": out})
+    step.worker().compute_ref_log_prob(generate.output("rollout"), out_url=out)
+    return step.receipt(outputs={step.output_key: out})
 
 
-@ppo_task("teacher_log_prob", roles=("actor",))
-def teacher_log_prob(step: Step[Receipt], generated: GenerateReceipt) -> Receipt:
+@ppo_task("teacher_log_prob")
+def teacher_log_prob(step: Step[Receipt], generate: GenerateReceipt) -> Receipt:
     """Log-probs of the sampled responses under the frozen teacher (on-policy distillation)."""
     out = step.file("teacher_log_prob.arrow")
-    step.worker("actor").compute_teacher_log_prob(generated.output("rollout"), out_url=out)
-    return step.receipt(outputs={"teacher_log_prob": out})
+    step.worker().compute_teacher_log_prob(generate.output("rollout"), out_url=out)
+    return step.receipt(outputs={step.output_key: out})
 
 
-@ppo_task("values", roles=("critic",))
-def values(step: Step[Receipt], generated: GenerateReceipt, critic_checkpoint: str) -> Receipt:
-    """The critic's values of the rollout, with the critic of ``critic_checkpoint`` (n-1)."""
+@ppo_task("values")
+def values(step: Step[Receipt], generate: GenerateReceipt, rollout_critic: str) -> Receipt:
+    """The critic's values of the rollout, with the critic of ``rollout_critic`` (n-1; n-2 with
+    one-step overlap)."""
     out = step.file("values.arrow")
-    step.worker("critic", critic_checkpoint).compute_values(generated.output("rollout"), out_url=out)
-    return step.receipt(outputs={"values": out})
+    step.worker(state=rollout_critic).compute_values(generate.output("rollout"), out_url=out)
+    return step.receipt(outputs={step.output_key: out})
 
 
-@ppo_task("rm_score", roles=("reward_model",))
-def rm_score(step: Step[Receipt], generated: GenerateReceipt) -> Receipt:
+@ppo_task("rm_score")
+def rm_score(step: Step[Receipt], generate: GenerateReceipt) -> Receipt:
     """The reward model's score of each response (on its last token)."""
     out = step.file("rm_scores.arrow")
-    step.worker("reward_model").compute_rm_score(generated.output("rollout"), out_url=out)
-    return step.receipt(outputs={"rm_score": out})
+    step.worker().compute_rm_score(generate.output("rollout"), out_url=out)
+    return step.receipt(outputs={step.output_key: out})

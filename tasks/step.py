@@ -1,20 +1,22 @@
 """The skeleton every step of an iteration shares, in one decorator: :func:`ppo_task`.
 
-    @ppo_task("values", roles=("critic",))
-    def values(step: Step, rollout: GenerateReceipt, critic_checkpoint: str) -> Receipt:
-        critic = step.worker("critic", state=critic_checkpoint)
+    @ppo_task("values")            # the row STEP["values"]: role critic, reads generate, ...
+    def values(step: Step, generate: GenerateReceipt, rollout_critic: str) -> Receipt:
         out = step.file("values.arrow")
-        critic.compute_values(rollout.output("rollout"), out_url=out)
-        return step.receipt(outputs={"values": out})
+        step.worker(state=rollout_critic).compute_values(generate.output("rollout"), out_url=out)
+        return step.receipt(outputs={step.output_key: out})
 
-becomes the Prefect task ``values(run: str, n: int, rollout, critic_checkpoint) -> Receipt`` that
+becomes the Prefect task ``values(run: str, n: int, generate, rollout_critic) -> Receipt``. At
+decoration (the module's import) the body's parameters after ``step`` must be the row's inputs by
+name and in order (:meth:`~ppoflow.tasks.graph.StepSpec.check_parameters`: a
+:class:`~ppoflow.tasks.graph.WiringError` otherwise); the task
 
 1. looks up the flow run's :class:`~ppoflow.tasks.run.RunContext` by ``run``;
 2. returns the stored receipt if iteration ``n`` of this task already finished with the same
    inputs (resume; see :mod:`ppoflow.tasks.receipts`);
 3. fires ``PPOFLOW_FAULT`` drills before and after the work (``ppoflow.infra.faults``);
-4. routes the rank output of ``roles`` into the task's log, and times the body;
-5. holds each group the body uses (``step.worker``) until the body ends;
+4. routes the rank output of its row's role into the task's log, and times the body;
+5. holds each group the body uses (``step.worker``: the row's role unless named) until the body ends;
 6. writes the receipt (with the body's wall time and inputs) once the outputs are complete.
 
 Every task retries :data:`TASK_RETRIES` times (``resources.task_retries``: the flows submit through
@@ -50,6 +52,7 @@ from ppoflow.infra.preflight import PreflightError
 from ppoflow.infra.remote.driver.handle import WorkerHandle
 from ppoflow.infra.remote.errors import GroupCannotStart, RankFailure
 from ppoflow.infra.rewards import RewardError
+from ppoflow.tasks.graph import STEP, StepSpec, WiringError
 from ppoflow.tasks.receipts import R, Receipt, find_receipt, input_stamps, write_receipt
 from ppoflow.tasks.replay import ReplayError
 from ppoflow.tasks.run import RunClosed, RunContext, get_run
@@ -207,13 +210,14 @@ def task_logs(ctx: RunContext, *roles: str) -> Iterator[Any]:
 
 @dataclass
 class Step(Generic[R]):
-    """What a task body works with: the run's context, the iteration, the task's logger."""
+    """What a task body works with: the run's context, the iteration, the task's logger, its row."""
 
     ctx: RunContext
     n: int
     task: str
     kind: type[R]
     logger: Any
+    spec: StepSpec
     held: list[str] = field(default_factory=list)
     replays: dict[str, float] = field(default_factory=dict)  # states rebuilt for this task
 
@@ -234,10 +238,21 @@ class Step(Generic[R]):
         """The URL of ``name`` in this iteration's directory (``iterations/{n:06d}/name``)."""
         return self.paths.file(self.n, name)
 
-    def worker(self, role: str, state: str | None = None) -> WorkerHandle:
-        """``role``'s worker group, started (or rebuilt) if needed and holding checkpoint ``state``
-        (None: any), as a handle whose methods are the worker class's ``@register`` methods. The
-        task holds the group until it ends (no other task changes its state meanwhile)."""
+    @property
+    def output_key(self) -> str:
+        """The key of the output later steps read from this step's receipt (its row's ``output``)."""
+        if self.spec.output is None:
+            raise WiringError(f"step {self.task!r} has no output in its row")
+        return self.spec.output
+
+    def worker(self, role: str | None = None, state: str | None = None) -> WorkerHandle:
+        """``role``'s worker group (None: the row's), started (or rebuilt) if needed and holding
+        checkpoint ``state`` (None: any), as a handle whose methods are the worker class's
+        ``@register`` methods. The task holds the group until it ends (no other task changes its
+        state meanwhile)."""
+        role = role or self.spec.role
+        if role is None:
+            raise WiringError(f"step {self.task!r} runs on no worker group (its row has no role)")
         if role not in self.held:
             self.ctx.groups.acquire(role)
             self.held.append(role)
@@ -255,17 +270,40 @@ class Step(Generic[R]):
         return self.kind(task=self.task, iteration=self.n, **fields)
 
 
+def _row(step: str | StepSpec) -> StepSpec:
+    if isinstance(step, StepSpec):
+        return step
+    if step not in STEP:
+        raise WiringError(
+            f"step {step!r} has no row in ppoflow.tasks.graph.STEPS: add one (docs/internals.md, 'Adding a step')"
+        )
+    return STEP[step]
+
+
+def _check_wiring(spec: StepSpec, body: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The body's parameters after ``step``, once they are its row's inputs (WiringError otherwise)."""
+    params = list(inspect.signature(body).parameters.values())[1:]
+    required = [p.name for p in params if p.default is p.empty]
+    optional = [p.name for p in params if p.default is not p.empty]
+    spec.check_parameters(required, optional, f"{body.__module__}.{body.__qualname__}")
+    return params
+
+
 # Two overloads so that ``kind`` defaults to Receipt for the type checker too.
 @overload
-def ppo_task(name: str, *, roles: tuple[str, ...] = ()) -> Callable[[Callable[..., Receipt]], Any]: ...
+def ppo_task(step: str | StepSpec) -> Callable[[Callable[..., Receipt]], Task[..., Receipt]]: ...
 @overload
-def ppo_task(name: str, kind: type[R], roles: tuple[str, ...] = ()) -> Callable[[Callable[..., R]], Any]: ...
-def ppo_task(
-    name: str, kind: type[Any] = Receipt, roles: tuple[str, ...] = ()
-) -> Callable[[Callable[..., Any]], Any]:
-    """Make ``body(step, *args)`` the Prefect task ``name(run, n, *args) -> kind`` (module docstring)."""
+def ppo_task(step: str | StepSpec, kind: type[R]) -> Callable[[Callable[..., R]], Task[..., R]]: ...
+def ppo_task(step: str | StepSpec, kind: type[Any] = Receipt) -> Callable[[Callable[..., Any]], Any]:
+    """Make ``body(step, **inputs)`` the Prefect task of step ``step`` (a row of
+    :data:`~ppoflow.tasks.graph.STEPS` by name, or a row of its own):
+    ``name(run, n, **inputs) -> kind`` (module docstring)."""
+    spec = _row(step)
+    name = spec.name
 
-    def deco(body: Callable[..., R]) -> Any:
+    def deco(body: Callable[..., R]) -> Task[..., R]:
+        params = _check_wiring(spec, body)
+
         @functools.wraps(body)
         def run_step(run: str, n: int, *args: Any, **kwargs: Any) -> R:
             ctx = get_run(run)
@@ -276,8 +314,8 @@ def ppo_task(
             faults.maybe_fail(name, "before", n)
             if ctx.lock is not None:
                 ctx.lock.check()  # a run that lost its lease writes nothing more
-            with task_logs(ctx, *roles) as logger, Timer() as timer:
-                step = Step(ctx, n, name, kind, logger)
+            with task_logs(ctx, *spec.roles) as logger, Timer() as timer:
+                step = Step(ctx, n, name, kind, logger, spec)
                 try:
                     receipt = body(step, *args, **kwargs)
                 finally:
@@ -297,7 +335,6 @@ def ppo_task(
             return receipt
 
         # Prefect binds the call's arguments with the signature: (run, n, <the body's after step>).
-        params = list(inspect.signature(body).parameters.values())[1:]
         head = [
             inspect.Parameter("run", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str),
             inspect.Parameter("n", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
@@ -305,6 +342,6 @@ def ppo_task(
         # inspect.signature() reads __signature__; typeshed's functools._Wrapped does not declare it
         run_step.__signature__ = inspect.Signature(head + params, return_annotation=kind)  # type: ignore[attr-defined]
         del run_step.__wrapped__  # signature() must not look through
-        return task(name=name, task_run_name=f"{name}-{{n}}", **TASK_OPTIONS)(run_step)
+        return cast(Task[..., R], task(name=name, task_run_name=f"{name}-{{n}}", **TASK_OPTIONS)(run_step))
 
     return deco

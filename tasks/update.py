@@ -41,20 +41,17 @@ __all__ = ["update_actor", "update_critic"]
 
 
 def _update(
-    step: Step[Receipt],
-    role: str,
-    method: str,
-    advantages: AdvantageReceipt,
-    previous: str,
-    snapshot: bool,
-    final: bool,
+    step: Step[Receipt], advantage: AdvantageReceipt, previous: str, snapshot: bool, final: bool
 ) -> Receipt:
-    """Run ``method`` on ``role``'s group from checkpoint ``previous`` and save checkpoint n."""
+    """Run the step's method (the worker's method of the step's name) on the group of its row's
+    role from checkpoint ``previous`` and save checkpoint n."""
+    role, method = step.spec.role, step.task
+    assert role is not None  # the update rows name their group
     ctx, checkpoint = step.ctx, step.paths.checkpoint(role, step.n)
     background = step.cfg.checkpoint.async_save
     worker = step.worker(role, previous)
     ctx.groups.set_state(role, None)  # the live module leaves checkpoint n-1 from here on
-    data = advantages.output("advantages")
+    data = advantage.output("advantages")
     metrics = reduce_rank_metrics(getattr(worker, method)(data, dp_blocks=update_blocks(step.cfg, method)))
     every = step.cfg.checkpoint.snapshot_every
     replay = {role: {"previous": previous, "batch": data, "method": method}}
@@ -75,27 +72,19 @@ def _update(
     return step.receipt(checkpoints={role: checkpoint}, metrics=metrics)
 
 
-@ppo_task("update_actor", roles=("actor",))
+@ppo_task("update_actor")
 def update_actor(
-    step: Step[Receipt],
-    advantages: AdvantageReceipt,
-    actor_checkpoint: str,
-    snapshot: bool = False,
-    final: bool = False,
+    step: Step[Receipt], advantage: AdvantageReceipt, actor: str, snapshot: bool = False, final: bool = False
 ) -> Receipt:
-    """PPO policy update from ``actor_checkpoint`` (n-1); saves ``checkpoints/actor/n`` if it is a
+    """PPO policy update from ``actor`` (checkpoint n-1); saves ``checkpoints/actor/n`` if it is a
     snapshot (every ``snapshot_every``-th iteration, or ``snapshot``: the last of a run). ``final``:
     the run's last iteration (its commit waits for the write)."""
-    return _update(step, "actor", "update_actor", advantages, actor_checkpoint, snapshot, final)
+    return _update(step, advantage, actor, snapshot, final)
 
 
-@ppo_task("update_critic", roles=("critic",))
+@ppo_task("update_critic")
 def update_critic(
-    step: Step[Receipt],
-    advantages: AdvantageReceipt,
-    critic_checkpoint: str,
-    snapshot: bool = False,
-    final: bool = False,
+    step: Step[Receipt], advantage: AdvantageReceipt, critic: str, snapshot: bool = False, final: bool = False
 ) -> Receipt:
-    """Value update from ``critic_checkpoint`` (n-1); saves ``checkpoints/critic/n`` if a snapshot."""
-    return _update(step, "critic", "update_critic", advantages, critic_checkpoint, snapshot, final)
+    """Value update from ``critic`` (checkpoint n-1); saves ``checkpoints/critic/n`` if a snapshot."""
+    return _update(step, advantage, critic, snapshot, final)

@@ -1,6 +1,7 @@
 """ppoflow.tasks.graph: the iteration's table of steps, and everything derived from it — which
 steps run for each recipe, the worker groups an unfinished iteration needs, the roles with
-checkpoints, the critical path, and the picture the docs show."""
+checkpoints, the critical path, the picture the docs show, and the keyword arguments each row
+gives its task."""
 
 from __future__ import annotations
 
@@ -11,7 +12,18 @@ import pytest
 
 from ppoflow.infra.config import apply_overrides, parse_config
 from ppoflow.tasks import TASKS
-from ppoflow.tasks.graph import STEP, STEPS, critical_path, pending_roles, picture, steps, trained_roles
+from ppoflow.tasks.graph import (
+    STEP,
+    STEPS,
+    StepSpec,
+    WiringError,
+    critical_path,
+    pending_roles,
+    picture,
+    steps,
+    trained_roles,
+    writers,
+)
 from tests.support.paths import ROOT
 
 BASE = {
@@ -136,6 +148,46 @@ def test_every_step_has_its_task_and_the_critical_path_covers_every_step():
         "rm_score",
     }
     assert STEP["consume"].provides == "generate" and STEP["consume"].output == STEP["generate"].output
+    assert writers("rollout") == ("generate", "consume") and writers("advantages") == ("advantage",)
+
+
+def test_a_row_gives_its_task_keyword_arguments_by_the_names_it_wires():
+    """What the schedule passes: the receipts of the steps a row reads (a stand-in's under the name
+    it provides), one list of those it gathers that ran, the start's fields it names, its options."""
+
+    class Start:  # the fields a row's state may name (flows.schedule.Start's)
+        actor, critic, rollout_actor, rollout_critic = "a/1", "c/1", "a/0", "c/0"
+        cursor, kl_coef = {"epoch": 0, "offset": 8}, 0.2
+
+    ran = {"generate": "R", "ref_log_prob": "REF", "values": "V"}
+    assert STEP["advantage"].arguments(ran, Start, {}) == {
+        "generate": "R",
+        "gathered": ["REF", "V"],  # table order, only those that ran
+        "kl_coef": 0.2,
+    }
+    assert STEP["values"].arguments(ran, Start, {}) == {"generate": "R", "rollout_critic": "c/0"}
+    assert STEP["generate"].arguments({}, Start, {}) == {"rollout_actor": "a/0", "cursor": Start.cursor}
+    given = {"snapshot": True, "final": False}
+    assert STEP["update_critic"].arguments({"advantage": "A"}, Start, given) == {
+        "advantage": "A",
+        "critic": "c/1",
+        "snapshot": True,
+        "final": False,
+    }
+    assert STEP["evaluate"].arguments({}, Start, given) == {"actor": "a/1"}
+    # at a run's start publish_policy reads the actor the run starts from in place of update_actor
+    assert STEP["publish_policy"].opening_arguments(Start) == {"update_actor": "a/1"}
+    with pytest.raises(WiringError, match="at_start"):
+        STEP["generate"].opening_arguments(Start)
+
+
+def test_rows_are_built_by_keyword_and_frozen():
+    with pytest.raises(TypeError):
+        StepSpec("probe", 0, "score")
+    row = StepSpec(name="probe", stage=0, phase="score")
+    with pytest.raises(AttributeError):
+        row.stage = 1
+    assert row.runs(_config({})) and row.parameters == () and row.roles == ()
 
 
 def test_the_docs_show_the_tables_picture():

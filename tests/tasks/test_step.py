@@ -1,4 +1,5 @@
-"""ppoflow.tasks.step: the task decorator every step shares (its Prefect signature, resume from a stored receipt, fault drills) and the retry rule."""
+"""ppoflow.tasks.step: the task decorator every step shares (its Prefect signature, checked against
+the step's row as it is decorated, resume from a stored receipt, fault drills) and the retry rule."""
 
 from __future__ import annotations
 
@@ -58,20 +59,25 @@ def test_retry_rule_fails_deterministic_errors_at_once_and_retries_the_rest():
 
 
 def _probe_task():
-    """A task made by ``ppo_task`` whose body counts its calls and writes one output."""
+    """A task made by ``ppo_task`` (from a row of its own) whose body counts its calls and writes one
+    output."""
     from ppoflow.infra.data import storage
+    from ppoflow.tasks.graph import StepSpec
     from ppoflow.tasks.receipts import Receipt
     from ppoflow.tasks.step import Step, ppo_task
 
     calls: list[tuple[int, str]] = []
+    row = StepSpec(
+        name="probe", stage=0, phase="score", state=("source",), options=("scale",), output="probe"
+    )
 
-    @ppo_task("probe")
+    @ppo_task(row)
     def probe(step: Step[Receipt], source: str, scale: float = 1.0) -> Receipt:
         """Doubles nothing; records the call."""
         calls.append((step.n, source))
         out = step.file("probe.json")
         storage.write_json_atomic(out, {"scale": scale})
-        return step.receipt(outputs={"probe": out})
+        return step.receipt(outputs={step.output_key: out})
 
     return probe, calls
 
@@ -84,6 +90,49 @@ def test_the_task_decorator_gives_prefect_the_run_the_iteration_and_the_body_par
     assert list(inspect.signature(probe.fn).parameters) == ["run", "n", "source", "scale"]
     assert inspect.signature(probe.fn).parameters["scale"].default == 1.0
     assert probe.retries == 2 and probe.retry_condition_fn is not None and not probe.persist_result
+
+
+def test_a_task_wired_otherwise_than_its_row_is_refused_as_it_is_decorated():
+    """The row is the single source of a step's wiring: a body whose parameters are not its row's
+    reads, gathered receipts, state and options, by name and in order, never becomes a task; the
+    error names the step, what the row wires and what the body takes. A step without a row neither."""
+    from ppoflow.tasks.graph import STEP, WiringError
+    from ppoflow.tasks.step import ppo_task
+
+    def values(step, generate, critic):  # the row wires rollout_critic: the critic of the rollout
+        raise AssertionError("never called")
+
+    with pytest.raises(WiringError) as refused:
+        ppo_task("values")(values)
+    text = str(refused.value)
+    assert "step 'values'" in text and "(step, generate, rollout_critic)" in text
+    assert "(step, generate, critic)" in text and "test_step" in text
+
+    def swapped(step, advantage, final=False, snapshot=False):  # two options of one type, swapped
+        raise AssertionError("never called")
+
+    with pytest.raises(WiringError, match=r"step 'update_actor'.*snapshot=\.\.\., final=\.\.\."):
+        ppo_task("update_actor")(swapped)
+
+    def no_gathered(step, generate, kl_coef):  # advantage gathers the score steps' receipts
+        raise AssertionError("never called")
+
+    with pytest.raises(WiringError, match=r"step 'advantage'.*\(step, generate, gathered, kl_coef\)"):
+        ppo_task("advantage")(no_gathered)
+
+    with pytest.raises(WiringError, match="'nowhere' has no row"):
+        ppo_task("nowhere")
+
+    # the tasks of the table: each one's Prefect signature is its row's, with run and n first
+    import inspect
+
+    from ppoflow.tasks import TASKS
+
+    for name, task in TASKS.items():
+        if name == "commit":  # the pipelined commit takes the iteration's receipts, not a row's inputs
+            continue
+        row = STEP[name]
+        assert list(inspect.signature(task.fn).parameters) == ["run", "n", *row.parameters, *row.options]
 
 
 def test_a_finished_task_returns_its_receipt_and_new_inputs_run_it_again(tmp_path, monkeypatch):
