@@ -1,9 +1,13 @@
 """The order of a run's tasks: one iteration's graph, pipelined commits, and one-step overlap.
 
 Each iteration n runs the steps of :data:`ppoflow.tasks.graph.STEPS` that its config turns on (the
-table says what each reads, where it runs and when; docs/internals.md shows the picture): the
-``rollout`` and ``score`` phases (the *data side*: generate, the reads of the rollout, advantage),
-then the ``update`` phase, then ``evaluate`` every ``evaluation.every`` iterations, then ``commit``.
+table says what each reads, where it runs and when; docs/internals.md shows the picture), placed by
+their rows' ``phase`` alone: the ``rollout`` and ``score`` phases (the *data side*: the rollout, its
+reads, the advantages), then the ``update`` phase, then ``publish``, then the ``evaluate`` phase
+every ``evaluation.every`` iterations (and at a run's end), then the ``commit``; rows with
+``at_start`` also run once before the first iteration. Every task is called with keyword arguments
+its row names (:meth:`~ppoflow.tasks.graph.StepSpec.arguments`): the receipts of the steps it reads,
+the fields of the iteration's :class:`Start` it names, its phase's options.
 
 ``commit n`` is *submitted*, not awaited: it waits in the background for checkpoint n (written by
 the groups after the update tasks returned) while iteration n+1 already runs on the live weights.
@@ -39,10 +43,10 @@ from prefect.futures import PrefectFuture, wait
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.prompts import DataCursor
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest
-from ppoflow.tasks import TASKS, commit, evaluate
+from ppoflow.tasks import TASKS, commit
 from ppoflow.tasks import graph as iteration_graph
 from ppoflow.tasks.evaluate import due
-from ppoflow.tasks.graph import StepSpec, needs_reference
+from ppoflow.tasks.graph import Phase, StepSpec, needs_reference
 from ppoflow.tasks.receipts import IterationReceipts, R
 from ppoflow.tasks.run import RunContext
 from ppoflow.tasks.step import cause_text, with_retries
@@ -66,7 +70,8 @@ def pending_roles(ctx: RunContext, n: int) -> list[str]:
 class Start:
     """Where iteration ``iteration + 1`` starts (URLs): the updates from ``actor``/``critic``, the
     rollout and values from ``rollout_actor``/``rollout_critic`` (the same, except one step older
-    with one-step overlap), the data at ``cursor``, the KL coefficient ``kl_coef``."""
+    with one-step overlap), the data at ``cursor``, the KL coefficient ``kl_coef``. A row's
+    ``state`` names these fields (:data:`~ppoflow.tasks.graph.StartField`)."""
 
     iteration: int
     actor: str
@@ -117,16 +122,15 @@ def _submit(
     spec: StepSpec,
     n: int,
     start: Start,
-    upstream: dict[str, PrefectFuture[Any]],
-    **options: Any,
+    ran: dict[str, PrefectFuture[Any]],
+    given: dict[str, Any] | None = None,
+    wait_for: list[PrefectFuture[Any]] | None = None,
 ) -> PrefectFuture[Any]:
-    """Submit ``spec``'s task for iteration ``n``: ``task(run, n, *reads, [gathers], *state, **options)``
-    (:mod:`ppoflow.tasks.graph`)."""
-    args: list[Any] = [upstream[name] for name in spec.reads]
-    if spec.gathers:
-        args.append([upstream[name] for name in spec.gathers if name in upstream])
-    args += [getattr(start, name) for name in spec.state]
-    return with_retries(TASKS[spec.name], ctx.cfg.resources.task_retries).submit(ctx.key, n, *args, **options)
+    """Submit ``spec``'s task for iteration ``n`` with the keyword arguments its row names: the
+    steps it reads from those that ``ran``, the fields of ``start``, its options from ``given``."""
+    kwargs = spec.arguments(ran, start, given or {})
+    task = with_retries(TASKS[spec.name], ctx.cfg.resources.task_retries)
+    return task.submit(ctx.key, n, wait_for=wait_for, **kwargs)
 
 
 @dataclass
@@ -141,6 +145,10 @@ class _Data:
     def users(self, role: str) -> list[PrefectFuture[Any]]:
         """The submitted steps that run on ``role``'s group (an update of that group waits for them)."""
         return [f for name, f in self.futures.items() if iteration_graph.STEP[name].role == role]
+
+    def iteration(self) -> IterationReceipts:
+        """The data side's receipts (waiting for them; the first failure raises)."""
+        return IterationReceipts.of(list(self.receipts().values()))
 
     def receipts(self) -> dict[str, Any]:
         """The receipts of the data side's steps by name (waiting for them; the first failure raises)."""
@@ -167,22 +175,20 @@ def _updates(
     the end of a run, whose snapshot (``checkpoint.snapshot_at_end``: whatever ``snapshot_every``
     says) its commit waits for."""
     done = data.receipts()
-    snap = last and ctx.cfg.checkpoint.snapshot_at_end
-    reads = dict(data.reads)
-    for spec in iteration_graph.steps(ctx.cfg, ("update",)):
-        waits = upcoming.users(spec.role or "") if upcoming else None
-        reads[spec.name] = _submit(ctx, spec, n, start, reads, snapshot=snap, final=last, wait_for=waits)
-    for spec in iteration_graph.steps(ctx.cfg, ("publish",)):  # the new policy, for the producers
-        reads[spec.name] = _submit(ctx, spec, n, start, reads)
-    later = [f for name, f in reads.items() if name not in data.reads]
+    given = {"snapshot": last and ctx.cfg.checkpoint.snapshot_at_end, "final": last}
+    ran = dict(data.reads)
+    phases: tuple[Phase, ...] = ("update", "publish")  # publish: e.g. the new policy, for the producers
+    for spec in iteration_graph.steps(ctx.cfg, phases):
+        waits = upcoming.users(spec.role or "") if upcoming and spec.phase == "update" else None
+        ran[spec.name] = _submit(ctx, spec, n, start, ran, given, wait_for=waits)
+    later = [f for name, f in ran.items() if name not in data.reads]
     return IterationReceipts.of([*done.values(), *_results(later)])
 
 
 def _next_data_side(ctx: RunContext, n: int, start: Start, data: _Data) -> Start:
     """Where iteration ``n + 1``'s data side starts with one-step overlap: rollout and values from
     the weights iteration ``n`` trains from (live in the groups), the updates from checkpoint n."""
-    done = data.receipts()
-    gen, adv = done["generate"], done["advantage"]
+    done = data.iteration()
     critic = ctx.paths.checkpoint("critic", n) if ctx.cfg.critic.enable else start.critic
     return Start(
         iteration=n,
@@ -190,9 +196,27 @@ def _next_data_side(ctx: RunContext, n: int, start: Start, data: _Data) -> Start
         critic=critic,
         rollout_actor=start.actor,
         rollout_critic=start.critic,
-        cursor=gen.next_cursor,
-        kl_coef=adv.kl_coef,
+        cursor=done.generate.next_cursor,
+        kl_coef=done.advantage.kl_coef,
     )
+
+
+def _at_start(ctx: RunContext, start: Start) -> None:
+    """Run the rows placed at a run's start (``at_start``), as the iteration the run starts from."""
+    openers = [spec for spec in iteration_graph.steps(ctx.cfg) if spec.at_start is not None]
+    if openers:
+        ctx.groups.prestart(pending_roles(ctx, start.iteration + 1))
+    for spec in openers:
+        task = with_retries(TASKS[spec.name], ctx.cfg.resources.task_retries)
+        task(ctx.key, start.iteration, **spec.opening_arguments(start))
+
+
+def _evaluations(ctx: RunContext, n: int, start: Start, last: bool) -> list[PrefectFuture[Any]]:
+    """Submit the ``evaluate`` phase of iteration ``n`` if it is due (on the actor group, holding
+    update n); ``start`` is the next iteration's (its ``actor``: checkpoint n)."""
+    if not due(ctx.cfg, n, last_of_run=last):
+        return []
+    return [_submit(ctx, spec, n, start, {}) for spec in iteration_graph.steps(ctx.cfg, ("evaluate",))]
 
 
 class _Commits:
@@ -252,9 +276,8 @@ def run_iterations(
     one_step = ctx.cfg.algorithm.overlap == "one_step"
     retries = ctx.cfg.resources.task_retries
     start = Start.of(ctx.paths, manifest, one_step)
-    if iterations and iteration_graph.asynchronous(ctx.cfg):  # the version the producers start from
-        ctx.groups.prestart(pending_roles(ctx, start.iteration + 1))
-        with_retries(TASKS["publish_policy"], retries)(ctx.key, start.iteration, start.actor)
+    if iterations:
+        _at_start(ctx, start)
     previous: Manifest | PrefectFuture[Manifest] = manifest
     commits = _Commits(ctx, manifest, on_commit)
     data: _Data | None = None
@@ -269,23 +292,20 @@ def run_iterations(
                 upcoming = _submit_data(ctx, n + 1, _next_data_side(ctx, n, start, data))
             last = i + 1 == iterations
             receipts = _updates(ctx, n, start, data, upcoming, last)
-            evaluated = None
-            if due(ctx.cfg, n, last_of_run=last):  # on the actor group, holding update n
-                evaluated = with_retries(evaluate, retries).submit(
-                    ctx.key, n, ctx.paths.checkpoint("actor", n)
-                )
             start = start.after(receipts, one_step)
+            evaluated = _evaluations(ctx, n, start, last)
+            # the pipelined commit: its arguments are the iteration's, not a row's inputs.
             # Prefect resolves a future argument; submit's ParamSpec typing allows only a Manifest
             previous = with_retries(commit, retries).submit(
-                ctx.key,
-                n,
-                previous,  # type: ignore[arg-type]
-                receipts,
-                started,
-                start.rollout_record(),
-                evaluation=evaluated,
+                run=ctx.key,
+                n=n,
+                previous=previous,  # type: ignore[arg-type]
+                receipts=receipts,
+                started=started,
+                rollout_checkpoints=start.rollout_record(),
+                evaluation=evaluated[0] if evaluated else None,  # type: ignore[arg-type]
             )
-            commits.add(previous, [evaluated] if evaluated is not None else [])
+            commits.add(previous, evaluated)
             data = upcoming
             commits.report(block=False)
         commits.report(block=True)

@@ -1,11 +1,16 @@
 """ppoflow.flows.schedule: where each iteration starts (the updates' checkpoints, the rollout's with
 one-step overlap, the data cursor, the KL coefficient), from a manifest and from receipts: what
-keeps a resumed run with overlap committing what an uninterrupted one commits."""
+keeps a resumed run with overlap committing what an uninterrupted one commits; and the start's
+fields are the ones the table's rows may name."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import get_args
+
 from ppoflow.flows.schedule import Start
 from ppoflow.infra.experiment.manifest import ExperimentPaths, Manifest
+from ppoflow.tasks.graph import STEPS, StartField
 from ppoflow.tasks.receipts import AdvantageReceipt, GenerateReceipt, IterationReceipts, Receipt
 
 
@@ -68,3 +73,12 @@ def test_a_manifest_written_without_overlap_starts_overlap_on_policy():
     switched = Start.of(paths, _manifest(None), one_step=True)
     assert switched.rollout_actor == switched.actor == paths.checkpoint("actor", 4)
     assert switched.rollout_critic == paths.checkpoint("critic", 4) and switched.rollout_record() is None
+
+
+def test_the_rows_state_names_the_starts_fields():
+    """A row's ``state`` (typed :data:`StartField`) names fields of :class:`Start` the schedule reads
+    by name: the type lists exactly the start's fields, and every row names only those."""
+    fields = {f.name for f in dataclasses.fields(Start)} - {"iteration"}
+    assert set(get_args(StartField)) == fields
+    for row in STEPS:
+        assert set(row.state) <= fields and row.at_start in fields | {None}, row.name
