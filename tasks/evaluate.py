@@ -26,7 +26,7 @@ from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.data.prompts import PromptDataset, Row
 from ppoflow.infra.experiment.evaluation import EVAL_DIR, VAL_TAG, evaluation_metrics
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
-from ppoflow.infra.remote.driver.handle import WorkerHandle
+from ppoflow.infra.remote.contracts import ACTOR_ROLE, ActorContract
 from ppoflow.infra.rewards.remote import run_reward
 from ppoflow.infra.rewards.rollouts import outcome_scores, outcome_texts
 from ppoflow.tasks.receipts import Receipt
@@ -163,7 +163,7 @@ def finished_evaluation(out_dir: str, spec: dict[str, Any]) -> dict[str, float] 
 
 def run_evaluation(
     cfg: ExperimentConfig,
-    worker: WorkerHandle,
+    worker: ActorContract,
     dataset: PromptDataset,
     tokenizer: Any,
     out_dir: str,
@@ -214,7 +214,7 @@ def evaluate(step: Step[Receipt], actor: str) -> Receipt:
 
     cfg, ctx = step.cfg, step.ctx
     out_dir = step.file(f"{EVAL_DIR}/{VAL_TAG}")
-    worker = step.worker(state=actor)
+    worker = step.worker(ACTOR_ROLE, actor)
     dataset = ctx.inputs.val_dataset(cfg.data.val_files)
     spec = evaluation_spec(cfg, step.paths.ref(actor) or actor, cfg.data.val_files)
     metrics, outputs = run_evaluation(cfg, worker, dataset, ctx.inputs.tokenizer, out_dir, spec)
@@ -245,7 +245,7 @@ def evaluate_checkpoint(
     if done is not None:
         return {"metrics": done, "out_dir": out_dir, "resumed": True}
     with task_logs(ctx, "actor") as logger:
-        worker = ctx.groups.worker("actor", checkpoint, progress=logger.info)
+        worker = ctx.groups.worker(ACTOR_ROLE, checkpoint, progress=logger.info)
         dataset = ctx.inputs.val_dataset(files)
         metrics, outputs = run_evaluation(cfg, worker, dataset, ctx.inputs.tokenizer, out_dir, spec)
         if cfg.evaluation.samples_shown:

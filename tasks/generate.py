@@ -33,6 +33,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.data.prompts import DataCursor, DataError
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
+from ppoflow.infra.remote.contracts import ACTOR_ROLE
 from ppoflow.infra.rewards.remote import run_reward
 from ppoflow.infra.rewards.rollouts import outcome_scores
 from ppoflow.tasks.receipts import GenerateReceipt
@@ -119,7 +120,7 @@ def generate(step: Step[GenerateReceipt], rollout_actor: str, cursor: DataCursor
         rows, next_cursor, truncated = _prompts(step, next_cursor, r, round_prompts)
         tally.truncated += truncated
         update_progress_artifact(progress, 10.0, description=f"iteration {n}: {rows} prompts ({where})")
-        actor = actor or step.worker(state=rollout_actor)
+        actor = actor or step.worker(ACTOR_ROLE, rollout_actor)
         update_progress_artifact(
             progress, 20.0, description=f"iteration {n}: actor group ready, sampling {rows} x {cfg.rollout.n}"
         )

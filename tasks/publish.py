@@ -29,7 +29,7 @@ from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.marker import is_complete, read_failure
 from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.queue.policy import PolicyVersions
-from ppoflow.infra.remote.driver.handle import WorkerHandle
+from ppoflow.infra.remote.contracts import ACTOR_ROLE, ActorContract
 from ppoflow.tasks.receipts import Receipt
 from ppoflow.tasks.step import Step, Timer, ppo_task
 
@@ -45,7 +45,7 @@ def publish_policy(step: Step[Receipt], update_actor: Receipt | str) -> Receipt:
     url = queue.policy(step.n)
     metrics: dict[str, float] = {}
     if not is_complete(url):
-        worker = step.worker(state=state)
+        worker = step.worker(ACTOR_ROLE, state)
         background = not isinstance(update_actor, str) and _previous_is_complete(step, queue, worker)
         with Timer() as save:
             worker.save_checkpoint(
@@ -66,7 +66,7 @@ def publish_policy(step: Step[Receipt], update_actor: Receipt | str) -> Receipt:
     return step.receipt(outputs={"policy": url}, metrics=metrics)
 
 
-def _previous_is_complete(step: Step[Receipt], queue: QueuePaths, worker: WorkerHandle) -> bool:
+def _previous_is_complete(step: Step[Receipt], queue: QueuePaths, worker: ActorContract) -> bool:
     """Whether version n may be written in the background (module docstring): a bound of one or
     more, and version n - 1 complete once the group's previous background write is over (a failed
     one is logged, and this version is then written synchronously)."""

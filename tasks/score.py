@@ -19,6 +19,7 @@ have them, so with ``max_staleness: 0`` the values are bit for bit the synchrono
 from __future__ import annotations
 
 from ppoflow.infra.data.dataproto import DataProto
+from ppoflow.infra.remote.contracts import ACTOR_ROLE, CRITIC_ROLE, REWARD_MODEL_ROLE
 from ppoflow.tasks.receipts import GenerateReceipt, Receipt
 from ppoflow.tasks.step import Step, ppo_task
 
@@ -36,7 +37,7 @@ def old_log_prob(step: Step[Receipt], generate: GenerateReceipt, actor: str) -> 
         sampled = DataProto.load(rollout, columns=["rollout_log_probs"])
         DataProto.from_dict({"old_log_probs": sampled.batch["rollout_log_probs"].float().clone()}).save(out)
     else:
-        step.worker(state=actor).compute_log_prob(rollout, out_url=out)
+        step.worker(ACTOR_ROLE, actor).compute_log_prob(rollout, out_url=out)
     return step.receipt(outputs={step.output_key: out})
 
 
@@ -44,7 +45,7 @@ def old_log_prob(step: Step[Receipt], generate: GenerateReceipt, actor: str) -> 
 def ref_log_prob(step: Step[Receipt], generate: GenerateReceipt) -> Receipt:
     """Log-probs of the sampled responses under the frozen reference policy."""
     out = step.file("ref_log_prob.arrow")
-    step.worker().compute_ref_log_prob(generate.output("rollout"), out_url=out)
+    step.worker(ACTOR_ROLE).compute_ref_log_prob(generate.output("rollout"), out_url=out)
     return step.receipt(outputs={step.output_key: out})
 
 
@@ -52,7 +53,7 @@ def ref_log_prob(step: Step[Receipt], generate: GenerateReceipt) -> Receipt:
 def teacher_log_prob(step: Step[Receipt], generate: GenerateReceipt) -> Receipt:
     """Log-probs of the sampled responses under the frozen teacher (on-policy distillation)."""
     out = step.file("teacher_log_prob.arrow")
-    step.worker().compute_teacher_log_prob(generate.output("rollout"), out_url=out)
+    step.worker(ACTOR_ROLE).compute_teacher_log_prob(generate.output("rollout"), out_url=out)
     return step.receipt(outputs={step.output_key: out})
 
 
@@ -61,7 +62,7 @@ def values(step: Step[Receipt], generate: GenerateReceipt, rollout_critic: str) 
     """The critic's values of the rollout, with the critic of ``rollout_critic`` (n-1; n-2 with
     one-step overlap)."""
     out = step.file("values.arrow")
-    step.worker(state=rollout_critic).compute_values(generate.output("rollout"), out_url=out)
+    step.worker(CRITIC_ROLE, rollout_critic).compute_values(generate.output("rollout"), out_url=out)
     return step.receipt(outputs={step.output_key: out})
 
 
@@ -69,5 +70,5 @@ def values(step: Step[Receipt], generate: GenerateReceipt, rollout_critic: str) 
 def rm_score(step: Step[Receipt], generate: GenerateReceipt) -> Receipt:
     """The reward model's score of each response (on its last token)."""
     out = step.file("rm_scores.arrow")
-    step.worker().compute_rm_score(generate.output("rollout"), out_url=out)
+    step.worker(REWARD_MODEL_ROLE).compute_rm_score(generate.output("rollout"), out_url=out)
     return step.receipt(outputs={step.output_key: out})

@@ -3,7 +3,7 @@
     @ppo_task("values")            # the row STEP["values"]: role critic, reads generate, ...
     def values(step: Step, generate: GenerateReceipt, rollout_critic: str) -> Receipt:
         out = step.file("values.arrow")
-        step.worker(state=rollout_critic).compute_values(generate.output("rollout"), out_url=out)
+        step.worker(CRITIC_ROLE, rollout_critic).compute_values(generate.output("rollout"), out_url=out)
         return step.receipt(outputs={step.output_key: out})
 
 becomes the Prefect task ``values(run: str, n: int, generate, rollout_critic) -> Receipt``. At
@@ -49,7 +49,7 @@ from ppoflow.infra.data.prompts import DataError
 from ppoflow.infra.experiment.lock import ExperimentLocked
 from ppoflow.infra.experiment.manifest import ExperimentPaths, ManifestConflict, now_iso
 from ppoflow.infra.preflight import PreflightError
-from ppoflow.infra.remote.driver.handle import WorkerHandle
+from ppoflow.infra.remote.contracts import Role, WorkerContract
 from ppoflow.infra.remote.errors import GroupCannotStart, RankFailure
 from ppoflow.infra.rewards import RewardError
 from ppoflow.tasks.graph import STEP, StepSpec, WiringError
@@ -167,6 +167,7 @@ def retryable(task: Any, task_run: Any, state: Any) -> bool:
 
 
 _Task = TypeVar("_Task", bound=Task)
+C = TypeVar("C")  # a worker group's contract (``Step.worker``)
 
 
 def with_retries(task: _Task, retries: int) -> _Task:
@@ -245,12 +246,16 @@ class Step(Generic[R]):
             raise WiringError(f"step {self.task!r} has no output in its row")
         return self.spec.output
 
-    def worker(self, role: str | None = None, state: str | None = None) -> WorkerHandle:
+    @overload
+    def worker(self, role: Role[C], state: str | None = None) -> C: ...
+    @overload
+    def worker(self, role: str | None = None, state: str | None = None) -> WorkerContract: ...
+    def worker(self, role: Role[Any] | str | None = None, state: str | None = None) -> Any:
         """``role``'s worker group (None: the row's), started (or rebuilt) if needed and holding
-        checkpoint ``state`` (None: any), as a handle whose methods are the worker class's
-        ``@register`` methods. The task holds the group until it ends (no other task changes its
-        state meanwhile)."""
-        role = role or self.spec.role
+        checkpoint ``state`` (None: any), typed as its contract: ``CRITIC_ROLE`` gives a
+        ``CriticContract`` (``ppoflow.infra.remote.contracts``; a name, the methods every worker
+        has). The task holds the group until it ends (no other task changes its state meanwhile)."""
+        role = role.name if isinstance(role, Role) else role or self.spec.role
         if role is None:
             raise WiringError(f"step {self.task!r} runs on no worker group (its row has no role)")
         if role not in self.held:

@@ -32,6 +32,7 @@ i.e. the checkpoint time on the iteration's critical path.
 from __future__ import annotations
 
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
+from ppoflow.infra.remote.contracts import trained_role, update_of
 from ppoflow.tasks.checkpoints import Lineage
 from ppoflow.tasks.receipts import AdvantageReceipt, Receipt
 from ppoflow.tasks.replay import update_blocks
@@ -49,10 +50,10 @@ def _update(
     assert role is not None  # the update rows name their group
     ctx, checkpoint = step.ctx, step.paths.checkpoint(role, step.n)
     background = step.cfg.checkpoint.async_save
-    worker = step.worker(role, previous)
+    worker = step.worker(trained_role(role), previous)
     ctx.groups.set_state(role, None)  # the live module leaves checkpoint n-1 from here on
     data = advantage.output("advantages")
-    metrics = reduce_rank_metrics(getattr(worker, method)(data, dp_blocks=update_blocks(step.cfg, method)))
+    metrics = reduce_rank_metrics(update_of(worker, method)(data, dp_blocks=update_blocks(step.cfg, method)))
     every = step.cfg.checkpoint.snapshot_every
     replay = {role: {"previous": previous, "batch": data, "method": method}}
     if step.n % every and not snapshot:  # rebuilt by replay when needed
