@@ -259,8 +259,8 @@ class ExperimentSession:
                 held.__exit__(type(exc) if exc else None, exc, None)
 
             self._took("slots", release_slots)
+        self._took("rollouts", lambda exc: self.rollouts.stop(failed=exc is not None))  # a part-way start too
         self.rollouts.start(self.manifest.iteration if self.manifest is not None else 0)
-        self._took("rollouts", lambda exc: self.rollouts.stop(failed=exc is not None))
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
