@@ -170,8 +170,8 @@ def _updates(
     ctx: RunContext, n: int, start: Start, data: _Data, upcoming: _Data | None, last: bool
 ) -> IterationReceipts:
     """Submit iteration ``n``'s updates (after the data side of ``n + 1`` with one-step overlap:
-    the groups generate first, then train), then what publishes their result (asynchronous
-    training: the policy for the producers), and wait for them; the iteration's receipts. ``last``:
+    the groups generate first, then train), then the ``publish`` phase's rows (what publishes their
+    result), and wait for them; the iteration's receipts. ``last``:
     the end of a run, whose snapshot (``checkpoint.snapshot_at_end``: whatever ``snapshot_every``
     says) its commit waits for."""
     done = data.receipts()
