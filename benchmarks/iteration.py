@@ -131,7 +131,9 @@ SIZES = {
     ),
 }
 SIZE_PRESET = "size:"
-PEAK_TFLOPS = {"cuda": 791.0}  # bf16 dense matmul TFLOP/s measured on one H200 (--peak-tflops for another card)
+PEAK_TFLOPS = {
+    "cuda": 791.0
+}  # bf16 dense matmul TFLOP/s measured on one H200 (--peak-tflops for another card)
 
 
 def kv_budget(text: str) -> float | str | None:
