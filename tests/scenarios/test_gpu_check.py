@@ -2,11 +2,13 @@
 (one engine replica over both ranks, training data-parallel over both), float32, a small Qwen2
 shape (head_dim 64); iterations 1-2 in one flow run and 3 in a second.
 
-The script is run as a user runs it (a subprocess, its exit status, its JSON line). Its references
-are independent of the flow: transformers forwards of ``ppoflow export-hf --iteration n-1``. The
-test asserts what the script reports (every comparison within the float32 tolerance, exit 0) and
-that the check has power: each stale control (the weights one iteration older) is far outside
-the tolerance, so an engine that missed one update would have failed it.
+The script is run as a user runs it (a subprocess, its exit status, its JSON line), against the
+session's Prefect API (``PREFECT_API_URL``, as a user with a server runs it: no temporary server of
+its own to start). Its references are independent of the flow: transformers forwards of
+``ppoflow export-hf --iteration n-1``. The test asserts what the script reports (every comparison
+within the float32 tolerance, exit 0) and that the check has power: each stale control (the
+weights one iteration older) is far outside the tolerance, so an engine that missed one update
+would have failed it.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from tests.support.paths import ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.cpu_tp]
 
 
-def test_gpu_check_passes_on_cpu_tp2(tmp_path):
+def test_gpu_check_passes_on_cpu_tp2(prefect_harness, tmp_path):
+    from prefect.settings import PREFECT_API_URL
+
     cmd = [sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--ranks", "2", "--tp", "2"]
     env = {**os.environ, "PPOFLOW_RANK_THREADS": "1", "OUT": str(tmp_path)}
+    env["PREFECT_API_URL"] = PREFECT_API_URL.value()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     wall = time.perf_counter() - t0
