@@ -42,11 +42,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 from ppoflow.infra.data import storage
 
-__all__ = ["ExperimentLock", "ExperimentLocked", "LeaseExpired", "HEARTBEAT_S", "STALE_AFTER_S"]
+__all__ = ["Lease", "ExperimentLock", "ExperimentLocked", "LeaseExpired", "HEARTBEAT_S", "STALE_AFTER_S"]
 
 HEARTBEAT_S = 15.0
 STALE_AFTER_S = 120.0
@@ -80,12 +80,13 @@ def _pid_alive(pid: int, start: str | None) -> bool:
     return start is None or _pid_start(pid) in (None, start)
 
 
-class ExperimentLock:
-    """The lock on one experiment (see the module docstring). The same lease guards other records
-    several processes compete for (a rollout producer's claim on a batch): ``what`` names it in
-    the messages of a subclass."""
+class Lease:
+    """A lease on one record of storage that several processes compete for (the module docstring's
+    rules: create-if-absent, heartbeats, takeover of a stale holder, delete-if-match). ``what``
+    names the record in every message: the experiment lock is one lease, a rollout producer's
+    claim on a batch holds another (``ppoflow.infra.queue.batches.BatchClaim``)."""
 
-    what = "experiment lock"
+    what = "lease"
 
     def __init__(
         self,
@@ -95,7 +96,10 @@ class ExperimentLock:
         heartbeat_s: float = HEARTBEAT_S,
         stale_after_s: float = STALE_AFTER_S,
         log: Callable[[str], None] | None = None,
+        what: str | None = None,
     ):
+        if what is not None:
+            self.what = what
         self.url, self.run_id = url, str(run_id)
         self.heartbeat_s, self.stale_after_s = float(heartbeat_s), float(stale_after_s)
         self.log = log or (lambda msg: None)
@@ -157,7 +161,7 @@ class ExperimentLock:
             return f"its last heartbeat was {age:.0f} s ago (> {self.stale_after_s:.0f} s)"
         return None
 
-    def acquire(self) -> ExperimentLock:
+    def acquire(self) -> Self:
         """Take the lock, taking over a stale one; raise :class:`ExperimentLocked` otherwise."""
         backend = self._storage()
         for _ in range(5):
@@ -185,7 +189,7 @@ class ExperimentLock:
             f"hands; another run is starting on this experiment"
         )
 
-    def _started(self) -> ExperimentLock:
+    def _started(self) -> Self:
         self._held, self.lost, self.lost_reason = True, False, None
         self._acquired_at = self._renewed_at = time.time()
         self._stop.clear()
@@ -288,8 +292,14 @@ class ExperimentLock:
         if owner is not None and version is not None and owner.get("token") == self.token:
             self._storage().delete(self.url, version)  # not ours any more: left alone
 
-    def __enter__(self) -> ExperimentLock:
+    def __enter__(self) -> Self:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class ExperimentLock(Lease):
+    """The lock on one experiment (the module docstring): the lease on ``lock.json``."""
+
+    what = "experiment lock"

@@ -30,7 +30,7 @@ import torch
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.data.hashing import hash_file
-from ppoflow.infra.experiment.lock import ExperimentLock, ExperimentLocked
+from ppoflow.infra.experiment.lock import ExperimentLocked, Lease
 from ppoflow.infra.queue.layout import QueuePaths
 
 __all__ = [
@@ -52,27 +52,50 @@ __all__ = [
 ROW = "row"
 
 
-class BatchClaim(ExperimentLock):
-    """A producer's lease on one batch (the experiment lock's heartbeats and takeover rules)."""
+class BatchClaim:
+    """A producer's claim on one batch: it holds a :class:`~ppoflow.infra.experiment.lock.Lease` on
+    the batch's ``claim.json`` (the lease's heartbeats and takeover rules; it is not an experiment
+    lock) and offers what a producer does with it."""
 
     what = "claim on a rollout batch"
+
+    def __init__(
+        self, url: str, owner: str, *, stale_after_s: float, log: Callable[[str], None] | None = None
+    ):
+        self.lease = Lease(
+            url,
+            owner,
+            heartbeat_s=max(0.5, stale_after_s / 8),
+            stale_after_s=stale_after_s,
+            log=log,
+            what=self.what,
+        )
+
+    def acquire(self) -> BatchClaim:
+        """Take the claim (taking over a stale one); :class:`ExperimentLocked` when a live producer
+        holds it."""
+        self.lease.acquire()
+        return self
+
+    def check(self) -> None:
+        """Raise when this producer no longer holds the claim (taken over, or not renewed in time)."""
+        self.lease.check()
+
+    def release(self) -> None:
+        self.lease.release()
+
+    def stale_reason(self, holder: dict[str, Any]) -> str | None:
+        """Why ``holder`` (a claim's record) may be taken over, or None while it is live."""
+        return self.lease.stale_reason(holder)
 
 
 def claim_batch(paths: QueuePaths, k: int, owner: str, stale_after_s: float, log=None) -> BatchClaim | None:
     """Take the lease on batch ``k`` for ``owner`` (a producer's run id), taking over a stale one;
     None when a live producer holds it."""
-    claim = BatchClaim(
-        paths.claim(k),
-        run_id=owner,
-        heartbeat_s=max(0.5, stale_after_s / 8),
-        stale_after_s=stale_after_s,
-        log=log,
-    )
     try:
-        claim.acquire()
+        return BatchClaim(paths.claim(k), owner, stale_after_s=stale_after_s, log=log).acquire()
     except ExperimentLocked:
         return None
-    return claim
 
 
 def claim_holder(paths: QueuePaths, k: int) -> dict[str, Any] | None:

@@ -53,6 +53,22 @@ def test_one_live_producer_per_batch_and_a_dead_ones_lease_is_taken_over(tmp_pat
     taken.release()
 
 
+def test_a_batch_claim_holds_a_lease_and_is_no_experiment_lock(tmp_path):
+    """A claim is not an experiment lock (nothing that takes a lock accepts it), and a lost claim
+    says what it was: its lease's messages name the batch's claim."""
+    from ppoflow.infra.experiment.lock import ExperimentLock, Lease
+
+    q = QueuePaths(str(tmp_path / "exp"))
+    claim = claim_batch(q, 5, "producer-a", stale_after_s=30)
+    assert claim is not None
+    assert not isinstance(claim, ExperimentLock) and isinstance(claim.lease, Lease)
+    storage.rm(q.claim(5))  # the claim's record vanishes: this producer no longer holds it
+    claim.lease.heartbeat()
+    with pytest.raises(Exception, match="claim on a rollout batch"):
+        claim.check()
+    claim.release()
+
+
 def test_parts_then_the_whole_batch_in_row_order_and_its_record_once(tmp_path):
     q = QueuePaths(str(tmp_path / "exp"))
     assert finished_rows(q, 1) is None
