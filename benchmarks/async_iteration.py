@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect-home"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from ppoflow.cli.local_api import local_server  # the producer's process reports to the same API
-    from ppoflow.infra.signals import install_stop_handlers
+    from ppoflow.infra.runtime.signals import install_stop_handlers
 
     install_stop_handlers()
     server = local_server()

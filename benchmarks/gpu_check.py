@@ -169,7 +169,7 @@ def run_flow(args, work: str) -> tuple[str, DrillLog]:
     Returns the experiment URL and the drill log."""
     from ppoflow.flows.ppo import ppo
     from ppoflow.infra.config import parse_config
-    from ppoflow.infra.signals import install_stop_handlers
+    from ppoflow.infra.runtime.signals import install_stop_handlers
 
     model_dir, data_url = os.path.join(work, "model"), os.path.join(work, "prompts.parquet")
     n_params = build_model(model_dir, args.preset, args.prompt_len + args.response_len + 8)

@@ -555,7 +555,7 @@ def commit_interval(rows: list[dict], before: dict | None) -> float:
 
 def generation_lines(rows: list[dict]) -> list[str]:
     """Each iteration's generation (the cold one first) with the CPU it got: the decoding thread's CPU
-    seconds and how busy the host was (``infra/host_cpu.py`` says what they can and cannot tell)."""
+    seconds and how busy the host was (``infra/runtime/host_cpu.py`` says what they can and cannot tell)."""
     parts = []
     for r in rows:
         if "rollout/generate_s" not in r:
@@ -810,7 +810,7 @@ def main(argv=None) -> None:
     # a fresh PREFECT_HOME migrates its database first: on a busy machine that outlasts the 20 s default
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry (offline)
-    from ppoflow.infra.signals import install_stop_handlers
+    from ppoflow.infra.runtime.signals import install_stop_handlers
 
     install_stop_handlers()
     if args.compare:

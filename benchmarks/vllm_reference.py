@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 from speed_probes import describe, probe
 
-from ppoflow.infra.host_cpu import CpuUse, cpu_use
+from ppoflow.infra.runtime.host_cpu import CpuUse, cpu_use
 
 SHAPES = {
     # Qwen2.5-0.5B's shape (494M parameters)

@@ -196,10 +196,10 @@ def _rerun(args: argparse.Namespace) -> str:
 def _interrupts(args: argparse.Namespace, cfg: Any) -> Iterator[None]:
     """From here on SIGTERM and Ctrl-C raise, so that the run's cleanup runs; on either, say what
     was left behind (the flow's cleanup already ran), then go on exiting. The run's heavy imports
-    happen first, while either still ends the process at once (``infra.signals``)."""
+    happen first, while either still ends the process at once (``infra.runtime.signals``)."""
     import ppoflow.flows.ppo  # noqa: F401 - torch, Prefect, the tasks: imported before signals raise
     from ppoflow.cli.failure import committed, print_interrupted
-    from ppoflow.infra.signals import Terminated, install_stop_handlers
+    from ppoflow.infra.runtime.signals import Terminated, install_stop_handlers
 
     started, before = time.time(), committed(cfg)
     install_stop_handlers()
@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ppoflow`` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] in (["demo"], ["run"]):
-        from ppoflow.infra.signals import exit_while_starting
+        from ppoflow.infra.runtime.signals import exit_while_starting
 
         # before any heavy import (the parser's own, the config's: a second or more on a busy
         # machine): until the run holds something, SIGTERM or Ctrl-C ends it at once

@@ -122,7 +122,7 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from ppoflow.infra.signals import install_stop_handlers
+    from ppoflow.infra.runtime.signals import install_stop_handlers
 
     install_stop_handlers()
     ppo(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)

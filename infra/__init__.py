@@ -19,9 +19,8 @@ architectures/  the model matrix: the architectures ppoflow supports, their tiny
              configs, and the check of a model's config against them
 rewards/     rewards by data source (GSM8K/MATH by math-verify, reasoning-gym), custom rewards and
              batch scorers, reward services over HTTP, scoring rollouts, the loader of user objects
-signals.py   stopping a run on SIGTERM / Ctrl-C: the handlers a flow's process installs
-faults.py    fault drills (PPOFLOW_FAULT): a task that fails, a rank or a node that dies, on purpose
+runtime/     what happens to a running process: SIGTERM / Ctrl-C handlers, the CPU a stretch of
+             work got, fault drills (PPOFLOW_FAULT)
 rollout_engines.py  the registry of rollout engines: name, classes by import path, capabilities
 hub.py       hub ids among model paths, and whether the Hugging Face hub can be reached
-host_cpu.py  the CPU a stretch of work got: the thread's own, the host's busy and stolen shares
 """

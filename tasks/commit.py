@@ -35,8 +35,8 @@ from ppoflow.infra.experiment.manifest import (
 )
 from ppoflow.infra.experiment.metrics import throughput_metrics
 from ppoflow.infra.experiment.retention import apply_retention
-from ppoflow.infra.faults import maybe_fail
 from ppoflow.infra.remote.contracts import trained_role
+from ppoflow.infra.runtime.faults import maybe_fail
 from ppoflow.tasks.graph import critical_path, trained_roles
 from ppoflow.tasks.receipts import IterationReceipts, Receipt
 from ppoflow.tasks.replay import replay_entry

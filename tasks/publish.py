@@ -25,11 +25,11 @@ lost: the write stays synchronous, as it does at a run's start.
 
 from __future__ import annotations
 
-from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.marker import is_complete, read_failure
 from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.queue.policy import PolicyVersions
 from ppoflow.infra.remote.contracts import ACTOR_ROLE, ActorContract
+from ppoflow.infra.runtime import faults
 from ppoflow.tasks.receipts import Receipt
 from ppoflow.tasks.step import Step, Timer, ppo_task
 

@@ -14,7 +14,7 @@ name and in order (:meth:`~ppoflow.tasks.graph.StepSpec.check_parameters`: a
 1. looks up the flow run's :class:`~ppoflow.tasks.run.RunContext` by ``run``;
 2. returns the stored receipt if iteration ``n`` of this task already finished with the same
    inputs (resume; see :mod:`ppoflow.tasks.receipts`);
-3. fires ``PPOFLOW_FAULT`` drills before and after the work (``ppoflow.infra.faults``);
+3. fires ``PPOFLOW_FAULT`` drills before and after the work (``ppoflow.infra.runtime.faults``);
 4. routes the rank output of its row's role into the task's log, and times the body;
 5. holds each group the body uses (``step.worker``: the row's role unless named) until the body ends;
 6. writes the receipt (with the body's wall time and inputs) once the outputs are complete.
@@ -42,7 +42,6 @@ from typing import Any, Generic, TypeVar, cast, overload
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
-from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.sharded import CorruptCheckpointError, IncompleteCheckpointError
 from ppoflow.infra.config import ConfigError, ExperimentConfig
 from ppoflow.infra.data.prompts import DataError
@@ -52,6 +51,7 @@ from ppoflow.infra.preflight import PreflightError
 from ppoflow.infra.remote.contracts import Role, WorkerContract
 from ppoflow.infra.remote.errors import GroupCannotStart, RankFailure
 from ppoflow.infra.rewards import RewardError
+from ppoflow.infra.runtime import faults
 from ppoflow.tasks.graph import STEP, StepSpec, WiringError
 from ppoflow.tasks.receipts import R, Receipt, find_receipt, input_stamps, write_receipt
 from ppoflow.tasks.replay import ReplayError

@@ -167,7 +167,7 @@ def _session_device_slots(tmp_path_factory):
 def _fresh_faults():
     """Every test starts with no injected fault spent: an entry that fired in an earlier test of
     the session (the same ``PPOFLOW_FAULT`` text) fires again in this one."""
-    from ppoflow.infra import faults
+    from ppoflow.infra.runtime import faults
 
     faults.reset()
 

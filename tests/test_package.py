@@ -192,8 +192,25 @@ def test_no_package_circles():
     assert not circles, "package circles:\n" + "\n".join(circles)
 
 
+#: infra's leaves: what the rest of infra and the layers above all use, so they use none of it.
+INFRA_LEAVES = ("ppoflow.infra.runtime",)
+_INFRA_DIR = os.path.join(PACKAGE_DIR, "infra")
+_INFRA_PACKAGES = tuple(
+    sorted(
+        f"ppoflow.infra.{n}"
+        for n in os.listdir(_INFRA_DIR)
+        if os.path.isfile(os.path.join(_INFRA_DIR, n, "__init__.py"))
+    )
+)
+
 #: Neighbours that must not lean on each other: (importers, what they must not import, why).
 SIDEWAYS = (
+    (
+        INFRA_LEAVES,
+        tuple(p for p in _INFRA_PACKAGES if p not in INFRA_LEAVES),
+        "infra's leaves import nothing of infra's other packages: the runtime (signals, CPU use, "
+        "fault drills) serves the CLI, the tasks, the checkpoint writer and the ranks alike",
+    ),
     (
         ("ppoflow.infra.remote",),
         ("ppoflow.infra.experiment",),

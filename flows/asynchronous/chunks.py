@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from ppoflow.infra import faults
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.queue.batches import publish_part
 from ppoflow.infra.queue.inflight import InFlight
 from ppoflow.infra.queue.layout import QueuePaths
+from ppoflow.infra.runtime import faults
 from ppoflow.tasks.run.inputs import iteration_seed
 
 __all__ = ["sample_in_chunks", "stop_token_ids"]

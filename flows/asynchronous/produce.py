@@ -27,7 +27,6 @@ import torch
 from prefect import task
 
 from ppoflow.flows.asynchronous.chunks import sample_in_chunks
-from ppoflow.infra import faults
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.data.prompts import DataCursor
@@ -43,6 +42,7 @@ from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.queue.policy import PolicyVersions, Published
 from ppoflow.infra.queue.staleness import tag_versions
 from ppoflow.infra.remote.contracts import ACTOR_ROLE
+from ppoflow.infra.runtime import faults
 from ppoflow.tasks.run import RunContext, get_run
 from ppoflow.tasks.run.inputs import iteration_seed
 from ppoflow.tasks.step import TASK_OPTIONS, task_logs

@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Any
 
-from ppoflow.infra import faults
 from ppoflow.infra.remote.procs import OutputPump, kill_process_group
+from ppoflow.infra.runtime import faults
 
 __all__ = ["ProducerProcess", "ProducerFailed", "PRODUCER_MODULE"]
 

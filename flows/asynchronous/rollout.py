@@ -177,7 +177,7 @@ def ppo_rollout(
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m ppoflow.flows.asynchronous.rollout CONFIG [--until N] [--owner-pid PID]``."""
-    from ppoflow.infra.signals import install_stop_handlers
+    from ppoflow.infra.runtime.signals import install_stop_handlers
 
     parser = argparse.ArgumentParser(
         prog="python -m ppoflow.flows.asynchronous.rollout", description=ppo_rollout.__doc__

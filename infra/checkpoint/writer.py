@@ -52,7 +52,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ppoflow.infra import faults
 from ppoflow.infra.checkpoint._dist import all_gather_json, barrier, rank_world
 from ppoflow.infra.checkpoint.integrity import HashingFileSystem
 from ppoflow.infra.checkpoint.marker import (
@@ -69,6 +68,7 @@ from ppoflow.infra.checkpoint.staging import HostStager
 from ppoflow.infra.checkpoint.state import MODEL, OPTIM, collect, enc, rng_file, rng_state
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.hashing import ALGORITHM, hash_bytes, hash_file
+from ppoflow.infra.runtime import faults
 
 __all__ = ["CheckpointWriter", "dcp_call", "make_reader", "make_writer", "FAULT_POINT"]
 

@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.marker import CheckpointError, IncompleteCheckpointError, is_complete
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.experiment.manifest import ExperimentPaths
@@ -54,6 +53,7 @@ from ppoflow.infra.remote.contracts import (
 from ppoflow.infra.remote.driver.group import WorkerGroup
 from ppoflow.infra.remote.driver.handle import typed_handle
 from ppoflow.infra.remote.errors import GroupCannotStart, RankFailure, WorkerGroupDead
+from ppoflow.infra.runtime import faults
 from ppoflow.tasks.checkpoints import Writes
 from ppoflow.tasks.replay import committed_chain, replay_chain, state_iteration, update_blocks, verify_batch
 from ppoflow.tasks.run.making import DEFAULT_BUILDS, WORKERS, GroupMaker

@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ppoflow.infra import faults
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.config.system import DETERMINISTIC_ENV
 from ppoflow.infra.data import storage
@@ -26,6 +25,7 @@ from ppoflow.infra.remote.driver.group import WorkerGroup
 from ppoflow.infra.remote.driver.hub import ClusterHub
 from ppoflow.infra.remote.driver.launchers import Launcher
 from ppoflow.infra.remote.driver.rendezvous import RendezvousLauncher
+from ppoflow.infra.runtime import faults
 
 __all__ = ["GroupMaker", "WORKERS", "DEFAULT_BUILDS", "connect_timeout_s"]
 

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ppoflow.infra import faults
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.runtime import faults
 from tests.support.configs import LIGHT, LIGHT_HF
 from tests.support.experiments import assert_same_commit
 from tests.support.prefect_runs import attempts

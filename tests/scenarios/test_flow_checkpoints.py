@@ -21,10 +21,10 @@ import time
 
 import pytest
 
-from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.marker import is_complete, read_failure
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.runtime import faults
 from tests.support.experiments import assert_same_commit, copy_experiment
 
 pytestmark = pytest.mark.slow

@@ -69,7 +69,7 @@ def test_distillation_commits_its_advantage_and_resumes_between_snapshots_exactl
 ):
     from ppoflow.demo.tiny_models import save_tiny_model
     from ppoflow.flows.ppo import ppo
-    from ppoflow.infra import faults
+    from ppoflow.infra.runtime import faults
 
     t0 = time.perf_counter()
     teacher = save_tiny_model(str(tmp_path / "teacher"), seed=3)

@@ -20,10 +20,10 @@ import os
 import pytest
 import torch
 
-from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.sharded import load_full_state_dict
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.runtime import faults
 from tests.support.experiments import assert_same_commit, copy_experiment
 
 pytestmark = pytest.mark.slow

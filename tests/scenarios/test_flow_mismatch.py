@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from ppoflow.infra import faults
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.runtime import faults
 from tests.support.configs import LIGHT
 from tests.support.experiments import copy_experiment
 from tests.support.hf_log_probs import response_log_probs

@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from ppoflow.infra import faults
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.runtime import faults
 from tests.support.experiments import assert_same_commit
 from tests.support.nodes import KEY, Agents
 from tests.support.ports import free_port

@@ -22,11 +22,11 @@ import time
 
 import pytest
 
-from ppoflow.infra import faults
 from ppoflow.infra.checkpoint.sharded import is_complete
 from ppoflow.infra.data import storage
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.manifest import ExperimentPaths, read_manifest
+from ppoflow.infra.runtime import faults
 from tests.support.experiments import assert_same_commit, copy_experiment
 from tests.support.prefect_runs import attempts
 

@@ -82,7 +82,7 @@ def snapped(reference, flow_config, tmp_path_factory):
     """The same experiment with snapshots every K: 4 iterations in one run, then 2 more in a second
     run in which rank 1 of the actor group dies in its first update (iteration 5)."""
     from ppoflow.flows.ppo import ppo
-    from ppoflow.infra import faults
+    from ppoflow.infra.runtime import faults
 
     cfg = flow_config(
         str(tmp_path_factory.mktemp("snapped")), "snapped", **TWO_GROUPS, **{"checkpoint.snapshot_every": K}

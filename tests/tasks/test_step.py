@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ppoflow.infra import faults
+from ppoflow.infra.runtime import faults
 
 
 def test_retry_rule_fails_deterministic_errors_at_once_and_retries_the_rest():

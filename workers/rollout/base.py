@@ -236,7 +236,7 @@ def generation_metrics(
 ) -> dict[str, float]:
     """A rollout's ``meta_info["metrics"]``: ``rollout/generate_s``, ``rollout/tokens_per_s`` (the
     ``generated`` tokens over those seconds), ``extra``, then the CPU the decoding got
-    (``perf/rollout_*`` from ``cpu``, an ``infra.host_cpu.cpu_use`` reading)."""
+    (``perf/rollout_*`` from ``cpu``, an ``infra.runtime.host_cpu.cpu_use`` reading)."""
     return {
         "rollout/generate_s": generate_s,
         "rollout/tokens_per_s": generated / generate_s if generate_s > 0 else 0.0,

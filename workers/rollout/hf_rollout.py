@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ppoflow.infra.config import RolloutConfig
-from ppoflow.infra.host_cpu import cpu_use
+from ppoflow.infra.runtime.host_cpu import cpu_use
 from ppoflow.workers.fsdp_utils import reshard_all
 from ppoflow.workers.rollout.base import (
     EngineSite,

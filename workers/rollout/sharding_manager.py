@@ -59,7 +59,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ppoflow.infra import faults
+from ppoflow.infra.runtime import faults
 from ppoflow.workers.device_memory import release_for_wake
 from ppoflow.workers.rollout import weight_sync
 

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ppoflow.infra.config import RolloutConfig
-from ppoflow.infra.host_cpu import cpu_use
+from ppoflow.infra.runtime.host_cpu import cpu_use
 from ppoflow.workers.rollout.base import (
     EngineSite,
     Rollout,
@@ -389,7 +389,7 @@ class VLLMRollout(Rollout):
         requests = [TokensPrompt(prompt_token_ids=t) for t in token_lists]
         with frozen_heap() as gc_time, torch.random.fork_rng(devices=rng_devices):
             t_gen = time.perf_counter()
-            with cpu_use() as cpu:  # what CPU the decoding got (infra/host_cpu.py)
+            with cpu_use() as cpu:  # what CPU the decoding got (infra/runtime/host_cpu.py)
                 outs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
         return outs, t_gen, gc_time, cpu
 

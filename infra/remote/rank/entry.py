@@ -55,7 +55,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppoflow.infra import faults
 from ppoflow.infra.remote.dispatch import Dispatch, dispatch_mode_of, metric_rules_of, registered_methods
 from ppoflow.infra.remote.errors import error_types
 from ppoflow.infra.remote.procs import LAUNCH_MODULE, block_until_exit
@@ -72,6 +71,7 @@ from ppoflow.infra.remote.protocol import (
     send,
 )
 from ppoflow.infra.remote.rank.seeding import seed_rngs
+from ppoflow.infra.runtime import faults
 
 FAULT_EXIT_CODE = 17
 #: How long a forked rank's interpreter may take to exit after a clean shutdown (see ``_end``).

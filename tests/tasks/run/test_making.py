@@ -6,10 +6,10 @@ tests/scenarios/ (every flow run), across nodes tests/scenarios/test_flow_multin
 
 from __future__ import annotations
 
-from ppoflow.infra import faults
 from ppoflow.infra.config import parse_config
 from ppoflow.infra.config.system import DETERMINISTIC_ENV
 from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.infra.runtime import faults
 from ppoflow.tasks.run.making import WORKERS, GroupMaker, connect_timeout_s
 
 

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from ppoflow.infra import faults
 from ppoflow.infra.config import ConfigError, ExperimentConfig, parse_config
 from ppoflow.infra.remote.driver.hub import ClusterHub, NodesMissing
 from ppoflow.infra.remote.links import connect
 from ppoflow.infra.remote.protocol import PROTOCOL, AgentHello, Refused, Welcome, receive, send
+from ppoflow.infra.runtime import faults
 
 KEY = "k" * 40
 

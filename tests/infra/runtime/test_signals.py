@@ -1,6 +1,6 @@
 """SIGTERM and Ctrl-C in a process of ours, at the two moments that went wrong: in the middle of an
 import, and while a command is still starting. Each case runs in a real subprocess that signals
-itself (``ppoflow.infra.signals``)."""
+itself (``ppoflow.infra.runtime.signals``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ print("IMPORTED", flush=True)
 MAIN = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from ppoflow.infra.signals import install_stop_handlers
+from ppoflow.infra.runtime.signals import install_stop_handlers
 install_stop_handlers()
 try:
     import swallowing
@@ -56,7 +56,7 @@ def test_a_signal_inside_an_import_is_raised_once_the_import_is_done(tmp_path, s
 
 EXIT_AT_ONCE = """
 import time
-from ppoflow.infra.signals import exit_while_starting
+from ppoflow.infra.runtime.signals import exit_while_starting
 exit_while_starting("run")
 print("READY", flush=True)
 try:
@@ -86,7 +86,7 @@ def test_install_stop_handlers_replaces_exit_while_starting():
     code = textwrap.dedent(
         """
         import os, signal, time
-        from ppoflow.infra.signals import Terminated, exit_while_starting, install_stop_handlers
+        from ppoflow.infra.runtime.signals import Terminated, exit_while_starting, install_stop_handlers
         exit_while_starting("run")
         install_stop_handlers()
         try:

@@ -1,10 +1,10 @@
-"""ppoflow.infra.faults: PPOFLOW_FAULT entries for tasks, ranks and points inside a rank, once or always."""
+"""ppoflow.infra.runtime.faults: PPOFLOW_FAULT entries for tasks, ranks and points inside a rank, once or always."""
 
 from __future__ import annotations
 
 import pytest
 
-from ppoflow.infra import faults
+from ppoflow.infra.runtime import faults
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +102,7 @@ def test_kill_entries_kill_the_process_at_their_point_and_are_left_out_when_it_s
     from tests.support.paths import ROOT
 
     code = (
-        "from ppoflow.infra import faults; faults.maybe_kill('publish', 1); print('alive after 1'); "
+        "from ppoflow.infra.runtime import faults; faults.maybe_kill('publish', 1); print('alive after 1'); "
         "faults.maybe_kill('publish', 2); print('alive after 2')"
     )
     env = {**os.environ, "PYTHONPATH": ROOT, faults.ENV_VAR: "kill:publish:2,task:commit:before"}

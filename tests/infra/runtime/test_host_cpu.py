@@ -1,4 +1,4 @@
-"""infra/host_cpu.py: the CPU a stretch of work got (the thread's own, the host's busy and stolen shares)."""
+"""infra/runtime/host_cpu.py: the CPU a stretch of work got (the thread's own, the host's busy and stolen shares)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ppoflow.infra.host_cpu import CpuTimes, cpu_use, parse_cpu_times, read_cpu_times
+from ppoflow.infra.runtime.host_cpu import CpuTimes, cpu_use, parse_cpu_times, read_cpu_times
 
 # /proc/stat as Linux writes it: user nice system idle iowait irq softirq steal guest guest_nice
 STAT = "cpu  {} 0 {} {} {} 0 {} {} 7 0\ncpu0 1 2 3 4 5 6 7 8 0 0\nintr 12345 0 0\nctxt 99\n"
