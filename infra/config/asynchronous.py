@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ppoflow.infra.config.names import Section
-from ppoflow.infra.rollout_engines import engine_spec
+from ppoflow.infra.models.rollout_engines import engine_spec
 
 __all__ = ["AsyncConfig", "ProducerPlacement", "check_asynchronous"]
 

@@ -36,7 +36,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ppoflow.infra.config.names import Section
-from ppoflow.infra.rollout_engines import engine_spec
+from ppoflow.infra.models.rollout_engines import engine_spec
 
 __all__ = [
     "RolloutCorrectionConfig",

@@ -19,7 +19,7 @@ from ppoflow.infra.config.recipes import apply_recipe
 from ppoflow.infra.config.system import CheckpointConfig, ResourcesConfig, StorageConfig
 from ppoflow.infra.config.teacher import TeacherConfig, check_teacher, resolve_teacher
 from ppoflow.infra.config.tracking import TrackingConfig
-from ppoflow.infra.rollout_engines import engine_spec
+from ppoflow.infra.models.rollout_engines import engine_spec
 
 __all__ = ["ExperimentConfig"]
 

@@ -1,6 +1,6 @@
 """What one iteration does: the rollout, the algorithm (estimator, KL terms, overlap) and the data.
 
-``rollout.engine`` is validated against the engine registry (``ppoflow.infra.rollout_engines``), and
+``rollout.engine`` is validated against the engine registry (``ppoflow.infra.models.rollout_engines``), and
 settings that need a capability the engine lacks (tensor parallelism, multi-turn) are refused here.
 """
 
@@ -21,7 +21,7 @@ from ppoflow.infra.config.names import (
     Section,
 )
 from ppoflow.infra.config.teacher import DistillConfig
-from ppoflow.infra.rollout_engines import engine_spec
+from ppoflow.infra.models.rollout_engines import engine_spec
 
 __all__ = ["RolloutConfig", "KLControlConfig", "DynamicSamplingConfig", "AlgorithmConfig", "DataConfig"]
 
@@ -29,7 +29,7 @@ __all__ = ["RolloutConfig", "KLControlConfig", "DynamicSamplingConfig", "Algorit
 class RolloutConfig(Section):
     engine: EngineName = Field(
         "vllm",
-        description="the rollout engine (ppoflow.infra.rollout_engines): vllm, or hf (transformers "
+        description="the rollout engine (ppoflow.infra.models.rollout_engines): vllm, or hf (transformers "
         "generate) without vLLM",
     )
     n: int = Field(1, ge=1, description="responses sampled per prompt")
@@ -103,7 +103,7 @@ class RolloutConfig(Section):
 
     @model_validator(mode="after")
     def _check_engine(self) -> RolloutConfig:
-        """Settings that need a capability the engine lacks (``ppoflow.infra.rollout_engines``)."""
+        """Settings that need a capability the engine lacks (``ppoflow.infra.models.rollout_engines``)."""
         spec = engine_spec(self.engine)
         if self.tensor_model_parallel_size > 1:
             setting = f"rollout.tensor_model_parallel_size={self.tensor_model_parallel_size}"

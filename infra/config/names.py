@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
 from ppoflow.infra.config.recipes import RECIPES
-from ppoflow.infra.rollout_engines import engine_names
+from ppoflow.infra.models.rollout_engines import engine_names
 
 __all__ = [
     "Dtype",
@@ -87,7 +87,7 @@ LossAggMode = one_of("loss aggregation mode", registry("LOSS_AGG_MODES"))
 KLPenaltyKind = one_of("KL penalty kind", registry("KL_PENALTY_KINDS"))
 RecipeName = one_of("recipe", lambda: RECIPES)
 KLControllerKind = one_of("KL controller", registry("KL_CONTROLLERS"))
-EngineName = one_of("rollout engine", engine_names)  # ppoflow.infra.rollout_engines
+EngineName = one_of("rollout engine", engine_names)  # ppoflow.infra.models.rollout_engines
 
 
 class Section(BaseModel):

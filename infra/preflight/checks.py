@@ -18,7 +18,7 @@ What is checked, and what it costs (independent of the dataset's size):
   ``manifest.json`` is someone else's (one listing);
 - models: ``model.path`` and the critic's, reward model's and teacher's paths are model directories (a
   ``config.json`` and weight files) or hub ids transformers can resolve; the tokenizer loads; with
-  a hub id, one connection to the hub first (``ppoflow.infra.hub``): where it cannot be reached the
+  a hub id, one connection to the hub first (``ppoflow.infra.models.hf_hub``): where it cannot be reached the
   problem is said at once, not after a minute of ``huggingface_hub``'s retries;
 - data: each of ``data.train_files`` and ``data.val_files`` is a readable parquet whose schema has
   ``data.prompt_key``, ``data_source`` and, with rule rewards, ``reward_model.ground_truth`` (the
@@ -60,7 +60,7 @@ from ppoflow.infra.config import ExperimentConfig, ModelConfig
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import LAYOUT, ExperimentPaths, read_manifest
 from ppoflow.infra.experiment.wandb_tracking import wandb_problems
-from ppoflow.infra.hub import cached_on_this_machine, hub_unreachable, is_hub_id
+from ppoflow.infra.models.hf_hub import cached_on_this_machine, hub_unreachable, is_hub_id
 from ppoflow.infra.preflight.architecture import check_architectures
 from ppoflow.infra.preflight.data import check_data, check_reward
 from ppoflow.infra.preflight.multiturn import check_multi_turn

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ppoflow.infra.config import ExperimentConfig, FSDPConfig, LoRAConfig, ModelConfig
+from ppoflow.infra.models.rollout_engines import engine_spec
 from ppoflow.infra.preflight.model_shape import (
     DTYPE_BYTES,
     ModelShape,
@@ -49,7 +50,6 @@ from ppoflow.infra.preflight.model_shape import (
     activation_path,
     forward_bytes_per_token,
 )
-from ppoflow.infra.rollout_engines import engine_spec
 
 __all__ = [
     "MemoryPlan",

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ppoflow.infra.config import LoRAConfig, ModelConfig
-from ppoflow.infra.hub import is_hub_id
+from ppoflow.infra.models.hf_hub import is_hub_id
 
 __all__ = [
     "ModelShape",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ppoflow.infra.rollout_engines import EngineSpec, register_engine
+from ppoflow.infra.models.rollout_engines import EngineSpec, register_engine
 from ppoflow.workers.rollout.base import (
     EngineSite,
     Rollout,
@@ -34,7 +34,7 @@ TOY = EngineSpec(
 def register_toy(monkeypatch, **changes: Any) -> EngineSpec:
     """Register ``TOY`` (with ``changes``, e.g. ``capabilities=...``) for one test: the registry is
     restored when the test ends."""
-    from ppoflow.infra import rollout_engines
+    from ppoflow.infra.models import rollout_engines
 
     monkeypatch.setattr(rollout_engines, "_ENGINES", dict(rollout_engines._ENGINES))
     return register_engine(dataclasses.replace(TOY, **changes))

@@ -8,7 +8,7 @@
         out = rollout.generate_sequences(prompts) # DataProto: prompts, responses, ... rollout_log_probs
     metrics["weight_sync_s"] = manager.last_sync_s
 
-``rollout.engine`` names an engine of the registry ``ppoflow.infra.rollout_engines``, which gives
+``rollout.engine`` names an engine of the registry ``ppoflow.infra.models.rollout_engines``, which gives
 its class and sharding manager by import path and its capabilities; both builders here resolve
 them from it (no engine is named in this package's code). The built-in engines: ``vllm``
 (``VLLMRollout``: a vLLM engine inside each rank, SPMD, TP from
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppoflow.infra.rollout_engines import engine_spec
+from ppoflow.infra.models.rollout_engines import engine_spec
 from ppoflow.workers.rollout.base import EngineSite, Rollout, SamplingSettings
 
 __all__ = ["build_rollout", "build_sharding_manager", "Rollout", "SamplingSettings", "EngineSite"]

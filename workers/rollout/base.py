@@ -1,7 +1,7 @@
 """What every rollout engine shares: its interface, where it is built, the sampling settings of one
 call and the output batch.
 
-An engine is declared once, in ``ppoflow.infra.rollout_engines`` (its name, its class and sharding
+An engine is declared once, in ``ppoflow.infra.models.rollout_engines`` (its name, its class and sharding
 manager by import path, its capabilities); its class implements :class:`Rollout`:
 ``from_config(config, site, **engine_kwargs)`` builds it for one rank (:class:`EngineSite`),
 ``generate_sequences(prompts)`` samples, and engines with the ``multi_turn`` capability also
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from ppoflow.infra.config import RolloutConfig
-from ppoflow.infra.rollout_engines import EngineSpec
+from ppoflow.infra.models.rollout_engines import EngineSpec
 
 __all__ = [
     "Rollout",
@@ -149,7 +149,7 @@ class Rollout:
     """Interface of a rollout engine living in one rank.
 
     Attributes:
-        spec: the engine's registry entry (``ppoflow.infra.rollout_engines``; set by ``build_rollout``).
+        spec: the engine's registry entry (``ppoflow.infra.models.rollout_engines``; set by ``build_rollout``).
         tp_size, tp_rank: tensor-parallel layout of the engine (1, 0 for engines without TP).
         dp_size, dp_rank: data-parallel replicas of the engine (world_size / tp_size) and this one.
     """

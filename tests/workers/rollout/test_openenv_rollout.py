@@ -33,7 +33,7 @@ def rollout(server, tmp_path_factory):
     from ppoflow.demo.tiny_models import save_tiny_model
     from ppoflow.infra.config import RolloutConfig
     from ppoflow.infra.data.dataproto import DataProto
-    from ppoflow.infra.rollout_engines import engine_spec
+    from ppoflow.infra.models.rollout_engines import engine_spec
     from ppoflow.workers.rollout.hf_rollout import HFRollout
     from ppoflow.workers.rollout.multiturn import MultiTurnRollout
     from tests.support.openenv_server import records

@@ -1,4 +1,4 @@
-"""ppoflow.infra.rollout_engines: ``rollout.engine`` is validated against the registry, the config's
+"""ppoflow.infra.models.rollout_engines: ``rollout.engine`` is validated against the registry, the config's
 engine checks ask capabilities (a toy engine registered in a test is picked up at once), every
 registered spec's import paths resolve to classes that keep the contract, and the flow process
 validates engines without importing any of them."""
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ppoflow.infra.config import ConfigError, RolloutConfig, parse_config
-from ppoflow.infra.rollout_engines import EngineSpec, engine_names, engine_spec
+from ppoflow.infra.models.rollout_engines import EngineSpec, engine_names, engine_spec
 from tests.support.paths import ROOT
 from tests.support.toy_engine import register_toy
 
@@ -88,7 +88,7 @@ def test_a_spec_names_known_capabilities_and_import_paths():
 
 _RESOLVE = """
 import json, sys
-from ppoflow.infra.rollout_engines import engine_names, engine_spec
+from ppoflow.infra.models.rollout_engines import engine_names, engine_spec
 from ppoflow.workers.rollout.base import Rollout
 
 out = {}

@@ -8,7 +8,7 @@ import socket
 import pytest
 from huggingface_hub import constants
 
-from ppoflow.infra.hub import cached_on_this_machine, hub_unreachable, is_hub_id
+from ppoflow.infra.models.hf_hub import cached_on_this_machine, hub_unreachable, is_hub_id
 
 _PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
