@@ -21,6 +21,6 @@ rewards/     rewards by data source (GSM8K/MATH by math-verify, reasoning-gym), 
              batch scorers, reward services over HTTP, scoring rollouts, the loader of user objects
 runtime/     what happens to a running process: SIGTERM / Ctrl-C handlers, the CPU a stretch of
              work got, fault drills (PPOFLOW_FAULT)
-rollout_engines.py  the registry of rollout engines: name, classes by import path, capabilities
-hub.py       hub ids among model paths, and whether the Hugging Face hub can be reached
+models/      where models come from and what serves them: Hugging Face hub ids and the hub's
+             reachability, the registry of rollout engines (classes by import path, capabilities)
 """

@@ -193,7 +193,7 @@ def test_no_package_circles():
 
 
 #: infra's leaves: what the rest of infra and the layers above all use, so they use none of it.
-INFRA_LEAVES = ("ppoflow.infra.runtime",)
+INFRA_LEAVES = ("ppoflow.infra.runtime", "ppoflow.infra.models")
 _INFRA_DIR = os.path.join(PACKAGE_DIR, "infra")
 _INFRA_PACKAGES = tuple(
     sorted(
@@ -209,7 +209,8 @@ SIDEWAYS = (
         INFRA_LEAVES,
         tuple(p for p in _INFRA_PACKAGES if p not in INFRA_LEAVES),
         "infra's leaves import nothing of infra's other packages: the runtime (signals, CPU use, "
-        "fault drills) serves the CLI, the tasks, the checkpoint writer and the ranks alike",
+        "fault drills) serves the CLI, the tasks, the checkpoint writer and the ranks alike; the "
+        "models' registry (hub ids, rollout engines) is what the config validates against",
     ),
     (
         ("ppoflow.infra.remote",),
