@@ -18,7 +18,9 @@ preflight/   checks of an experiment before any worker group starts
 architectures/  the model matrix: the architectures ppoflow supports, their tiny and real
              configs, and the check of a model's config against them
 rewards/     rewards by data source (GSM8K/MATH by math-verify, reasoning-gym), custom rewards and
-             batch scorers, reward services over HTTP, scoring rollouts, the loader of user objects
+             batch scorers, reward services over HTTP, scoring rollouts
+plugins/     the one loader of the user objects a config names by import path (``module:attr`` or a
+             file path): rewards, environments and tools, admission policies
 runtime/     what happens to a running process: SIGTERM / Ctrl-C handlers, the CPU a stretch of
              work got, fault drills (PPOFLOW_FAULT)
 models/      where models come from and what serves them: Hugging Face hub ids and the hub's

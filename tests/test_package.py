@@ -193,7 +193,7 @@ def test_no_package_circles():
 
 
 #: infra's leaves: what the rest of infra and the layers above all use, so they use none of it.
-INFRA_LEAVES = ("ppoflow.infra.runtime", "ppoflow.infra.models")
+INFRA_LEAVES = ("ppoflow.infra.runtime", "ppoflow.infra.models", "ppoflow.infra.plugins")
 _INFRA_DIR = os.path.join(PACKAGE_DIR, "infra")
 _INFRA_PACKAGES = tuple(
     sorted(
@@ -210,7 +210,8 @@ SIDEWAYS = (
         tuple(p for p in _INFRA_PACKAGES if p not in INFRA_LEAVES),
         "infra's leaves import nothing of infra's other packages: the runtime (signals, CPU use, "
         "fault drills) serves the CLI, the tasks, the checkpoint writer and the ranks alike; the "
-        "models' registry (hub ids, rollout engines) is what the config validates against",
+        "models' registry (hub ids, rollout engines) is what the config validates against; the loader "
+        "of user objects serves rewards, environments and the queue's admission alike",
     ),
     (
         ("ppoflow.infra.remote",),

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ppoflow.infra.envs.tools import Tool, ToolResult
-from ppoflow.infra.rewards.loader import load_object
+from ppoflow.infra.plugins.loader import load_object
 
 __all__ = ["Environment", "EnvSettings", "Reset", "StepOutcome", "register_env", "env_class", "known_envs"]
 

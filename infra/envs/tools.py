@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppoflow.infra.envs.sandbox import run_python
-from ppoflow.infra.rewards.loader import load_object
+from ppoflow.infra.plugins.loader import load_object
 
 __all__ = [
     "Tool",

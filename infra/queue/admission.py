@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from ppoflow.infra.plugins.loader import load_object
 from ppoflow.infra.queue.staleness import admissible_batches
-from ppoflow.infra.rewards.loader import load_object
 
 __all__ = ["Admission", "BoundedStaleness", "admission_of", "SETTING"]
 

@@ -28,9 +28,10 @@ scores every row.
   config names;
 - :mod:`~ppoflow.infra.rewards.rollouts`: a rollout batch decoded and scored (responses, or
   multi-turn episodes by their environment's rewards), and a score placed on the last response
-  token; imported on its own (torch, DataProto);
-- :mod:`~ppoflow.infra.rewards.loader`: ``load_object``, the one loader of the objects a config
-  names by import path (rewards, environments, tools), with errors that name the setting and the fix.
+  token; imported on its own (torch, DataProto).
+
+A reward named by import path loads through :mod:`ppoflow.infra.plugins` (``load_object``), as
+environments, tools and admission policies do.
 
 The flow's tasks score here (``advantage``, dynamic sampling in ``generate``, ``evaluate``), the
 ranks' environments too (:mod:`ppoflow.infra.envs`); the reward model, a model in ranks of its own,
@@ -38,7 +39,6 @@ is a worker (``ppoflow.workers.reward_model_worker``) that places its score as
 :func:`~ppoflow.infra.rewards.rollouts.on_last_token` does.
 """
 
-from ppoflow.infra.rewards.loader import MOVED_MODULES, load_object
 from ppoflow.infra.rewards.reasoning_gym import reasoning_gym_score
 from ppoflow.infra.rewards.registry import (
     BatchScorer,
@@ -60,8 +60,6 @@ __all__ = [
     "get_reward_fn",
     "known_sources",
     "load_custom_function",
-    "load_object",
-    "MOVED_MODULES",
     "score_batch",
     "score_batch_with_info",
     "score_requests",

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from ppoflow.infra.rewards.loader import load_object
+from ppoflow.infra.plugins.loader import load_object
 
 __all__ = [
     "RewardFn",

@@ -1,4 +1,4 @@
-"""ppoflow.infra.rewards.loader: the one loader of the objects a config names by import path.
+"""ppoflow.infra.plugins.loader: the one loader of the objects a config names by import path.
 Module paths and file paths load; a file is run once however many settings name it; every
 failure (a malformed spec, a missing file, module, dependency or name, a module that fails as it
 runs) is one error that names the setting, the problem and the fix."""
@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from ppoflow.infra.rewards.loader import load_object
+from ppoflow.infra.plugins.loader import load_object
 
 SETTING = "rollout.multi_turn.tools"
 FORMS = "write it as 'package.module:name' or 'path/to/file.py:name'"
@@ -19,7 +19,7 @@ VALUE = object()
 
 
 def test_a_module_path_and_a_file_path(tmp_path):
-    assert load_object("tests.infra.rewards.test_loader:VALUE", SETTING) is VALUE
+    assert load_object("tests.infra.plugins.test_loader:VALUE", SETTING) is VALUE
     f = tmp_path / "user_objects.py"
     f.write_text(
         "import dataclasses\nCOUNT = [0]\nCOUNT[0] += 1\n@dataclasses.dataclass\nclass Thing:\n    x: int = 1\n"
@@ -32,7 +32,7 @@ def test_a_module_path_and_a_file_path(tmp_path):
 
 
 def test_a_moved_module_loads_with_a_deprecation_warning(monkeypatch):
-    from ppoflow.infra.rewards import loader
+    from ppoflow.infra.plugins import loader
     from tests.support.rewards import always_nan
 
     # (the real entries name top-level ``infra``, importable from a checkout's root as it is)
