@@ -108,7 +108,7 @@ def ppo(config: ExperimentConfig | str, iterations: int = 1) -> dict[str, Any]:
         if manifest.iteration == 0 and cfg.data.val_files and cfg.evaluation.before_training:
             # the base policy's held-out score, on the actor group that saved it
             base = session.paths.url(manifest.actor_checkpoint)
-            with_retries(evaluate, cfg.resources.task_retries)(session.key, 0, base)
+            with_retries(evaluate, cfg.resources.task_retries)(session.key, 0, actor=base)
         session.tracker.start(cfg.model_dump(mode="json"))
         manifest, metrics = run_iterations(session.ctx, manifest, iterations, session.record)
         if iterations:

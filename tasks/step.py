@@ -255,7 +255,14 @@ class Step(Generic[R]):
         checkpoint ``state`` (None: any), typed as its contract: ``CRITIC_ROLE`` gives a
         ``CriticContract`` (``ppoflow.infra.remote.contracts``; a name, the methods every worker
         has). The task holds the group until it ends (no other task changes its state meanwhile)."""
-        role = role.name if isinstance(role, Role) else role or self.spec.role
+        asked = role.name if isinstance(role, Role) else role
+        if asked is not None and self.spec.role is not None and asked != self.spec.role:
+            raise WiringError(
+                f"step {self.task!r} asks for the {asked!r} worker group, but its row in "
+                f"ppoflow.tasks.graph.STEPS runs it on {self.spec.role!r}: call step.worker() with the "
+                "row's role, or change the row"
+            )
+        role = asked or self.spec.role
         if role is None:
             raise WiringError(f"step {self.task!r} runs on no worker group (its row has no role)")
         if role not in self.held:

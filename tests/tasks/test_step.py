@@ -202,3 +202,23 @@ def test_resources_task_retries_sets_how_often_prefect_runs_a_failing_task(prefe
         assert state.is_failed() and len(calls) == 1 + retries, (retries, calls)
     with pytest.raises(ValueError, match="task_retries"):
         ResourcesConfig.model_validate({"task_retries": -1})
+
+
+def test_a_task_asking_for_a_group_its_row_does_not_run_it_on_is_refused_before_any_group_starts():
+    """The typed role a task body asks for (``step.worker(ACTOR_ROLE)``) must be its row's: a body
+    that asks for another group is a mis-wiring, refused with the step and both roles named before
+    the run's groups are touched (``ctx`` here has none: a call into it would fail otherwise)."""
+    import logging
+
+    from ppoflow.infra.remote.contracts import ACTOR_ROLE, CRITIC_ROLE
+    from ppoflow.tasks.graph import STEP, WiringError
+    from ppoflow.tasks.receipts import Receipt
+    from ppoflow.tasks.step import Step
+
+    step = Step(
+        ctx=None, n=1, task="values", kind=Receipt, logger=logging.getLogger("t"), spec=STEP["values"]
+    )
+    with pytest.raises(WiringError, match=r"step 'values' asks for the 'actor' worker group.*'critic'"):
+        step.worker(ACTOR_ROLE)
+    assert step.held == []
+    assert STEP["values"].role == CRITIC_ROLE.name
