@@ -26,7 +26,6 @@ import sys
 from collections.abc import Callable
 
 from ppoflow.infra.config import ExperimentConfig
-from ppoflow.infra.preflight.memory import GIB, STAGES, MemoryPlan
 from ppoflow.infra.preflight.memory_fixes import (
     BUDGET_STEP,
     budget_sections,
@@ -35,6 +34,7 @@ from ppoflow.infra.preflight.memory_fixes import (
     model_shapes,
     plan_of,
 )
+from ppoflow.infra.preflight.memory_plan import GIB, STAGES, MemoryPlan
 from ppoflow.infra.preflight.report import Checks
 
 __all__ = ["check_memory", "plan_lines", "gpu_capacity", "refine_auto_budgets", "TIGHT", "SPARE"]

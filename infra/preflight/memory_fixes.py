@@ -1,6 +1,6 @@
 """Replanning: the memory plan of a config as its models' ``config.json`` give it, the largest update
 token budget that fits a device, and the cheapest fixes of a config that does not fit, each applied
-on a copy of the config and planned again (:mod:`ppoflow.infra.preflight.memory`).
+on a copy of the config and planned again (:mod:`ppoflow.infra.preflight.memory_plan`).
 
     lines, fits = memory_fixes(cfg, capacity)       # "(what to set): <peak> GiB" each, in order
     largest_budget(cfg, capacity, 0.05, ["actor", "critic"])
@@ -22,7 +22,13 @@ from pydantic import BaseModel
 
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.config.names import given_auto
-from ppoflow.infra.preflight.memory import GIB, MemoryPlan, memory_plan, micro_batch_tokens, needs_reference
+from ppoflow.infra.preflight.memory_plan import (
+    GIB,
+    MemoryPlan,
+    memory_plan,
+    micro_batch_tokens,
+    needs_reference,
+)
 from ppoflow.infra.preflight.model_shape import ModelShape, read_shape
 
 __all__ = [

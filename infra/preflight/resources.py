@@ -10,7 +10,7 @@ run live on the nodes, not here):
   memory plan against each GPU's memory (:mod:`ppoflow.infra.preflight.memory_check`).
 - ``device: cpu``, memory: every rank holds at least the figures measured below (the demo's tiny
   models: a rank is mostly its runtime, torch, transformers and vLLM, whatever its model), plus
-  what the memory plan (:mod:`ppoflow.infra.preflight.memory`) counts for its models where their
+  what the memory plan (:mod:`ppoflow.infra.preflight.memory_plan`) counts for its models where their
   ``config.json`` can be read: weights, gradients, optimizer state, activations, the engine's KV
   cache, at the stage where the run's ranks together hold the most; against the memory this
   process may still take (``MemAvailable``, and a cgroup's limit less its usage). More is refused:

@@ -14,9 +14,9 @@ import pytest
 
 from ppoflow.infra.config import ExperimentConfig, apply_overrides, parse_config
 from ppoflow.infra.config.names import given_auto
-from ppoflow.infra.preflight.memory import GIB, memory_plan
 from ppoflow.infra.preflight.memory_check import SPARE, check_memory, gpu_capacity, refine_auto_budgets
 from ppoflow.infra.preflight.memory_fixes import BUDGET_STEP, largest_budget, model_shapes
+from ppoflow.infra.preflight.memory_plan import GIB, memory_plan
 from ppoflow.infra.preflight.report import Checks, PreflightError
 from ppoflow.infra.preflight.resources import ACTOR_RANK_MIB, CRITIC_RANK_MIB, check_resources
 from tests.infra.preflight.test_model_shape import LLAMA_8B, QWEN_05B

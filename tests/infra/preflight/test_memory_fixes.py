@@ -5,8 +5,8 @@ that lowers nothing is said and left out of what follows; the chain stops at the
 from __future__ import annotations
 
 from ppoflow.infra.config import ExperimentConfig
-from ppoflow.infra.preflight.memory import GIB, memory_plan
 from ppoflow.infra.preflight.memory_fixes import LORA_RANK, memory_fixes, model_shapes
+from ppoflow.infra.preflight.memory_plan import GIB, memory_plan
 from tests.infra.preflight.test_memory_check import config
 from tests.infra.preflight.test_model_shape import LLAMA_8B, QWEN_05B
 

@@ -1,4 +1,4 @@
-"""The memory plan (``ppoflow.infra.preflight.memory``) against every device peak measured on GPUs
+"""The memory plan (``ppoflow.infra.preflight.memory_plan``) against every device peak measured on GPUs
 (recorded data: the benchmark logs under docs/bench/, whose figures docs/gpus.md tabulates with the
 plan's error), against hand arithmetic for a known shape, and its rules (sharding, offload, LoRA,
 the reference, sleep levels, CPU ranks) against what they must change. The rules the plan
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ppoflow.infra.config import apply_overrides, parse_config
-from ppoflow.infra.preflight.memory import GIB, auto_kv_cache_bytes, memory_plan, needs_reference
+from ppoflow.infra.preflight.memory_plan import GIB, auto_kv_cache_bytes, memory_plan, needs_reference
 from ppoflow.infra.preflight.model_shape import shape_from_config
 from tests.infra.preflight.test_model_shape import QWEN_05B
 
