@@ -2,7 +2,7 @@
 
 1. ``token_level_scores`` (B, R): ``reward.rm_weight * rm_scores`` (reward model) plus the rule /
    custom score of the decoded response placed on its last response token
-   (:mod:`ppoflow.infra.rewards.rollouts`); for multi-turn episodes (an ``env_scores`` column) the
+   (:mod:`ppoflow.infra.rewards.rollout_batch`); for multi-turn episodes (an ``env_scores`` column) the
    environment's rewards instead of the rule / custom score (the built-in ``tools`` environment
    applies that function to the final answer itself).
 2. ``token_level_rewards``: with ``algorithm.use_kl_in_reward`` the scores minus
@@ -53,7 +53,7 @@ from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.experiment.metrics import compute_data_metrics
 from ppoflow.infra.experiment.tracking import SAMPLES_FILE
 from ppoflow.infra.rewards.remote import run_reward
-from ppoflow.infra.rewards.rollouts import (
+from ppoflow.infra.rewards.rollout_batch import (
     decode_prompts,
     is_multi_turn,
     on_last_token,

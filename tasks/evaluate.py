@@ -28,7 +28,7 @@ from ppoflow.infra.experiment.evaluation import EVAL_DIR, VAL_TAG, evaluation_me
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
 from ppoflow.infra.remote.contracts import ACTOR_ROLE, ActorContract
 from ppoflow.infra.rewards.remote import run_reward
-from ppoflow.infra.rewards.rollouts import outcome_scores, outcome_texts
+from ppoflow.infra.rewards.rollout_batch import outcome_scores, outcome_texts
 from ppoflow.tasks.receipts import Receipt
 from ppoflow.tasks.run import get_run
 from ppoflow.tasks.step import TASK_OPTIONS, Step, artifact_slug, ppo_task, shorten, task_logs

@@ -35,7 +35,7 @@ from ppoflow.infra.data.prompts import DataCursor, DataError
 from ppoflow.infra.experiment.metrics import reduce_rank_metrics
 from ppoflow.infra.remote.contracts import ACTOR_ROLE
 from ppoflow.infra.rewards.remote import run_reward
-from ppoflow.infra.rewards.rollouts import outcome_scores
+from ppoflow.infra.rewards.rollout_batch import outcome_scores
 from ppoflow.tasks.receipts import GenerateReceipt
 from ppoflow.tasks.run.inputs import iteration_seed, round_seed
 from ppoflow.tasks.step import Step, ppo_task

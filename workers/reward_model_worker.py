@@ -8,7 +8,7 @@ The driver calls its ``@register`` methods as ``RewardModelContract`` says
 
 The score of a (prompt, response) is the head's output at the last token of the response; it is
 written at the last valid response position (the last 1 of ``response_mask``, position 0 for an empty
-response: ``ppoflow.infra.rewards.rollouts.on_last_token``) and every other position is 0.
+response: ``ppoflow.infra.rewards.rollout_batch.on_last_token``) and every other position is 0.
 
 Tokenizers: when the reward model's tokenizer equals the policy's (same name, or same vocabulary,
 special tokens and chat template) the rollout's ``input_ids`` are scored as they are. Otherwise
@@ -34,7 +34,7 @@ from torch import nn
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.remote.contracts import REWARD_MODEL_ROLE
 from ppoflow.infra.remote.rank.worker import Dispatch, Worker, register
-from ppoflow.infra.rewards.rollouts import decode_responses, on_last_token
+from ppoflow.infra.rewards.rollout_batch import decode_responses, on_last_token
 from ppoflow.workers.device_memory import release_cached
 from ppoflow.workers.fsdp_utils import apply_fsdp, build_mesh, mesh_info, reshard_all
 from ppoflow.workers.hf_models import load_hf_model

@@ -26,7 +26,7 @@ scores every row.
 - :mod:`~ppoflow.infra.rewards.remote`: ``RemoteScorer``, a reward service over HTTP
   (``reward.remote``); :func:`~ppoflow.infra.rewards.remote.run_reward` is the reward a run's
   config names;
-- :mod:`~ppoflow.infra.rewards.rollouts`: a rollout batch decoded and scored (responses, or
+- :mod:`~ppoflow.infra.rewards.rollout_batch`: a rollout batch decoded and scored (responses, or
   multi-turn episodes by their environment's rewards), and a score placed on the last response
   token; imported on its own (torch, DataProto).
 
@@ -36,7 +36,7 @@ environments, tools and admission policies do.
 The flow's tasks score here (``advantage``, dynamic sampling in ``generate``, ``evaluate``), the
 ranks' environments too (:mod:`ppoflow.infra.envs`); the reward model, a model in ranks of its own,
 is a worker (``ppoflow.workers.reward_model_worker``) that places its score as
-:func:`~ppoflow.infra.rewards.rollouts.on_last_token` does.
+:func:`~ppoflow.infra.rewards.rollout_batch.on_last_token` does.
 """
 
 from ppoflow.infra.rewards.reasoning_gym import reasoning_gym_score

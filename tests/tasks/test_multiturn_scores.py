@@ -60,7 +60,7 @@ def _episodes(tokenizer) -> DataProto:
 
 def test_multi_turn_scores_and_episode_text(tmp_path):
     from ppoflow.demo.tiny_models import build_char_tokenizer
-    from ppoflow.infra.rewards.rollouts import decode_episodes, last_response_token
+    from ppoflow.infra.rewards.rollout_batch import decode_episodes, last_response_token
     from ppoflow.tasks.advantage import _token_level_scores
     from ppoflow.tasks.evaluate import score_responses
 

@@ -1,4 +1,4 @@
-"""ppoflow.infra.rewards.rollouts: a rollout batch decoded (prompts, responses, whole episodes),
+"""ppoflow.infra.rewards.rollout_batch: a rollout batch decoded (prompts, responses, whole episodes),
 scored (by the reward of each row, or by the environment for multi-turn episodes), and a score
 placed on each row's last response token, against plain loops over the rows."""
 
@@ -10,7 +10,7 @@ import torch
 
 from ppoflow.infra.data.dataproto import DataProto
 from ppoflow.infra.rewards.registry import BatchScorer
-from ppoflow.infra.rewards.rollouts import (
+from ppoflow.infra.rewards.rollout_batch import (
     decode_episodes,
     decode_prompts,
     decode_responses,
