@@ -350,6 +350,39 @@ def test_package_docstrings_map_what_exists():
         )
 
 
+#: File names the library uses more than once, each with the one meaning its folder gives it; any
+#: other name means one thing (a second ``hub.py`` or ``memory.py`` would need a name of its own).
+SHARED_NAMES: dict[str, str] = {
+    "__init__.py": "a package",
+    "__main__.py": "what ``python -m`` runs",
+    "base.py": "the interface of the package's kind and its registry (environments, storage backends, rollout engines)",
+    "teacher.py": "the teacher's part of its layer: its config section, its preflight check, its ranks' model",
+    "multiturn.py": "multi-turn rollouts' part of its layer: config section, preflight check, the rollout",
+    "correction.py": "rollout correction: its math (algos/) and its config section (config/)",
+    "evaluation.py": "held-out evaluation: its config section (config/) and its stored results (experiment/)",
+    "tracking.py": "experiment tracking: its config section (config/) and the trackers (experiment/)",
+    "experiment.py": "an experiment's config: the schema (config/) and the demo's own (demo/)",
+    "data.py": "training data: its command (cli/) and its preflight check (preflight/)",
+    "promotion.py": "promotion: its command (cli/) and its rule and records (experiment/)",
+    "evaluate.py": "evaluating an iteration: the ppo-eval flow (flows/) and its task (tasks/)",
+    "mismatch.py": "the sampler/trainer mismatch: its measure (algos/) and its step in the advantage task (tasks/)",
+    "reasoning_gym.py": "reasoning-gym's part of its package: its rewards (rewards/) and its data files (datasets/)",
+}
+
+
+def test_a_file_name_means_one_thing():
+    """A file name used twice in the library is one of SHARED_NAMES (the folder says its meaning);
+    any other repeat names two different things and needs a name of its own."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(set(_modules().values())):
+        seen.setdefault(os.path.basename(path), []).append(_repo_path(path))
+    repeated = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    bad = {name: paths for name, paths in repeated.items() if name not in SHARED_NAMES}
+    assert not bad, f"one file name, two meanings (rename one, or say why in SHARED_NAMES): {bad}"
+    stale = sorted(set(SHARED_NAMES) - set(repeated))
+    assert not stale, f"SHARED_NAMES names files no longer repeated: {stale}"
+
+
 #: Repository files named in the README and docs/ (a path with a folder, ending in a file name).
 _DOC_PATH = re.compile(
     r"(?<![\w/.~-])((?:\.ci|[A-Za-z_][\w.-]*)(?:/[\w.-]+)*/[\w-]+\.(?:py|md|yaml|yml|toml|sh|txt|log|json|cfg))\b"
