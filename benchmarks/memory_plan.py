@@ -8,7 +8,7 @@ the host's free memory from ``/proc/meminfo`` or ``--host-gib``. Seconds, on any
 
     python benchmarks/memory_plan.py --size qwen3-8b --estimator grpo --prompts 64 --n 4 \\
         --prompt-len 512 --response-len 512 --micro-batch 16 --dynamic-bsz --offload both \\
-        --gpu-gib 79.6 --host-gib 120
+        --ranks 1 --gpu-gib 79.6 --host-gib 120     # --ranks: GPUs (iteration.py's default is 2)
 """
 
 from __future__ import annotations
