@@ -36,6 +36,8 @@ TOKENS = ROWS // 2 * (PROMPT + RESPONSE)
 #: was measured at this shape with 4,096-token micro-batches, so this is also its check at a
 #: quarter of them.
 TOLERANCE = 0.25
+#: What a rank allocates once, in its first update, beyond the plan (see the growth test).
+FIRST_UPDATE_ONCE = 64 << 20
 ENV = {"PPOFLOW_RANK_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
@@ -123,10 +125,14 @@ def test_an_updates_growth_on_cpu_ranks_is_the_plans(runs):
     grows = critic.stages["update"] - critic.resident  # gradients, unsharded copies, activations
     for measured in plain["second"]:
         assert abs(measured - grows) <= TOLERANCE * grows, (measured >> 20, grows >> 20)
-    # the first update also makes the AdamW moments: 2 x the rank's shard of the weights
+    # the first update also makes the AdamW moments (2 x the rank's shard of the weights), and pays
+    # once for what a process allocates the first time it trains (code pages of lazily imported
+    # modules, autograd's and gloo's first buffers): not the plan's, which the resources check
+    # measures as the rank's runtime. 39.6 MB of it on a loaded 2-core machine.
     moments = critic.parts["critic optimizer"]
-    for first in plain["first"]:
-        assert abs(first - (grows + moments)) <= TOLERANCE * grows
+    for first, second in zip(plain["first"], plain["second"]):
+        assert first - second >= (1 - TOLERANCE) * moments, (first >> 20, second >> 20, moments >> 20)
+        assert abs(first - (grows + moments)) <= TOLERANCE * grows + FIRST_UPDATE_ONCE
     print(f"\nplan {grows >> 20} MiB, measured {[m >> 20 for m in plain['second']]} MiB")
 
 
