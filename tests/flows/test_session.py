@@ -11,11 +11,11 @@ import os
 import pytest
 
 from ppoflow.flows.session import ExperimentSession, NoTracker
-from ppoflow.infra.config import parse_config
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.lock import ExperimentLock, ExperimentLocked
 from ppoflow.infra.experiment.manifest import ExperimentPaths, IdentityMismatch
 from ppoflow.tasks.run import get_run
+from tests.support.configs import session_config
 from tests.support.experiments import commit_tiny_iterations
 from tests.support.processes import free_by_flock
 
@@ -23,18 +23,7 @@ LOG = logging.getLogger("test-session")
 
 
 def _config(tmp_path, model: str = "m"):
-    return parse_config(
-        {
-            "model": {"path": model},
-            "data": {"train_files": ["x.parquet"], "train_batch_size": 4},
-            "rollout": {"n": 2},
-            "actor": {"ppo_mini_batch_size": 4},
-            "critic": {"enable": False},
-            "algorithm": {"adv_estimator": "grpo"},
-            "storage": {"root": str(tmp_path / "runs"), "experiment": "exp"},
-            "resources": {"nprocs": 2, "device": "cpu"},
-        }
-    )
+    return session_config(tmp_path, model)
 
 
 @pytest.fixture

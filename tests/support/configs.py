@@ -54,3 +54,19 @@ def tokenizer_of(model: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model)
+
+
+def session_config(tmp_path: Any, model: str = "m", **over: Any) -> ExperimentConfig:
+    """A GRPO config without a critic on 2 CPU ranks under ``tmp_path/runs`` for tests that open a
+    session without training (``model`` need not exist); ``over``: dotted-key overrides."""
+    data: dict[str, Any] = {
+        "model": {"path": model},
+        "data": {"train_files": ["x.parquet"], "train_batch_size": 4},
+        "rollout": {"n": 2},
+        "actor": {"ppo_mini_batch_size": 4},
+        "critic": {"enable": False},
+        "algorithm": {"adv_estimator": "grpo"},
+        "storage": {"root": str(tmp_path / "runs"), "experiment": "exp"},
+        "resources": {"nprocs": 2, "device": "cpu"},
+    }
+    return parse_config(apply_overrides(data, over))

@@ -16,12 +16,12 @@ import torch
 from ppoflow.flows.asynchronous import QueueSource, memory_advice, rollout_source
 from ppoflow.flows.session import TEARDOWN, ExperimentSession
 from ppoflow.infra.checkpoint.sharded import save_checkpoint
-from ppoflow.infra.config import parse_config
 from ppoflow.infra.queue.control import request_stop, stop_requested
 from ppoflow.infra.queue.layout import QueuePaths
 from ppoflow.infra.queue.policy import PolicyVersions
 from ppoflow.tasks.run import SYNCHRONOUS, get_run
 from tests.infra.queue.test_control import _batch
+from tests.support.configs import session_config
 from tests.support.experiments import commit_tiny_iterations
 from tests.support.processes import free_by_flock
 
@@ -29,18 +29,8 @@ LOG = logging.getLogger("test-source")
 
 
 def _config(tmp_path, enable: bool = True):
-    return parse_config(
-        {
-            "model": {"path": "m"},
-            "data": {"train_files": ["x.parquet"], "train_batch_size": 4},
-            "rollout": {"n": 2},
-            "actor": {"ppo_mini_batch_size": 4},
-            "critic": {"enable": False},
-            "algorithm": {"adv_estimator": "grpo"},
-            "storage": {"root": str(tmp_path / "runs"), "experiment": "exp"},
-            "resources": {"nprocs": 2, "device": "cpu"},
-            "asynchronous": {"enable": enable, "producer": {"start": "external"}},
-        }
+    return session_config(
+        tmp_path, **{"asynchronous.enable": enable, "asynchronous.producer.start": "external"}
     )
 
 
