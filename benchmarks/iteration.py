@@ -312,7 +312,22 @@ def arch_names() -> list[str]:
 
 def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int = 0) -> int:
     """Random-weight Qwen2-shaped model + the byte tokenizer; returns the parameter count. With
-    ``mean_response_len`` the generation config lists ``V / mean_response_len`` stop tokens."""
+    ``mean_response_len`` the generation config lists ``V / mean_response_len`` stop tokens.
+
+    A ladder rung's weights are drawn on the GPU where there is one (an 8B model's init takes
+    minutes on the host's cores, seconds on a GPU), in a child process, so that this process holds
+    no CUDA context or cached blocks beside the run it measures."""
+    import torch
+
+    if preset.startswith(SIZE_PRESET) and torch.cuda.is_available():
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            return pool.apply(_build_model, (out_dir, preset, max_len, mean_response_len, "cuda"))
+    return _build_model(out_dir, preset, max_len, mean_response_len, "cpu")
+
+
+def _build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int, device: str) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -340,7 +355,8 @@ def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int 
             **shape,
         )
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     if mean_response_len > 0:
         rng = random.Random(1)
         ordinary = range(len(tok), vocab) if vocab > 4 * len(tok) else range(5, vocab)  # not specials
