@@ -27,6 +27,7 @@ import ppoflow
 __all__ = [
     "RANK_MODULE",
     "LAUNCH_MODULE",
+    "PRELOAD_ENV",
     "torchrun_command",
     "rendezvous_torchrun_command",
     "rank_env",
@@ -43,6 +44,9 @@ RANK_MODULE = "ppoflow.infra.remote.rank.entry"
 #: The module that launches a group's ranks on a host: torchrun, the ranks forked from a process that
 #: imported them once (CPU) or spawned (CUDA); see :mod:`ppoflow.infra.remote.rank.launch`.
 LAUNCH_MODULE = "ppoflow.infra.remote.rank.launch"
+#: The ranks' environment variable that names, comma-separated, modules their launcher imports
+#: before it forks them (CPU groups; a rollout engine's ``preload``).
+PRELOAD_ENV = "PPOFLOW_PRELOAD"
 #: The folder that holds the ``ppoflow`` package the driver imported: the ranks import the same one.
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(ppoflow.__file__)))
 

@@ -19,12 +19,14 @@ from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.config.system import DETERMINISTIC_ENV
 from ppoflow.infra.data import storage
 from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.infra.models.rollout_engines import engine_spec
 from ppoflow.infra.remote.cluster_key import load_cluster_key
 from ppoflow.infra.remote.contracts import ROLES, Build, WorkerMode
 from ppoflow.infra.remote.driver.group import WorkerGroup
 from ppoflow.infra.remote.driver.hub import ClusterHub
 from ppoflow.infra.remote.driver.launchers import Launcher
 from ppoflow.infra.remote.driver.rendezvous import RendezvousLauncher
+from ppoflow.infra.remote.procs import PRELOAD_ENV
 from ppoflow.infra.runtime import faults
 
 __all__ = ["GroupMaker", "WORKERS", "DEFAULT_BUILDS", "connect_timeout_s"]
@@ -65,13 +67,17 @@ class GroupMaker:
         """A new (not started) group of ``role`` whose worker builds ``build``, its ``start``-th in
         this run (ValueError for a mode ``role``'s worker does not have)."""
         cfg, build = self.cfg, ROLES[role].build(build)
+        env = self.rank_env()
+        preload = engine_spec(cfg.rollout.engine).preload if build.mode.builds_rollout else ()
+        if preload:  # the launcher of a CPU group imports them once for its ranks
+            env[PRELOAD_ENV] = ",".join(preload)
         return WorkerGroup(
             WORKERS[role],
             nprocs=cfg.resources.nprocs,
             config={"config": cfg.model_dump(mode="json"), "role": build.wire},
             device=cfg.resources.device,
             log=lambda line: self._emit(role, line),
-            env=self.rank_env(),
+            env=env,
             launcher=self._launcher(role, start),
             start_timeout_s=connect_timeout_s(cfg),
         )

@@ -53,7 +53,13 @@ class ToyWorker(Worker):
         module (the rank itself, or the launcher it was forked from)."""
         with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
             cmdline = f.read().decode().split("\0")
-        return {"ppid": os.getppid(), "cmdline": cmdline, "imported_in": IMPORTED_IN}
+        preloaded = sys.modules.get("tests.support.preloaded")  # if the group's launcher preloaded it
+        return {
+            "ppid": os.getppid(),
+            "cmdline": cmdline,
+            "imported_in": IMPORTED_IN,
+            "preloaded_in": getattr(preloaded, "IMPORTED_IN", None),
+        }
 
     @register(Dispatch.ONE_TO_ALL)
     def device_allreduce(self) -> dict:

@@ -211,6 +211,18 @@ def kv_cap_bytes(gpu_memory_utilization: float, device_bytes: int | None = None)
     return int(KV_SHARE_OF_BUDGET * gpu_memory_utilization * device_bytes)
 
 
+#: Engines whose rollout was shut down, kept until the process exits (see :func:`keep_engine`).
+_KEPT_ENGINES: list[Any] = []
+
+
+def keep_engine(llm: Any) -> None:
+    """Keep ``llm`` alive until the process exits: freeing a vLLM engine shuts its engine core
+    down, which destroys torch's default process group (``cleanup_dist_env_and_memory``) that the
+    rank still needs for its final barrier. Without a reference held here, whether the rank's last
+    ``gc.collect()`` frees the engine depends on what else happens to point at it."""
+    _KEPT_ENGINES.append(llm)
+
+
 def start_engine(kwargs: dict[str, Any], *, cpu: bool, tp_size: int, distributed: bool) -> tuple[Any, float]:
     """``vllm.LLM(**kwargs)``: returns the engine and the seconds its start took.
 

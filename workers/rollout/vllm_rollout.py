@@ -60,6 +60,7 @@ from ppoflow.workers.rollout.vllm_engine import (
     completions,
     engine_kwargs_for,
     is_cpu_platform,
+    keep_engine,
     kv_bytes_per_token,
     kv_cap_bytes,
     sampled_log_probs,
@@ -394,7 +395,6 @@ class VLLMRollout(Rollout):
         return outs, t_gen, gc_time, cpu
 
     def shutdown(self) -> None:
-        """Keep the engine: shutting vLLM's engine core down destroys torch's default process group
-        (``cleanup_dist_env_and_memory``), which the rank still needs for its final barrier. The
-        rank entry exits with ``os._exit`` after destroying the group, so the engine dies with the
-        process and vLLM's exit hook never runs against a destroyed group."""
+        """Keep the engine (:func:`keep_engine`): it dies with the rank's process, after the rank
+        destroyed the process group, and vLLM's exit hook never runs against a destroyed group."""
+        keep_engine(self.llm)

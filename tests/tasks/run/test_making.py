@@ -9,6 +9,7 @@ from __future__ import annotations
 from ppoflow.infra.config import parse_config
 from ppoflow.infra.config.system import DETERMINISTIC_ENV
 from ppoflow.infra.experiment.manifest import ExperimentPaths
+from ppoflow.infra.remote.procs import PRELOAD_ENV
 from ppoflow.infra.runtime import faults
 from ppoflow.tasks.run.making import WORKERS, GroupMaker, connect_timeout_s
 
@@ -68,6 +69,7 @@ def test_a_group_is_its_role_s_worker_on_the_run_s_ranks(tmp_path, monkeypatch):
     group = plain.group("actor", "rollout", 2)
     try:
         assert group.worker == WORKERS["actor"] and group.config["role"] == "rollout"
-        assert group.env == {faults.ENV_VAR: "rank_exit:update_critic:1"}
+        # a group that builds the rollout engine has its launcher import the engine's modules
+        assert group.env == {faults.ENV_VAR: "rank_exit:update_critic:1", PRELOAD_ENV: "vllm.entrypoints.llm"}
     finally:
         group.shutdown()

@@ -26,7 +26,7 @@ from ppoflow.infra.remote.driver.group import (
     WorkerGroup,
     WorkerGroupDead,
 )
-from ppoflow.infra.remote.procs import pid_alive
+from ppoflow.infra.remote.procs import PRELOAD_ENV, pid_alive
 from ppoflow.tasks.step import is_permanent
 from tests.support.paths import ROOT
 from tests.support.toy_workers import double_plus
@@ -111,13 +111,16 @@ def test_one_to_all_runs_on_every_rank(group):
 
 
 def test_cpu_ranks_are_forked_from_a_launcher_that_imported_their_code(lines):
-    # the worker's module was imported once, by the launcher, before it forked the ranks
-    with WorkerGroup(TOY, nprocs=2, config={}, log=lines) as g:
+    # the worker's module, and the modules the group names to preload, were imported once, by
+    # the launcher, before it forked the ranks
+    env = {PRELOAD_ENV: "tests.support.preloaded"}
+    with WorkerGroup(TOY, nprocs=2, config={}, log=lines, env=env) as g:
         out = g.call("process")
         with open(f"/proc/{g.launcher_pid}/cmdline", "rb") as f:
             launcher = f.read().decode().split("\0")
     assert [r["ppid"] for r in out] == [g.launcher_pid] * 2
     assert [r["imported_in"] for r in out] == [g.launcher_pid] * 2
+    assert [r["preloaded_in"] for r in out] == [g.launcher_pid] * 2
     assert all(r["cmdline"] == launcher for r in out) and "ppoflow.infra.remote.rank.launch" in launcher
 
 
