@@ -67,6 +67,7 @@ def plot(out: list[dict], path: str, mfu: float) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     x = [r["params_b"] for r in out]
@@ -82,6 +83,13 @@ def plot(out: list[dict], path: str, mfu: float) -> None:
             )
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_xticks([t for t in (0.5, 1, 2, 4, 8, 16, 32) if min(x) / 1.5 <= t <= max(x) * 1.5])
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlim(min(x) / 1.3, max(x) * 2.2)  # room for the last point's label
         ax.set_xlabel("parameters (billions)")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
