@@ -315,8 +315,8 @@ def build_model(out_dir: str, preset: str, max_len: int, mean_response_len: int 
     ``mean_response_len`` the generation config lists ``V / mean_response_len`` stop tokens.
 
     The real shapes' weights (a matrix row, a ladder rung) are drawn on the GPU where there is one
-    (an 8B model's init takes minutes on the host's cores, seconds on a GPU), in a child process, so that this process holds
-    no CUDA context or cached blocks beside the run it measures."""
+    (an 8B model's init takes minutes on the host's cores, seconds on a GPU), in a child process,
+    so that this process holds no CUDA context or cached blocks beside the run it measures."""
     import torch
 
     if preset.startswith((ARCH_PRESET, SIZE_PRESET)) and torch.cuda.is_available():
