@@ -208,6 +208,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--snapshot-every", type=int, default=None, help="checkpoint.snapshot_every (default: the config's)"
     )
     p.add_argument(
+        "--no-final-snapshot",
+        action="store_true",
+        help="checkpoint.snapshot_at_end false: the last iteration writes no snapshot (a 4B model's "
+        "fp32 weights and Adam states are 64 GB of disk)",
+    )
+    p.add_argument(
         "--deterministic", action="store_true", help="resources.deterministic (deterministic update kernels)"
     )
     p.add_argument("--overlap", choices=["none", "one_step"], default="none", help="algorithm.overlap")
@@ -516,6 +522,7 @@ def experiment_config(args, model_dir: str, data_url: str, root: str) -> dict:
             "async_save": not args.sync_checkpoints,
             "keep_last": 2,
             **({"snapshot_every": args.snapshot_every} if args.snapshot_every else {}),
+            **({"snapshot_at_end": False} if getattr(args, "no_final_snapshot", False) else {}),
         },
     }
     if getattr(args, "lora_rank", 0):  # gpu_check and rollout_cycle build their configs here too
@@ -608,7 +615,8 @@ def report(
         f"response {args.response_len} (mean {mean(rows, 'response_length/mean'):.1f}), "
         f"{batching(args)}; "
         f"checkpoints {'sync' if args.sync_checkpoints else 'async'}, snapshot every "
-        f"{args.snapshot_every or 'default'}, overlap {args.overlap}, "
+        f"{args.snapshot_every or 'default'}"
+        f"{', none at the end' if getattr(args, 'no_final_snapshot', False) else ''}, overlap {args.overlap}, "
         f"{'deterministic' if args.deterministic else 'default'} kernels; "
         f"mean of {len(rows)} warm iteration(s)",
         "",
