@@ -16,11 +16,14 @@ update). :meth:`EngineFormat.stream` applies transformers' own reverse conversio
 checkpoint layouts agree pass through unchanged.
 
 GPT-OSS. Its checkpoint layout is the run-time one, but vLLM's loader copies the fused experts and
-the attention sinks straight into their parameters, which vLLM's in-place reload has moved to the
-meta device: the copies vanish and the engine keeps the old experts and sinks. The stream gives
-the experts one by one (``mlp.experts.<e>.gate_up_proj``, ...: vLLM's per-expert path, through
-weight loaders that reload records) and holds the sinks back; :func:`after_reload` copies them into
-the engine's parameters (this TP rank's heads) once the reload is done. Qwen3-Next's delta-net
+the attention sinks straight into their parameters, which vLLM's in-place reload (the CPU build's
+push) has moved to the meta device: the copies vanish and the engine keeps the old experts and
+sinks. For that reload (``split_experts``) the stream gives the experts one by one
+(``mlp.experts.<e>.gate_up_proj``, ...: the per-expert path of newer vLLM loaders, through weight
+loaders that reload records). A push that calls the live model's ``load_weights`` (the GPU build)
+gives them fused, the checkpoint's layout, which every vLLM release's GPT-OSS loader takes (the
+GPU build's has no per-expert path). Either way the sinks are held back; :func:`after_reload`
+copies them into the engine's parameters (this TP rank's heads) once the load is done. Qwen3-Next's delta-net
 convolution weights are held back too (their loader fails on the reload's meta tensors with
 tensor parallelism) and loaded after it through their own loader.
 
@@ -58,18 +61,21 @@ class EngineFormat:
     Args:
         model: the trained model: a ``PolicyLM`` (its ``hf_model`` is used) or a Hugging Face model
             (FSDP-sharded or on the meta device: only its classes and config are read).
+        split_experts: give GPT-OSS's fused expert tensors one expert at a time (vLLM's in-place
+            ``reload_weights``, the CPU build's push); False: fused, as on disk (``load_weights``).
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, split_experts: bool = True):
         hf: Any = getattr(model, "hf_model", model)
         self.model = hf
+        self.split_experts = split_experts
         self.model_type = getattr(getattr(hf, "config", None), "model_type", None)
         self.converts = _has_conversions(hf)
         self.held: dict[str, torch.Tensor] = {}
 
     def stream(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, tensor)`` in the checkpoint's names and layouts (GPT-OSS: experts one by one,
-        sinks held back in :attr:`held`). Buffers one decoder layer at a time when converting."""
+        """``(name, tensor)`` in the checkpoint's names and layouts (GPT-OSS: experts one by one
+        where ``split_experts``, sinks held back in :attr:`held`). Buffers one decoder layer at a time when converting."""
         self.held = {}
         source = _by_layer(weights) if self.converts else ([item] for item in weights)
         for group in source:
@@ -87,7 +93,12 @@ class EngineFormat:
             self.held[name] = tensor
             return
         owner, _, leaf = name.rpartition(".")
-        if self.model_type == "gpt_oss" and owner.endswith(".mlp.experts") and leaf in _GPT_OSS_EXPERTS:
+        if (
+            self.split_experts
+            and self.model_type == "gpt_oss"
+            and owner.endswith(".mlp.experts")
+            and leaf in _GPT_OSS_EXPERTS
+        ):
             for expert in range(tensor.shape[0]):
                 yield f"{owner}.{expert}.{leaf}", tensor[expert]
         else:

@@ -176,7 +176,8 @@ def push_into_engine(
     "tied_refreshed", "experts_refreshed", "direct"}`` (counted as the trainer gave them).
     """
     stats = WeightStats()
-    fmt = EngineFormat(model) if model is not None else None
+    # the CPU build's in-place reload needs GPT-OSS's experts one by one; the GPU's load_weights fused
+    fmt = EngineFormat(model, split_experts=rollout.cpu) if model is not None else None
     stream = stats.wrap(weights)
     if fmt is not None:
         stream = fmt.stream(stream)

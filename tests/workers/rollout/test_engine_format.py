@@ -1,7 +1,8 @@
 """The trainer's tensors in the engine's names and layouts (ppoflow.workers.rollout.engine_format),
 against what ``save_pretrained`` writes to disk (the checkpoint vLLM loads at start-up): Qwen3-MoE's
 fused experts come out one expert and projection at a time, GPT-OSS's experts one expert at a time
-with its sinks held back, a dense model unchanged. vLLM taking them (log-probs after a push) is in
+for the CPU build's in-place reload and fused (as on disk) for the GPU build's ``load_weights``, its
+sinks held back either way, a dense model unchanged. vLLM taking them (log-probs after a push) is in
 tests/scenarios/test_model_matrix.py."""
 
 from __future__ import annotations
@@ -56,3 +57,16 @@ def test_gpt_oss_experts_one_by_one_and_sinks_held_back(tmp_path):
         else:
             assert torch.equal(got.pop(name), tensor), name
     assert got == {}  # nothing the checkpoint lacks
+
+
+def test_gpt_oss_experts_fused_for_load_weights(tmp_path):
+    """The GPU build's GPT-OSS loader narrows the fused (E, H, 2I) tensor for its TP rank and has no
+    per-expert path: there the stream is the checkpoint on disk, less the held sinks."""
+    model, disk = _saved(tmp_path, "gpt_oss")
+    fmt = EngineFormat(model, split_experts=False)
+    got = dict(fmt.stream(_live(model)))
+    assert sorted(fmt.held) == ["model.layers.0.self_attn.sinks", "model.layers.1.self_attn.sinks"]
+    assert sorted(got) == sorted(name for name in disk if name not in fmt.held)
+    for name, tensor in got.items():
+        assert torch.equal(tensor, disk[name]), name
+    assert got["model.layers.0.mlp.experts.gate_up_proj"].dim() == 3
