@@ -154,19 +154,30 @@ def engine_kwargs_for(
 
 
 def model_engine_settings(model_path: str, trust_remote_code: bool, *, cpu: bool) -> dict[str, Any]:
-    """Engine settings a model needs: on CPU no prefix caching for a model with layers that are not
-    attention (Qwen3-Next's linear attention: vLLM caches their prefixes only with chunked prefill,
-    which the CPU engine runs without, see :func:`engine_kwargs_for`)."""
+    """Engine settings a model with layers that are not attention needs (Qwen3-Next's gated
+    delta-net layers):
+
+    - on CPU no prefix caching: vLLM caches their prefixes only with chunked prefill, which the CPU
+      engine runs without (see :func:`engine_kwargs_for`);
+    - on GPU, FlashInfer's delta-net prefill kernel only where ``flashinfer`` is installed: vLLM
+      picks it on Hopper whether or not it is, and the first prefill then fails with
+      ``No module named 'flashinfer'``; without it the engine runs vLLM's own Triton kernel
+      (``gdn_prefill_backend="triton"``).
+    """
+    import importlib.util
+
     from transformers import AutoConfig
 
     from ppoflow.infra.architectures.check import hybrid_layers
 
-    if not cpu:
-        return {}
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if hybrid_layers({"layer_types": getattr(text, "layer_types", None)}):
+    if not hybrid_layers({"layer_types": getattr(text, "layer_types", None)}):
+        return {}
+    if cpu:
         return {"enable_prefix_caching": False}
+    if importlib.util.find_spec("flashinfer") is None:
+        return {"gdn_prefill_backend": "triton"}
     return {}
 
 

@@ -149,3 +149,28 @@ def test_flashinfer_sampler_off_only_without_flashinfer(monkeypatch):
     monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")  # the user's choice is kept
     set_engine_env()
     assert os.environ["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "gemma3_text", "qwen3"])
+def test_a_hybrid_model_gets_the_settings_its_layers_need(arch, tmp_path):
+    """Qwen3-Next's delta-net layers: no prefix caching on CPU; on GPU, vLLM's Triton prefill
+    kernel where flashinfer is not installed (vLLM would pick FlashInfer's on Hopper and fail at the
+    first prefill). Sliding-window attention (Gemma 3) and plain decoders get nothing."""
+    import dataclasses
+    import importlib.util
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    from ppoflow.demo.tiny_models import save_tiny_model
+    from ppoflow.workers.rollout.vllm_engine import model_engine_settings
+
+    path = save_tiny_model(str(tmp_path / arch), arch=arch)
+    cpu, gpu = (model_engine_settings(path, False, cpu=c) for c in (True, False))
+    if arch != "qwen3_next":
+        assert cpu == {} and gpu == {}
+        return
+    assert cpu == {"enable_prefix_caching": False}
+    no_flashinfer = importlib.util.find_spec("flashinfer") is None
+    assert gpu == ({"gdn_prefill_backend": "triton"} if no_flashinfer else {})
+    # the installed vLLM takes it as an engine argument
+    assert "gdn_prefill_backend" in {f.name for f in dataclasses.fields(EngineArgs)}
