@@ -326,7 +326,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ),
         moe=True,
         seams="attention sinks, alternating sliding windows, yarn rope, expert biases; experts "
-        "pushed one by one (vLLM's reload skips its fused-expert and sink copies)",
+        "pushed one by one into the CPU build (vLLM's reload skips its fused-expert and sink copies), "
+        "fused into the GPU build's loader",
         limits=(
             "unquantized only (no MXFP4 checkpoints)",
             "vLLM's GPT-OSS norms use eps 1e-5 whatever the config says",

@@ -159,3 +159,23 @@ def test_read_shape_from_a_directory_with_overrides_and_nested_text_config(tmp_p
     assert read_shape(ModelConfig(path=str(broken))) is None  # no layers: not a shape
     assert read_shape(ModelConfig(path=str(tmp_path / "absent"))) is None
     assert read_shape(ModelConfig(path="no-such-org/no-such-model")) is None  # a hub id not cached here
+
+
+def test_gpt_oss_experts_keep_what_their_eager_loop_saves():
+    """GPT-OSS (the matrix's real shape): per routed token its expert loop keeps the gathered input,
+    the gate-up output (2 x), the clamped gate and up, the sigmoid, the GLU, the product and the
+    expert's output: 2 x hidden + 7 x intermediate; a Qwen3-MoE-like config of the same sizes keeps
+    SwiGLU's 3 x intermediate."""
+    from ppoflow.infra.architectures.matrix import architecture_of
+
+    row = architecture_of("gpt_oss")
+    assert row is not None
+    real = dict(row.real)
+    shape = shape_from_config({**real, "model_type": "gpt_oss"})
+    assert shape.expert_loop and (shape.hidden, shape.expert_intermediate) == (1024, 1024)
+    attention = 4 * 1024 + 2 * 16 * 64 + 2 * 4 * 64
+    per_layer = 2 * (attention + 4 * (2 * 1024 + 7 * 1024)) + 4 * 16 + 4 * 16
+    assert shape.saved_bytes_per_token(2) == per_layer
+    swiglu = shape_from_config({**real, "model_type": "qwen3_moe", "moe_intermediate_size": 1024})
+    assert not swiglu.expert_loop
+    assert swiglu.saved_bytes_per_token(2) == 2 * (attention + 4 * 3 * 1024) + 4 * 16 + 4 * 16
