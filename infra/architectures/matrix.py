@@ -325,9 +325,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
             max_position_embeddings=131072,
         ),
         moe=True,
-        seams="attention sinks, alternating sliding windows, yarn rope, expert biases; experts "
-        "pushed one by one into the CPU build (vLLM's reload skips its fused-expert and sink copies), "
-        "fused into the GPU build's loader",
+        seams="attention sinks, alternating sliding windows, yarn rope, expert biases; experts pushed "
+        "one by one into the CPU build (its reload skips fused-expert copies), fused on GPU",
         limits=(
             "unquantized only (no MXFP4 checkpoints)",
             "vLLM's GPT-OSS norms use eps 1e-5 whatever the config says",

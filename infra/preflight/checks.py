@@ -15,7 +15,8 @@ What is checked, and what it costs (independent of the dataset's size):
   ``preflight.resources``);
 - storage: the experiment directory is writable (one small file written, read back, removed), and
   is an experiment's or new: a directory at ``<root>/<experiment>`` that holds other files and no
-  ``manifest.json`` is someone else's (one listing);
+  ``manifest.json`` is someone else's (one listing); on a local filesystem, room for the run's
+  snapshots (``preflight.disk``: less than one snapshot is a problem);
 - models: ``model.path`` and the critic's, reward model's and teacher's paths are model directories (a
   ``config.json`` and weight files) or hub ids transformers can resolve; the tokenizer loads; with
   a hub id, one connection to the hub first (``ppoflow.infra.models.hf_hub``): where it cannot be reached the
@@ -63,6 +64,7 @@ from ppoflow.infra.experiment.wandb_tracking import wandb_problems
 from ppoflow.infra.models.hf_hub import cached_on_this_machine, hub_unreachable, is_hub_id
 from ppoflow.infra.preflight.architecture import check_architectures
 from ppoflow.infra.preflight.data import check_data, check_reward
+from ppoflow.infra.preflight.disk import check_disk
 from ppoflow.infra.preflight.multiturn import check_multi_turn
 from ppoflow.infra.preflight.report import Checks, PreflightError, PreflightReport
 from ppoflow.infra.preflight.resources import check_resources
@@ -255,6 +257,7 @@ def preflight(cfg: ExperimentConfig, load_tokenizer: Callable[[], Any]) -> Prefl
     c = Checks()
     check_resources(cfg, c)
     _check_storage(cfg, c)
+    check_disk(cfg, c)
     uses_hub = is_hub_id(cfg.model.tokenizer) or any(is_hub_id(m.path) for _, m in _model_paths(cfg))
     unreachable = hub_unreachable() if uses_hub else None
     _check_models(cfg, c, unreachable)
