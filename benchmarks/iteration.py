@@ -211,7 +211,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--no-final-snapshot",
         action="store_true",
         help="checkpoint.snapshot_at_end false: the last iteration writes no snapshot (a 4B model's "
-        "fp32 weights and Adam states are 64 GB of disk)",
+        "fp32 weights and AdamW moments are 48 GB of disk)",
     )
     p.add_argument(
         "--deterministic", action="store_true", help="resources.deterministic (deterministic update kernels)"
