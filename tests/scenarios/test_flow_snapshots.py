@@ -117,11 +117,12 @@ def test_a_killed_rank_between_snapshots_is_rebuilt_by_replay(reference, snapped
     _same_iterations(reference.storage.experiment_url, cfg.storage.experiment_url, range(1, ITERATIONS + 1))
 
 
-@pytest.mark.parametrize("at", [2, K], ids=["between-snapshots", "at-a-deferred-snapshot"])
-def test_a_flow_killed_between_snapshots_resumes_exactly(reference, flow_config, tmp_path, at):
-    """SIGKILL once iteration ``at``'s actor update is recorded: in iteration 2 (nothing written),
-    or in the snapshot iteration 3, whose write may be cut (then the resumed run rebuilds state 3
-    from snapshot 0 when it needs it)."""
+def test_a_flow_killed_between_snapshots_resumes_exactly(reference, flow_config, tmp_path):
+    """``ppoflow run`` SIGKILLed once iteration ``at``'s actor update is recorded, twice on one
+    experiment: in iteration 2 (nothing written), then, resumed by the CLI, in the snapshot
+    iteration 3, whose write may be cut (then the resumed run rebuilds state 3 from snapshot 0
+    when it needs it). What each kill left committed, and everything the last run commits, equals
+    the uninterrupted run."""
     from ppoflow.flows.ppo import ppo
 
     cfg = flow_config(str(tmp_path / "runs"), "killed", **TWO_GROUPS, **{"checkpoint.snapshot_every": K})
@@ -131,20 +132,22 @@ def test_a_flow_killed_between_snapshots_resumes_exactly(reference, flow_config,
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "PPOFLOW_FAULT"))}
     env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PPOFLOW_SLOTS_DIR=str(tmp_path / "slots"))
     cli = [os.path.join(os.path.dirname(sys.executable), "ppoflow"), "run", str(config), "--iterations", "6"]
-    with open(tmp_path / "cli.log", "w") as log:
-        proc = subprocess.Popen(cli, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while not storage.exists(paths.receipt(at, "update_actor")):
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "cli.log").read_text()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(60)
-    committed = read_manifest(paths).iteration
-    assert committed in range(at + 1)
+    ref = reference.storage.experiment_url
+    for at in (2, K):
+        log_path = tmp_path / f"cli-killed-at-{at}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cli, env=env, stdout=log, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + 600
+            while not storage.exists(paths.receipt(at, "update_actor")):
+                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(60)
+        committed = read_manifest(paths).iteration
+        assert committed in range(at + 1)
+        _same_iterations(ref, cfg.storage.experiment_url, range(1, committed + 1), may_lose=(K,))
     ppo(cfg, iterations=ITERATIONS - committed)
-    _same_iterations(
-        reference.storage.experiment_url, cfg.storage.experiment_url, range(1, ITERATIONS + 1), may_lose=(K,)
-    )
+    _same_iterations(ref, cfg.storage.experiment_url, range(1, ITERATIONS + 1), may_lose=(K,))
 
 
 def test_another_rank_count_rebuilds_a_state_from_a_snapshot_plus_replay(
