@@ -9,8 +9,9 @@ own, samples into the experiment's queue.
   the producer samples each batch in one call with the synchronous rollout's rows per rank and
   per-request seeds, and the trainer recomputes the old log-probs with the same rows per rank
   and micro-batches as ``generate`` does. The run that shows it is the durability drill too
-  (``async_run``: the producer and the trainer SIGKILLed mid-push, the run resumed), so the
-  equality holds through both faults and one flow run serves both claims.
+  (``async_run``: the producer and the trainer SIGKILLed mid-push, the run resumed by the one
+  command, ``ppoflow run``), so the equality holds through both faults and one experiment serves
+  the three claims.
 - every committed iteration n records in its manifest the batch it consumed (its hash is the hash
   of ``iterations/n/rollout.arrow``, a byte copy), and the consumed batches left the queue.
 """
@@ -30,7 +31,7 @@ from ppoflow.infra.experiment.manifest import ExperimentPaths
 from ppoflow.infra.experiment.metrics import is_timing_key
 from ppoflow.infra.queue.layout import QueuePaths
 from tests.support.configs import LIGHT
-from tests.support.experiments import assert_same_state
+from tests.support.experiments import assert_same_state, copy_experiment
 from tests.support.hf_log_probs import response_log_probs
 
 pytestmark = pytest.mark.slow
@@ -44,15 +45,16 @@ def async_run(prefect_harness, flow_config, tmp_path_factory):
     faults: the trainer (``python -m ppoflow.flows.ppo``, a process of its own) SIGKILLs its
     producer while it loads policy version 1 for batch 2 (the trainer starts it again; the new one
     takes over the dead one's lease), then is SIGKILLed itself while it publishes version 2
-    (weights written, pointer not moved); a second flow run resumes from manifest 1. Returns the
-    experiment's URL, the killed trainer's exit status and output, and what storage held then."""
+    (weights written, pointer not moved); ``ppoflow run CONFIG`` (a Prefect API of its own)
+    resumes from manifest 1 to its end. Returns the experiment's URL, the killed trainer's exit
+    status and output, what storage held then, and the resuming command's exit status, output,
+    the processes seen below it and those of them still alive after it (``resumed``)."""
     import subprocess
     import sys
     import time
 
     from prefect.settings import PREFECT_API_URL
 
-    from ppoflow.flows.ppo import ppo
     from ppoflow.infra.config import dump_config
     from ppoflow.infra.experiment.manifest import read_manifest
     from tests.support.paths import ROOT
@@ -85,9 +87,21 @@ def async_run(prefect_harness, flow_config, tmp_path_factory):
         "policy_2": storage.exists(queue.policy(2)),
         "done_2": storage.exists(queue.done(2)),
     }
-    assert ppo(cfg, iterations=1)["iteration"] == 2, killed["out"][-3000:]
+    resume, log = _start_cli(config, tmp_path, 1, "resume.log")
+    seen = _watch(resume, lambda: False)
+    returncode = resume.wait(60)
+    log.close()
+    resumed = {
+        "returncode": returncode,
+        "out": (tmp_path / "resume.log").read_text(),
+        "seen": seen,
+        "left": _gone(seen),
+    }
+    assert returncode == 0 and read_manifest(ExperimentPaths(url)).iteration == 2, (
+        killed["out"][-3000:] + resumed["out"][-3000:]
+    )
     print(f"\n[timing] asynchronous run (s=0), killed twice and resumed: {time.perf_counter() - t0:.1f} s")
-    return {"url": url, "killed": killed}
+    return {"url": url, "killed": killed, "resumed": resumed}
 
 
 def _learning_metrics(url: str, n: int) -> dict:
@@ -173,58 +187,73 @@ def _producers(pids: dict[int, str]) -> dict[int, str]:
     return {pid: cmd for pid, cmd in pids.items() if "ppoflow.flows.asynchronous.rollout" in cmd}
 
 
-def test_one_command_runs_the_producer_beside_the_trainer_and_stops_it(flow_config, tmp_path):
-    """``ppoflow run CONFIG`` with asynchronous training on starts the producer in a process of
-    its own; at the end of the run and on Ctrl-C the producer, its ranks and the trainer's are gone
-    (the stop marker written), and Ctrl-C exits as any run does."""
-    import signal
+def _start_cli(config, tmp_path, iterations: int, log: str):
+    """``ppoflow run CONFIG --iterations N`` as a user starts it (no Prefect API set: the command
+    starts its own), its output into ``tmp_path / log``: the process and the open log."""
     import subprocess
     import sys
+
+    from tests.support.paths import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "PPOFLOW_FAULT"))}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=ROOT)
+    out = open(tmp_path / log, "w")
+    ppoflow = os.path.join(os.path.dirname(sys.executable), "ppoflow")
+    cmd = [ppoflow, "run", str(config), "--iterations", str(iterations)]
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT), out
+
+
+def _watch(proc, until, seconds: float = 600) -> dict[int, str]:
+    """Every process below ``proc`` seen until ``until()`` (or its exit)."""
+    import time
+
+    from tests.support.processes import descendants
+
+    seen: dict[int, str] = {}
+    t0 = time.monotonic()
+    while proc.poll() is None and not until() and time.monotonic() - t0 < seconds:
+        for pid, cmd in descendants(proc.pid).items():
+            if cmd:  # a zombie's command line reads empty
+                seen.setdefault(pid, cmd)
+        time.sleep(0.2)
+    return seen
+
+
+def _gone(pids: dict[int, str], seconds: float = 15) -> dict[int, str]:
+    import time
+
+    from tests.support.processes import alive
+
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
+
+
+def test_one_command_runs_the_producer_beside_the_trainer_and_stops_it(async_run, flow_config, tmp_path):
+    """``ppoflow run CONFIG`` with asynchronous training on starts the producer in a process of
+    its own; at the end of the run (``async_run``'s resume) and on Ctrl-C (a run of a copy of that
+    experiment) the producer, its ranks and the trainer's are gone (the stop marker written), and
+    Ctrl-C exits as any run does."""
+    import signal
     import time
 
     from ppoflow.infra.config import dump_config
     from ppoflow.infra.experiment.manifest import read_manifest
-    from tests.support.processes import alive, descendants
+    from tests.support.processes import descendants
 
-    cfg = flow_config(str(tmp_path / "runs"), "one-command", **ASYNC)
+    resumed = async_run["resumed"]  # to its end
+    paths, queue = ExperimentPaths(async_run["url"]), QueuePaths(async_run["url"])
+    assert resumed["returncode"] == 0, resumed["out"][-3000:]
+    assert _producers(resumed["seen"]), "no producer process ran:\n" + resumed["out"][-5000:]
+    assert resumed["left"] == {} and read_manifest(paths).iteration == 2 and storage.exists(queue.stop)
+
+    cfg = flow_config(str(tmp_path / "runs"), "killed", **ASYNC)
+    queue = QueuePaths(copy_experiment(async_run["url"], str(tmp_path / "runs"), "killed"))
     config = tmp_path / "one-command.yaml"
     config.write_text(dump_config(cfg))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "PPOFLOW_FAULT"))}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=os.getcwd())
-    ppoflow = os.path.join(os.path.dirname(sys.executable), "ppoflow")
-    paths, queue = ExperimentPaths.of(cfg), QueuePaths(cfg.storage.experiment_url)
-
-    def start(iterations: int, log: str) -> tuple[subprocess.Popen, object]:
-        out = open(tmp_path / log, "w")
-        cmd = [ppoflow, "run", str(config), "--iterations", str(iterations)]
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT), out
-
-    def watch(proc, until, seconds: float = 600) -> dict[int, str]:
-        """Every process below ``proc`` seen until ``until()`` (or its exit)."""
-        seen: dict[int, str] = {}
-        t0 = time.monotonic()
-        while proc.poll() is None and not until() and time.monotonic() - t0 < seconds:
-            for pid, cmd in descendants(proc.pid).items():
-                if cmd:  # a zombie's command line reads empty
-                    seen.setdefault(pid, cmd)
-            time.sleep(0.2)
-        return seen
-
-    def gone(pids: dict[int, str], seconds: float = 15) -> dict[int, str]:
-        deadline = time.monotonic() + seconds
-        while alive(pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return alive(pids)
-
-    run, out = start(1, "run-1.log")  # to its end
-    seen = watch(run, lambda: False)
-    assert run.wait(60) == 0, (tmp_path / "run-1.log").read_text()[-3000:]
-    out.close()
-    assert _producers(seen), "no producer process ran:\n" + (tmp_path / "run-1.log").read_text()[-5000:]
-    assert gone(seen) == {} and read_manifest(paths).iteration == 1 and storage.exists(queue.stop)
-
-    run, out = start(3, "run-2.log")  # Ctrl-C once the producer runs
-    seen = watch(run, lambda: bool(_producers(descendants(run.pid))))
+    run, out = _start_cli(config, tmp_path, 3, "run-2.log")  # Ctrl-C once the producer runs
+    seen = _watch(run, lambda: bool(_producers(descendants(run.pid))))
     assert _producers(seen) or _producers(descendants(run.pid)), (tmp_path / "run-2.log").read_text()[-3000:]
     time.sleep(5)
     seen.update({pid: cmd for pid, cmd in descendants(run.pid).items() if cmd})
@@ -237,7 +266,7 @@ def test_one_command_runs_the_producer_beside_the_trainer_and_stops_it(flow_conf
     print(f"\nCtrl-C: exit {rc} after {took:.1f} s")
     assert rc == 130 and "ppoflow: stopped by Ctrl-C" in text, text[-3000:]
     assert took < 60  # the producer is stopped at once, not waited for
-    assert gone(seen) == {}, gone(seen)
+    assert _gone(seen) == {}, _gone(seen)
     assert storage.exists(queue.stop)
 
 
