@@ -42,7 +42,8 @@ def snapshot_bytes(cfg: ExperimentConfig, shapes: dict[str, ModelShape]) -> dict
 
 
 def _gb(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
+    """``n`` bytes in GiB, or MiB below 1 GiB."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 def check_disk(cfg: ExperimentConfig, c: Checks, free: int | None = None) -> None:
