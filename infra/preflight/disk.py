@@ -7,9 +7,11 @@ model's whole state: its weights in the model dtype and AdamW's two moments, thr
 weights (12 bytes a parameter with float32 master weights; with LoRA the adapters only, float32).
 While one is written, the retention (``checkpoint.keep_last``) still holds the last ones: the
 storage holds up to ``keep_last + 1`` at once. On a local filesystem the free space is compared
-with that: less than one snapshot is a problem (the first snapshot would fail mid-write, minutes
-or hours into the run), less than ``keep_last + 1`` a note; remote storage (``s3://``, ...) is not
-measured. Nothing else a run writes (batches, generations, metrics) comes near a snapshot's size.
+with that: for a new experiment less than one snapshot is a problem (the first snapshot would fail
+mid-write, minutes or hours into the run), less than ``keep_last + 1`` a note. A resumed
+experiment gets a note either way: its own snapshots are on that disk and the user may be freeing
+room as it runs; a write that meets the full disk still ends the run with the disk named and
+nothing half-written published. Remote storage (``s3://``, ...) is not measured. Nothing else a run writes (batches, generations, metrics) comes near a snapshot's size.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def _gb(n: int) -> str:
 def check_disk(cfg: ExperimentConfig, c: Checks, free: int | None = None) -> None:
     """The snapshots against the free space of a local storage root (module docstring); ``free``:
     bytes free instead of what is measured here."""
-    url = ExperimentPaths.of(cfg).root
+    paths = ExperimentPaths.of(cfg)
+    url = paths.root
     free = storage.local_free_bytes(url) if free is None else free
     shapes = model_shapes(cfg)
     if free is None or shapes is None:
@@ -60,7 +63,13 @@ def check_disk(cfg: ExperimentConfig, c: Checks, free: int | None = None) -> Non
     held = one * ((kept or 1) + 1)
     parts = " + ".join(f"{role} {_gb(n)}" for role, n in sizes.items())
     where = f"storage.root={cfg.storage.root}"
-    if free < one:
+    resumed = storage.exists(paths.manifest)
+    if free < one and resumed:
+        c.report.notes.append(
+            f"storage: {url} has {_gb(free)} free and a snapshot of this run is {_gb(one)} ({parts}): "
+            "its next snapshot will not fit unless space is freed there"
+        )
+    elif free < one:
         c.problem(
             where,
             f"a snapshot of this run is {_gb(one)} ({parts}: weights and AdamW moments) and {url} "

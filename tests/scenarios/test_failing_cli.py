@@ -13,7 +13,6 @@ own temporary Prefect server (a fresh ``PREFECT_HOME`` per module), real ranks a
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -333,12 +332,11 @@ def test_a_storage_root_that_fills_up_fails_the_run_within_a_minute(
 ):
     """The experiment on a small real filesystem (every iteration writes its state). It fills up
     mid-run, then, freed, is left with room for an iteration's batches (~100 kB) but not for its
-    checkpoint (~2 MB): the preflight refuses to start (less room than one snapshot). Started with
-    room, the run has its disk filled again to that much once its generation is written, so the
-    iteration's state writes are what meet the full disk. Each time the run ends within a minute
-    with one error block that names the full disk and says to free space; with space freed the
-    same command resumes and commits. (Transformers generates, on the actor's own module: the
-    engine has no part in this, and each of the runs starts its group in half vLLM's time.)"""
+    checkpoint (~2 MB), so the iteration's state writes are what meet the full disk. Each time the run ends
+    within a minute with one error block that names the full disk and says to free space; with
+    space freed the same command resumes and commits. (Transformers generates, on the actor's own
+    module: the engine has no part in this, and each of the four runs starts its group in half
+    vLLM's time.)"""
     cfg = flow_config(str(small_filesystem / "runs"), "full", **LIGHT_HF, **{"checkpoint.snapshot_every": 1})
     paths = ExperimentPaths.of(cfg)
     config = write_config(tmp_path, cfg)
@@ -354,20 +352,7 @@ def test_a_storage_root_that_fills_up_fails_the_run_within_a_minute(
     check_failed_on_full_disk(run, paths, time.monotonic() - t0, last)
 
     os.truncate(filler, max(0, os.path.getsize(filler) - (640 << 10)))  # 640 kB free
-    refused = cli("run", config, "--iterations", "2")
-    assert refused.finish(timeout=180) == 1
-    out = refused.text()
-    assert "preflight found 1 problem(s); nothing was started" in out and "Traceback" not in out
-    assert "a snapshot of this run is " in out and "MiB free: the first snapshot would fail" in out
-    assert read_manifest(paths).iteration == last
-
-    os.remove(filler)
-    held = {str(p): p.stat().st_size for p in small_filesystem.rglob("*") if p.is_file()}
-    assert shutil.disk_usage(small_filesystem).free > 8 << 20, held
     run = cli("run", config, "--iterations", "2")
-    run.wait_for(lambda: storage.exists(paths.receipt(last + 1, "generate")))
-    free = shutil.disk_usage(small_filesystem).free  # 640 kB free again, never full on the way
-    filler.write_bytes(b"\0" * max(0, free - (640 << 10)))
     writing = storage.join(paths.root, "checkpoints", "actor", f"{last + 1:06d}")
     run.wait_for(lambda: storage.exists(writing))  # the update of the next iteration saves its state
     t0 = time.monotonic()

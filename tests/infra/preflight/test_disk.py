@@ -68,3 +68,17 @@ def test_the_free_space_of_a_local_root_is_measured_and_remote_storage_is_not(tm
     remote = Checks()
     check_disk(config(tmp_path, QWEN_05B, **{"storage.root": "s3://bucket/runs"}), remote)
     assert not remote.problems and not remote.report.notes and not remote.report.passed
+
+
+def test_a_resumed_experiment_short_of_room_gets_a_note_not_a_refusal(tmp_path):
+    """Its snapshots are on that disk already and its user may be freeing room as it runs: the run
+    starts, and a write that meets the full disk ends it naming the disk (test_failing_cli.py)."""
+    cfg = config(tmp_path, QWEN_05B, **{"algorithm.adv_estimator": "grpo", "rollout.n": 4})
+    experiment = tmp_path / "runs" / "e"
+    experiment.mkdir(parents=True)
+    (experiment / "manifest.json").write_text("{}")
+    short = Checks()
+    check_disk(cfg, short, free=640 << 10)
+    assert not short.problems and len(short.report.notes) == 1
+    note = short.report.notes[0]
+    assert "has 0.6 MiB free and a snapshot of this run is 5.5 GiB" in note and "will not fit" in note
