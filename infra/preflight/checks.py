@@ -16,7 +16,7 @@ What is checked, and what it costs (independent of the dataset's size):
 - storage: the experiment directory is writable (one small file written, read back, removed), and
   is an experiment's or new: a directory at ``<root>/<experiment>`` that holds other files and no
   ``manifest.json`` is someone else's (one listing); on a local filesystem, room for the run's
-  snapshots (``preflight.disk``: less than one snapshot is a problem);
+  snapshots (``preflight.disk``: a new experiment with room for less than one is refused);
 - models: ``model.path`` and the critic's, reward model's and teacher's paths are model directories (a
   ``config.json`` and weight files) or hub ids transformers can resolve; the tokenizer loads; with
   a hub id, one connection to the hub first (``ppoflow.infra.models.hf_hub``): where it cannot be reached the

@@ -11,7 +11,8 @@ with that: for a new experiment less than one snapshot is a problem (the first s
 mid-write, minutes or hours into the run), less than ``keep_last + 1`` a note. A resumed
 experiment gets a note either way: its own snapshots are on that disk and the user may be freeing
 room as it runs; a write that meets the full disk still ends the run with the disk named and
-nothing half-written published. Remote storage (``s3://``, ...) is not measured. Nothing else a run writes (batches, generations, metrics) comes near a snapshot's size.
+nothing half-written published. Remote storage (``s3://``, ...) is not measured. Nothing else a run
+writes (batches, generations, metrics) comes near a snapshot's size.
 """
 
 from __future__ import annotations

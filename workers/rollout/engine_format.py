@@ -21,11 +21,11 @@ push) has moved to the meta device: the copies vanish and the engine keeps the o
 sinks. For that reload (``split_experts``) the stream gives the experts one by one
 (``mlp.experts.<e>.gate_up_proj``, ...: the per-expert path of newer vLLM loaders, through weight
 loaders that reload records). A push that calls the live model's ``load_weights`` (the GPU build)
-gives them fused, the checkpoint's layout, which every vLLM release's GPT-OSS loader takes (the
-GPU build's has no per-expert path). Either way the sinks are held back; :func:`after_reload`
-copies them into the engine's parameters (this TP rank's heads) once the load is done. Qwen3-Next's delta-net
-convolution weights are held back too (their loader fails on the reload's meta tensors with
-tensor parallelism) and loaded after it through their own loader.
+gives them fused, the checkpoint's layout, which the GPU build's loader takes (it has no
+per-expert path). Either way the sinks are held back; :func:`after_reload`
+copies them into the engine's parameters (this TP rank's heads) once the load is done. Qwen3-Next's
+delta-net convolution weights are held back too (their loader fails on the reload's meta tensors
+with tensor parallelism) and loaded after it through their own loader.
 
 After the reload (vLLM's CPU build), :func:`after_reload` re-packs what the reload leaves stale:
 the tied LM head (:func:`refresh_tied_layers`), and every fused-expert layer: on a weight
