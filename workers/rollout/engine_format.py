@@ -75,7 +75,8 @@ class EngineFormat:
 
     def stream(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` in the checkpoint's names and layouts (GPT-OSS: experts one by one
-        where ``split_experts``, sinks held back in :attr:`held`). Buffers one decoder layer at a time when converting."""
+        where ``split_experts``, sinks held back in :attr:`held`). Buffers one decoder layer at a
+        time when converting."""
         self.held = {}
         source = _by_layer(weights) if self.converts else ([item] for item in weights)
         for group in source:
