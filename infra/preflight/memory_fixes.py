@@ -6,12 +6,14 @@ on a copy of the config and planned again (:mod:`ppoflow.infra.preflight.memory_
     largest_budget(cfg, capacity, 0.05, ["actor", "critic"])
 
 The fixes, cheapest first, each on top of the ones before, stopping at the first that fits:
-recompute (``model.enable_gradient_checkpointing``); a smaller update token budget (the largest
-multiple of :data:`BUDGET_STEP` that fits, searched); ``fsdp.optimizer_offload`` (it lowers the
-stages between updates only: the moments come back for the update); ``fsdp.param_offload``;
-LoRA adapters of rank :data:`LORA_RANK` (on GPUs over a bfloat16 base: nothing of it is trained;
-without compile, which LoRA cannot follow); a
-critic-free estimator (``grpo``). A fix that lowers nothing is said and left out.
+a distillation teacher's weights in bfloat16 on GPUs (``teacher.model.dtype``: it computes in
+bfloat16 there already, and is never trained); recompute (``model.enable_gradient_checkpointing``);
+a smaller update token budget (the largest multiple of :data:`BUDGET_STEP` that fits, searched);
+``fsdp.optimizer_offload`` (it lowers the stages between updates only: the moments come back for
+the update); ``fsdp.param_offload`` (the reference's and the teacher's too); LoRA adapters of rank
+:data:`LORA_RANK` (on GPUs over a bfloat16 base: nothing of it is trained; without compile, which
+LoRA cannot follow); a critic-free estimator (``grpo``). A fix that lowers nothing is said and
+left out.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import BaseModel
 
 from ppoflow.infra.config import ExperimentConfig
 from ppoflow.infra.config.names import given_auto
+from ppoflow.infra.config.teacher import teacher_in_use
 from ppoflow.infra.preflight.memory_plan import (
     GIB,
     MemoryPlan,
@@ -51,9 +54,11 @@ def _gib(n: float) -> str:
 
 
 def model_shapes(cfg: ExperimentConfig) -> dict[str, ModelShape] | None:
-    """The shapes the plan needs (policy, critic, reward model where they run); None when one
-    ``config.json`` cannot be read here."""
+    """The shapes the plan needs (policy; critic, reward model and teacher where they run); None
+    when one ``config.json`` cannot be read here."""
     wanted = {"policy": cfg.model}
+    if teacher_in_use(cfg) and cfg.teacher is not None:
+        wanted["teacher"] = cfg.teacher.model
     if cfg.critic.enable:
         wanted["critic"] = cfg.critic_model
     rm = cfg.reward.reward_model
@@ -145,6 +150,26 @@ def _lora(cfg: ExperimentConfig) -> None:
                 model.dtype = "bfloat16"
 
 
+def _teacher_steps(cfg: ExperimentConfig) -> list[tuple[str, Callable[[ExperimentConfig], None]]]:
+    """The teacher's own fix, the cheapest of all: on GPUs, where it computes in bfloat16 over
+    float32 weights, its weights in bfloat16 (it is never trained)."""
+    teacher = cfg.teacher if teacher_in_use(cfg) else None
+    if (
+        teacher is None
+        or cfg.resources.device != "cuda"
+        or teacher.model.dtype != "float32"
+        or teacher.fsdp.param_dtype != "bfloat16"
+    ):
+        return []
+
+    def teacher_bf16(c: ExperimentConfig) -> None:
+        assert c.teacher is not None
+        c.teacher.model.dtype = "bfloat16"
+
+    what = "teacher.model.dtype=bfloat16 (the frozen teacher computes in bfloat16 already: half its weights)"
+    return [(what, teacher_bf16)]
+
+
 def _steps(cfg: ExperimentConfig) -> list[tuple[str, Callable[[ExperimentConfig], None]]]:
     """The fixes that apply to ``cfg``, cheapest first: (what to set, how) (the budget's own
     step is in :func:`memory_fixes`: it is searched, not set)."""
@@ -152,6 +177,8 @@ def _steps(cfg: ExperimentConfig) -> list[tuple[str, Callable[[ExperimentConfig]
     pair = "actor and critic" if critic else "actor"
     models = [m for m in (cfg.model, cfg.critic.model if critic else None) if m is not None]
     steps: list[tuple[str, Callable[[ExperimentConfig], None]]] = []
+    teacher = cfg.teacher if teacher_in_use(cfg) else None
+    steps += _teacher_steps(cfg)
     if not all(m.enable_gradient_checkpointing for m in models):
 
         def recompute(c: ExperimentConfig) -> None:
@@ -180,8 +207,11 @@ def _steps(cfg: ExperimentConfig) -> list[tuple[str, Callable[[ExperimentConfig]
         def params(c: ExperimentConfig) -> None:
             for f in (c.actor.fsdp, c.critic.fsdp, c.ref.fsdp):
                 f.param_offload = True
+            if teacher is not None and c.teacher is not None:
+                c.teacher.fsdp.param_offload = True
 
         ref = " and ref" if needs_reference(cfg) and not cfg.actor.lora.enabled else ""
+        ref += " and teacher" if teacher is not None else ""
         what = f"fsdp.param_offload=true ({pair}{ref}: weights, gradients and moments on the host)"
         steps.append((what, params))
     if not cfg.actor.lora.enabled:

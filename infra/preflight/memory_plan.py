@@ -15,6 +15,10 @@ Per rank of a group (FSDP shards over ``fsdp.fsdp_size`` ranks, all of them when
   the update: ``ppoflow.workers.optim.optimizer_state_on``);
 - the reference policy only when a KL term reads it (:func:`needs_reference`; with LoRA it is the
   actor's base with the adapters off: no copy);
+- a distillation teacher where something reads it (``teacher_in_use``): on the actor's ranks, its
+  weights in ``teacher.model.dtype`` sharded over ``teacher.fsdp`` (on the host with
+  ``param_offload``), and in the log-prob stage its own forward (its unsharded copies, LM-head
+  chunk and activations of one teacher micro-batch) instead of the actor's when that is larger;
 - while a model computes: its unsharded compute-dtype copies (the root's embeddings and head, two
   decoder layers), the LM head's chunk (``actor.logprob_chunk_size`` x vocabulary x 4 bytes) and
   the activations of one micro-batch: its tokens (a packed budget, or padded rows x the longest
@@ -37,12 +41,18 @@ the plan against every measured peak and its error.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from ppoflow.infra.config import ExperimentConfig, FSDPConfig, LoRAConfig, ModelConfig
+from ppoflow.infra.config.teacher import teacher_in_use
 from ppoflow.infra.models.rollout_engines import engine_spec
+from ppoflow.infra.preflight.memory_engine import (
+    GIB,
+    auto_kv_cache_bytes,
+    engine_memory,
+    engine_sleep_level_of,
+)
 from ppoflow.infra.preflight.model_shape import (
     DTYPE_BYTES,
     ModelShape,
@@ -62,36 +72,17 @@ __all__ = [
     "GIB",
 ]
 
-GIB = 2**30
-MIB = 2**20
 STAGES = ("generate", "log_probs", "update")
 
 #: The device memory a CUDA process holds outside torch's allocator peaks (context, cuBLAS and
 #: NCCL workspaces, compile and CUDA-graph pools): the device peak less the groups' peaks.
 CUDA_PROCESS_BYTES = int(2.53 * GIB)
-#: The engine's working memory while awake, beside the sampler's logits (``max_num_seqs`` x
-#: vocabulary x 8 bytes): prefill activations, CUDA graphs.
-ENGINE_FIXED_BYTES = int(1.39 * GIB)
-#: vLLM's sleep-mode pool maps each tensor in 2 MiB pages: about 1 MiB lost a tensor.
-POOL_SLACK_BYTES = MIB
-#: The KV cache's share of the engine's budget (``gpu_memory_utilization`` x device) when ``auto``
-#: is capped (``ppoflow.workers.rollout.vllm_engine.KV_SHARE_OF_BUDGET``).
-KV_SHARE_OF_BUDGET = 0.75
 
 
 def needs_reference(cfg: Any) -> bool:
     """True when a KL term (in the reward or as a loss) needs the reference policy's log-probs
     (the rule of ``ppoflow.tasks.graph.needs_reference``, which the flow uses; a test keeps them equal)."""
     return bool(cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss)
-
-
-def auto_kv_cache_bytes(per_token: int, sequences: int, max_model_len: int, cap: int | None) -> int:
-    """``rollout.kv_cache_gib: auto`` on GPU, as ``ppoflow.workers.rollout.vllm_engine``'s
-    ``auto_kv_cache_bytes`` computes it (16-token blocks and a spare one a sequence, +25%, at
-    least 1 GiB, at most ``cap``; a test keeps them equal)."""
-    blocks = -(-max_model_len // 16) + 1
-    want = max(GIB, int(1.25 * sequences * blocks * 16 * per_token))
-    return want if cap is None else max(min(want, cap), min(GIB, cap))
 
 
 @dataclass
@@ -196,7 +187,8 @@ def _rank_rows(cfg: ExperimentConfig, prompts: int, sp: int) -> int:
 def micro_batch_tokens(cfg: ExperimentConfig, section: str) -> dict[str, int]:
     """Tokens of one rank's largest micro-batch: ``update`` and ``forward`` of ``section`` (actor,
     critic; the actor's ``forward`` is its log-prob pass, ``ref`` the reference's): a packed
-    budget, or padded rows x the longest row; never more than the rank's mini-batch (batch)."""
+    budget, or padded rows x the longest row; never more than the rank's mini-batch (batch);
+    ``teacher`` the distillation teacher's, 0 without one."""
     longest, data = _longest(cfg), cfg.data
     if section == "actor":
         a, ref = cfg.actor, cfg.ref
@@ -208,61 +200,47 @@ def micro_batch_tokens(cfg: ExperimentConfig, section: str) -> dict[str, int]:
             ref_tokens = ref.log_prob_max_token_len_per_gpu or a.log_prob_tokens
         else:
             ref_tokens = ref.log_prob_micro_batch_size_per_gpu * longest
+        teacher = cfg.teacher
+        if teacher is None:
+            teacher_tokens = 0
+        elif packed:  # the teacher takes the actor's layout (ppoflow.workers.teacher)
+            teacher_tokens = teacher.log_prob_max_token_len_per_gpu or a.log_prob_tokens
+        else:
+            teacher_tokens = teacher.log_prob_micro_batch_size_per_gpu * longest
         mini = a.ppo_mini_batch_size
     else:
         c = cfg.critic
         sp, packed = c.sequence_parallel_size, c.packed
         update = c.update_tokens if packed else c.ppo_micro_batch_size_per_gpu * longest
         forward = c.forward_tokens if packed else c.forward_micro_batch_size_per_gpu * longest
-        ref_tokens, mini = 0, c.ppo_mini_batch_size
+        ref_tokens, teacher_tokens, mini = 0, 0, c.ppo_mini_batch_size
     cap_update = -(-_rank_rows(cfg, mini, sp) * longest // sp)
     cap_batch = -(-_rank_rows(cfg, data.train_batch_size, sp) * longest // sp)
     return {
         "update": min(update, cap_update),
         "forward": min(forward, cap_batch),
         "ref": min(ref_tokens, cap_batch),
+        "teacher": min(teacher_tokens, cap_batch),
     }
 
 
-def _sleep_level(cfg: ExperimentConfig) -> int:
-    """``rollout.sleep_level`` as the actor group's engine resolves it (its field's description)."""
-    r = cfg.rollout
-    if r.sleep_level is not None:
-        return r.sleep_level
-    lora = cfg.actor.lora
-    return 1 if lora.enabled and lora.sync == "adapter" else 2
+def _teacher(cfg: ExperimentConfig, shape: ModelShape, tokens: int) -> tuple[dict[str, int], int]:
+    """The teacher on one actor rank: (its weights, under a ``host:`` name when offloaded; its
+    forward's peak above them: unsharded copies, LM-head chunk, one micro-batch's activations)."""
+    teacher = cfg.teacher
+    assert teacher is not None  # teacher_in_use: the config requires one
+    model, fsdp = teacher.model, teacher.fsdp
+    weights = shape.params("lm") * DTYPE_BYTES[model.dtype] // _shard(cfg, fsdp)
+    compute = DTYPE_BYTES[fsdp.param_dtype or model.dtype]
+    path = activation_path(cfg.resources.device, bool(model.use_torch_compile), cfg.actor.use_dynamic_bsz)
+    chunk = cfg.actor.logprob_chunk_size * shape.vocab * 4
+    forward = _working(shape, compute, "lm") + chunk + tokens * forward_bytes_per_token(shape, compute, path)
+    return {("host:teacher weights" if fsdp.param_offload else "teacher weights"): weights}, forward
 
 
-def _engine(cfg: ExperimentConfig, shape: ModelShape, capacity: int | None) -> dict[str, int]:
-    """The rollout engine of one actor rank: weights, KV cache, working memory while awake."""
-    r, cuda = cfg.rollout, cfg.resources.device == "cuda"
-    spec = engine_spec(r.engine)
-    tp = r.tensor_model_parallel_size
-    replicas = max(1, cfg.resources.nprocs // tp)
-    sequences = -(-cfg.data.train_batch_size * r.n // replicas)
-    seqs = min(r.engine_seqs(sequences), sequences)
-    elem = DTYPE_BYTES[cfg.engine_dtype]
-    per_token = shape.kv_bytes_per_token(elem, tp)
-    if not spec.can("weight_push"):  # it generates with the actor's module: its cache only
-        return {"kv_cache": seqs * _longest(cfg) * per_token}
-    weights = shape.params("lm") * elem // tp + (POOL_SLACK_BYTES * shape.engine_tensors() if cuda else 0)
-    work = seqs * shape.vocab * 8 + (ENGINE_FIXED_BYTES if cuda else 0)
-    if not cuda:  # VLLM_CPU_KVCACHE_SPACE (whole GiB) overrides the setting, as in the engine
-        gib = r.kv_cache_gib if isinstance(r.kv_cache_gib, (int, float)) else 0.25
-        gib = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or gib)
-        return {"weights": weights, "kv_cache": int(gib * GIB), "working": work}
-    if isinstance(r.kv_cache_gib, (int, float)):
-        kv = int(r.kv_cache_gib * GIB)
-    elif r.kv_cache_gib == "auto":
-        cap = None if capacity is None else int(KV_SHARE_OF_BUDGET * r.gpu_memory_utilization * capacity)
-        kv = auto_kv_cache_bytes(per_token, seqs, _longest(cfg), cap)
-    else:  # vLLM profiles: the whole share of the device
-        share = int(r.gpu_memory_utilization * (capacity or 0))
-        kv = max(0, share - weights - work)
-    return {"weights": weights, "kv_cache": kv, "working": work}
-
-
-def _policy_group(cfg: ExperimentConfig, shape: ModelShape, capacity: int | None) -> GroupPlan:
+def _policy_group(
+    cfg: ExperimentConfig, shape: ModelShape, capacity: int | None, teacher: ModelShape | None = None
+) -> GroupPlan:
     """The actor group's rank: actor, reference, engine (Long because each part has its rule, and
     the rules read best in the order the stages run them)."""
     g = GroupPlan("actor")
@@ -274,10 +252,15 @@ def _policy_group(cfg: ExperimentConfig, shape: ModelShape, capacity: int | None
     if needs_reference(cfg) and not a.lora.enabled:
         ref_w = shape.params("lm") * DTYPE_BYTES[model.dtype] // _shard(cfg, cfg.ref.fsdp)
         g.parts["host:reference weights" if cfg.ref.fsdp.param_offload else "reference weights"] = ref_w
+    tokens = micro_batch_tokens(cfg, "actor")
+    teacher_forward = 0
+    if teacher is not None:
+        teacher_weights, teacher_forward = _teacher(cfg, teacher, tokens["teacher"])
+        g.parts.update(teacher_weights)
     engine_on = not cfg.asynchronous.enable or bool(cfg.data.val_files)
-    engine = _engine(cfg, shape, capacity) if engine_on else {}
+    engine = engine_memory(cfg, shape, capacity) if engine_on else {}
     level = (
-        _sleep_level(cfg)
+        engine_sleep_level_of(cfg)
         if cfg.resources.device == "cuda" and engine_spec(cfg.rollout.engine).can("sleep")
         else 0
     )
@@ -288,7 +271,6 @@ def _policy_group(cfg: ExperimentConfig, shape: ModelShape, capacity: int | None
     elif engine and level == 1:
         g.parts["host:engine weights (asleep)"] = engine.get("weights", 0)
     g.parts.update({f"engine {k}": v for k, v in engine.items()})
-    tokens = micro_batch_tokens(cfg, "actor")
     chunk = a.logprob_chunk_size * shape.vocab * 4
     working = _working(shape, compute, "lm") + chunk
     forward = forward_bytes_per_token(shape, compute, path)
@@ -300,10 +282,12 @@ def _policy_group(cfg: ExperimentConfig, shape: ModelShape, capacity: int | None
         }
     )
     g.parts.update({f"actor update {k}": v for k, v in update_only.items()})
+    if teacher_forward:
+        g.parts[f"teacher forward ({tokens['teacher']} tokens)"] = teacher_forward
     log_probs = max(tokens["forward"], tokens["ref"] if needs_reference(cfg) else 0)
     g.stages = {
         "generate": resident + sum(engine.values()),
-        "log_probs": resident + asleep + working + log_probs * forward,
+        "log_probs": resident + asleep + max(working + log_probs * forward, teacher_forward),
         "update": resident + asleep + working + sum(update_only.values()) + tokens["update"] * per_token,
     }
     g.resident = resident + asleep
@@ -358,11 +342,12 @@ def memory_plan(
     capacity: int | None = None,
     cpu_process_bytes: dict[str, int] | None = None,
 ) -> MemoryPlan:
-    """The plan of ``cfg`` (module docstring) from the models' shapes: ``policy``, and ``critic``
-    and ``reward_model`` where those groups run (KeyError when one is missing); ``capacity``:
+    """The plan of ``cfg`` (module docstring) from the models' shapes: ``policy``, and ``critic``,
+    ``reward_model`` and ``teacher`` where those run (KeyError when one is missing); ``capacity``:
     one device's bytes, which the auto KV cache's cap and ``kv_cache_gib: null`` read;
     ``cpu_process_bytes``: on CPU ranks, each role's rank runtime (0 where not given)."""
-    groups = [_policy_group(cfg, shapes["policy"], capacity)]
+    teacher = shapes["teacher"] if teacher_in_use(cfg) else None
+    groups = [_policy_group(cfg, shapes["policy"], capacity, teacher)]
     if cfg.critic.enable:
         groups.append(_critic_group(cfg, shapes["critic"]))
     if cfg.reward.reward_model.enable:

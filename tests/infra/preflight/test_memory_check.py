@@ -15,7 +15,7 @@ import pytest
 from ppoflow.infra.config import ExperimentConfig, apply_overrides, parse_config
 from ppoflow.infra.config.names import given_auto
 from ppoflow.infra.preflight.memory_check import SPARE, check_memory, gpu_capacity, refine_auto_budgets
-from ppoflow.infra.preflight.memory_fixes import BUDGET_STEP, largest_budget, model_shapes
+from ppoflow.infra.preflight.memory_fixes import BUDGET_STEP, largest_budget, memory_fixes, model_shapes
 from ppoflow.infra.preflight.memory_plan import GIB, memory_plan
 from ppoflow.infra.preflight.report import Checks, PreflightError
 from ppoflow.infra.preflight.resources import ACTOR_RANK_MIB, CRITIC_RANK_MIB, check_resources
@@ -266,4 +266,63 @@ def test_what_is_offloaded_must_fit_the_host(tmp_path):
     assert (
         problem.where == "memory (host)"
         and f"puts {held / GIB:.1f} GiB a GPU in host memory" in problem.found
+    )
+
+
+#: Llama-3.2-3B's published shape (tied embeddings): a student of Llama-3.1-8B (the same tokenizer).
+LLAMA_3B = dict(LLAMA_8B, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28)
+LLAMA_3B.update(num_attention_heads=24, tie_word_embeddings=True)
+
+
+def test_a_distillation_teacher_is_planned_on_the_actors_ranks_and_named_in_the_fixes(tmp_path):
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "config.json").write_text(json.dumps(LLAMA_8B))
+    over = {"algorithm.adv_estimator": "distill", "rollout.n": 4, "teacher.model.path": str(teacher)}
+    cfg = config(tmp_path, LLAMA_3B, **over)
+    alone = config(tmp_path, LLAMA_3B, **{"algorithm.adv_estimator": "grpo", "rollout.n": 4})
+    shapes = model_shapes(cfg)
+    assert shapes is not None and set(shapes) == {"policy", "teacher"}
+    plan, without = memory_plan(cfg, shapes, H100), memory_plan(alone, {"policy": shapes["policy"]}, H100)
+    actor, base = plan.group("actor"), without.group("actor")
+    assert actor is not None and base is not None
+    eight_b = 8_030_261_248  # Llama-3.1-8B's parameters
+    assert actor.parts["teacher weights"] == 4 * eight_b  # float32 weights, bf16 compute on GPUs
+    assert actor.stages["generate"] == base.stages["generate"] + 4 * eight_b  # held in every stage
+    assert actor.stages["update"] == base.stages["update"] + 4 * eight_b
+    # the log-prob stage: the larger of the actor's forward and the teacher's (8B's activations)
+    (forward,) = [v for k, v in actor.parts.items() if k.startswith("teacher forward")]
+    assert actor.stages["log_probs"] == actor.resident + forward > base.stages["log_probs"] + 4 * eight_b
+    two = memory_plan(config(tmp_path, LLAMA_3B, **over, **{"resources.nprocs": 2}), shapes, H100)
+    two_actor = two.group("actor")
+    assert two_actor is not None and two_actor.parts["teacher weights"] == 2 * eight_b  # sharded over 2
+    offload = config(tmp_path, LLAMA_3B, **over, **{"teacher.fsdp.param_offload": True})
+    off = memory_plan(offload, shapes, H100)
+    off_actor = off.group("actor")
+    assert off_actor is not None and off_actor.parts["host:teacher weights"] == 4 * eight_b
+    assert off_actor.stages["update"] == base.stages["update"] and off.host() == 4 * eight_b
+
+    # 3B trained in full beside an 8B teacher does not fit one 80 GB GPU: refused, the teacher's
+    # own fixes first (each replanned here on a copy)
+    c = Checks()
+    check_resources(cfg, c, gpus=1, gpu_bytes=H100, memory_mib=400 << 10)
+    (memory,) = [p for p in c.problems if p.where.startswith("memory")]
+    assert f"needs {peak(cfg) / GIB:.1f} GiB per GPU" in memory.found
+    step = cfg.model_copy(deep=True)
+    assert step.teacher is not None
+    step.teacher.model.dtype = "bfloat16"
+    assert peak(step) == peak(cfg) - 2 * eight_b
+    half = "teacher.model.dtype=bfloat16 (the frozen teacher computes in bfloat16 already: half its weights)"
+    assert memory.fix.index(f"{half}: {peak(step) / GIB:.1f} GiB") < memory.fix.index(
+        "gradient_checkpointing"
+    )
+    # on a smaller GPU the chain goes on to parameter offload, the teacher's weights with the actor's
+    lines, _ = memory_fixes(cfg, 40 * GIB)
+    (offload_line,) = [line for line in lines if "param_offload" in line]
+    for f in (step.actor.fsdp, step.teacher.fsdp):
+        f.param_offload = True
+    step.model.enable_gradient_checkpointing = True
+    assert offload_line.startswith(
+        f"fsdp.param_offload=true (actor and teacher: weights, gradients and moments on the host): "
+        f"{peak(step, 40 * GIB) / GIB:.1f} GiB - fits"
     )
