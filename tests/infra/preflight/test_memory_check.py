@@ -307,6 +307,7 @@ def test_a_distillation_teacher_is_planned_on_the_actors_ranks_and_named_in_the_
     c = Checks()
     check_resources(cfg, c, gpus=1, gpu_bytes=H100, memory_mib=400 << 10)
     (memory,) = [p for p in c.problems if p.where.startswith("memory")]
+    print(f"\n3B student, 8B teacher, one 80 GB GPU: {memory.found}\nfixes: {memory.fix}")
     assert f"needs {peak(cfg) / GIB:.1f} GiB per GPU" in memory.found
     step = cfg.model_copy(deep=True)
     assert step.teacher is not None
